@@ -1,0 +1,58 @@
+"""The `p3o` command: `p3o train | eval | compare | plot | sft | convert-smollm2`.
+
+Each sub-command lives in its own module as `main(argv: list[str]) -> int`; this file only dispatches,
+importing the module lazily so `p3o --help` stays fast.
+
+    p3o train --objective.name grpo --objective.clip_eps 0.4
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("p3o.train.cli", "train a policy (no arguments: the embedded default, P3O on the built-in task)"),
+    "eval": ("p3o.eval.cli", "pass@k of a checkpoint on a task"),
+    "compare": ("p3o.experiments.cli", "run a grid of objectives × regimes × seeds and write a report"),
+    "plot": ("p3o.metrics", "draw reward / ESS / lag curves of a run directory to PNG"),
+    "sft": ("p3o.models.sft", "supervised warm start of the built-in tiny model"),
+    "convert-smollm2": ("p3o.models.smollm2", "convert the SmolLM2-135M-Instruct GGUF to a safetensors checkpoint"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: p3o <command> [options]", "", "commands:"]
+    lines += [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch `p3o <command> ...` to the command's module."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in {"-h", "--help"}:
+        if not argv:
+            argv = ["train"]  # `p3o` alone behaves like `p3o train`: the embedded default
+        else:
+            print(_usage())
+            return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        import difflib
+
+        near = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        print(f"p3o: unknown command '{name}'{hint}; known: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    from p3o.errors import P3OError
+
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except P3OError as err:
+        print(f"p3o {name}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

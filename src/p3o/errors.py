@@ -1,0 +1,13 @@
+"""User-facing errors: one clear line, non-zero exit, no traceback (the CLI catches these)."""
+
+
+class P3OError(Exception):
+    """Bad input from the user (a file, field or option); its message is one line that names it."""
+
+
+class ConfigError(P3OError):
+    """An invalid configuration key or value."""
+
+
+class DataError(P3OError):
+    """A malformed data file (names the file, row and field)."""
