@@ -1,0 +1,299 @@
+"""The trainer's view of a causal LM: memory-lean per-token log-probs (and entropies) of sampled responses.
+
+The naive computation materialises the (N, T, V) logits, a float32 log-softmax of the same size and, in the
+backward pass, gradients of the same size again (≈ 3 · N·T·V floats; 1 GiB each at N=8, T=1024, V=32k). Here the
+backbone runs once to give the final hidden states h (N, T, H) of the response positions, and the vocabulary
+projection z = h Wᵀ / τ is done in chunks of tokens inside a custom autograd Function that keeps only h and W and
+recomputes each chunk's logits in the backward pass (the trick of Liger's fused linear cross-entropy; here the
+upstream gradient is a per-token vector, so the weight gradient must be recomputed rather than pre-accumulated).
+
+    logp, entropy = token_logprobs(model, prompt_ids, prompt_mask, response_ids, mask, temperature=1.0,
+                                   with_entropy=True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Policy", "naive_token_logprobs", "position_ids_from_mask", "token_logprobs"]
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions of a left-padded batch: cumsum(mask) − 1, with 1 at pad positions (as transformers' generate does).
+
+    Args:
+        attention_mask: (N, L) bool/long, True = real token.
+    Returns:
+        (N, L) long.
+    """
+    m = attention_mask.long()
+    pos = m.cumsum(-1) - 1
+    return pos.masked_fill(m == 0, 1)
+
+
+def _backbone(model: nn.Module) -> nn.Module:
+    """The decoder stack of an HF causal LM (everything but the vocabulary head)."""
+    if hasattr(model, "get_decoder"):
+        dec = model.get_decoder()
+        if dec is not None:
+            return dec
+    if hasattr(model, "model"):
+        return model.model
+    raise TypeError(f"{type(model).__name__} has no decoder (get_decoder() / .model); pass an HF causal LM")
+
+
+class _ChunkedHeadLogProb(torch.autograd.Function):
+    """log softmax(h Wᵀ/τ + b)[y] (and the entropy) for M flat tokens, computed and differentiated chunk by chunk.
+
+    Forward, per chunk c of rows: z_c = (h_c Wᵀ + b) / τ in float32, logp = z[y] − logsumexp(z),
+    H = logsumexp(z) − Σ_v p_v z_v. Nothing of size (M, V) is kept.
+    Backward, recomputing z_c: ∂logp/∂z = onehot(y) − p; ∂H/∂z = −p ⊙ (log p + H);
+    g_z = g_logp (onehot − p) + g_H ∂H/∂z; ∂h_c = g_z W / τ; ∂W += g_zᵀ h_c / τ; ∂b += Σ g_z / τ.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        hidden: Tensor,  # (M, H)
+        weight: Tensor,  # (V, H)
+        bias: Tensor | None,  # (V,)
+        targets: Tensor,  # (M,) long
+        temperature: float,
+        chunk_size: int,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        m = hidden.shape[0]
+        logp = torch.empty(m, dtype=torch.float32, device=hidden.device)
+        ent = torch.zeros(m, dtype=torch.float32, device=hidden.device)
+        w = weight.float()
+        b = bias.float() if bias is not None else None
+        for s in range(0, m, chunk_size):
+            z = _chunk_logits(hidden[s : s + chunk_size], w, b, temperature)  # (C, V)
+            lse = torch.logsumexp(z, dim=-1)  # (C,)
+            logp[s : s + chunk_size] = z.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1) - lse
+            if with_entropy:
+                p = torch.softmax(z, dim=-1)
+                ent[s : s + chunk_size] = lse - (p * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, ent)
+        ctx.temperature = temperature
+        ctx.chunk_size = chunk_size
+        ctx.with_entropy = with_entropy
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor, grad_ent: Tensor):  # type: ignore[override]
+        hidden, weight, bias, targets, ent = ctx.saved_tensors
+        tau, cs = ctx.temperature, ctx.chunk_size
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        w = weight.float()
+        b = bias.float() if bias is not None else None
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(w) if need_w else None
+        grad_b = torch.zeros_like(b) if (need_b and b is not None) else None
+        use_ent = ctx.with_entropy and grad_ent is not None
+        for s in range(0, hidden.shape[0], cs):
+            h_c = hidden[s : s + cs]
+            z = _chunk_logits(h_c, w, b, tau)  # (C, V)
+            logq = torch.log_softmax(z, dim=-1)
+            p = logq.exp()
+            g_lp = grad_logp[s : s + cs, None]
+            if use_ent:
+                # g_z = p ⊙ (−g_logp − g_H (log p + H)) + g_logp · onehot(y)
+                g = logq.add_(ent[s : s + cs, None]).mul_(-grad_ent[s : s + cs, None]).sub_(g_lp).mul_(p)
+            else:
+                g = p.mul_(-g_lp)
+            g.scatter_add_(-1, targets[s : s + cs, None], g_lp)
+            g.div_(tau)
+            if grad_h is not None:
+                grad_h[s : s + cs] = (g @ w).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w.addmm_(g.t(), h_c.float())
+            if grad_b is not None:
+                grad_b += g.sum(0)
+        if grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        if grad_b is not None:
+            grad_b = grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float) -> Tensor:
+    """(C, V) float32 logits (h Wᵀ + b) / τ."""
+    z = h.float() @ w.t()
+    if b is not None:
+        z = z + b
+    if temperature != 1.0:
+        z = z / temperature
+    return z
+
+
+def chunked_head_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 256,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log softmax((h Wᵀ + b)/τ)[y] without materialising the (M, V) log-softmax; differentiable.
+
+    Args:
+        hidden: (M, H) final hidden states of the positions that predict `targets` (any float dtype).
+        weight: (V, H) vocabulary projection; `bias`: (V,) or None.
+        targets: (M,) long token ids.
+        temperature: τ > 0, divides the logits.
+        chunk_size: rows projected at a time; peak extra memory ≈ 3 · chunk_size · V float32.
+        with_entropy: also return H_t = −Σ_v p_v log p_v (differentiable).
+    Returns:
+        logp (M,) float32 and entropy (M,) float32 or None.
+    """
+    assert hidden.dim() == 2 and targets.shape == hidden.shape[:1], (hidden.shape, targets.shape)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    logp, ent = _ChunkedHeadLogProb.apply(
+        hidden, weight, bias, targets.long(), float(temperature), int(chunk_size), bool(with_entropy)
+    )
+    return logp, (ent if with_entropy else None)
+
+
+def _check_inputs(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> None:
+    assert prompt_ids.dim() == 2 and prompt_mask.shape == prompt_ids.shape, (prompt_ids.shape, prompt_mask.shape)
+    assert response_ids.dim() == 2 and response_mask.shape == response_ids.shape, (
+        response_ids.shape,
+        response_mask.shape,
+    )
+    assert prompt_ids.shape[0] == response_ids.shape[0], (prompt_ids.shape, response_ids.shape)
+    assert prompt_ids.shape[1] >= 1, "token_logprobs needs at least one prompt column"
+
+
+def _response_hidden(
+    model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor
+) -> Tensor:
+    """(N, T, H) final hidden states at the positions that predict each response token.
+
+    The sequence is [left-padded prompt | right-padded response]; position ids come from the attention mask so a
+    left-padded row sees the same positions as an unpadded one. Response token t is predicted at column P − 1 + t.
+    """
+    p, t = prompt_ids.shape[1], response_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attn = torch.cat([prompt_mask, response_mask], dim=1).long()
+    pos = position_ids_from_mask(attn)
+    out = _backbone(model)(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False)
+    hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state  # (N, P+T, H)
+    return hidden[:, p - 1 : p - 1 + t]  # (N, T, H)
+
+
+def token_logprobs(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 256,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """log π_θ(y_t | x, y_<t) of every response token under `model` with logits divided by `temperature`.
+
+    Runs the backbone once over [prompt | response], then projects only the valid response positions to the vocab in
+    chunks of `chunk_size` tokens (see `chunked_head_logprobs`): the (N, T, V) log-softmax is never materialised and
+    its gradient is recomputed chunk by chunk. Differentiable w.r.t. the model's parameters.
+
+    Args:
+        model: an HF causal LM (`get_decoder()` / `.model` backbone + `get_output_embeddings()` linear head).
+        prompt_ids: (N, P) long, left-padded; prompt_mask: (N, P) bool, True = real token.
+        response_ids: (N, T) long, right-padded; response_mask: (N, T) bool, True = a token that counts.
+        temperature: τ > 0; log-probs are log softmax(z / τ).
+        chunk_size: tokens per vocabulary projection chunk.
+        with_entropy: also return the per-token entropy of softmax(z / τ).
+    Returns:
+        logp (N, T) float32 (0 where masked) and entropy (N, T) float32 (0 where masked) or None.
+    """
+    _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"token_logprobs needs an nn.Linear output head, got {type(head).__name__}")
+    n, t = response_ids.shape
+    mask = response_mask.bool()
+    hidden = _response_hidden(model, prompt_ids, prompt_mask.bool(), response_ids, mask)  # (N, T, H)
+    flat = mask.reshape(-1).nonzero().squeeze(-1)  # (M,) valid token indices
+    h = hidden.reshape(n * t, -1).index_select(0, flat)  # (M, H)
+    y = response_ids.reshape(-1).index_select(0, flat)  # (M,)
+    lp, ent = chunked_head_logprobs(
+        h, head.weight, y, bias=head.bias, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+    )
+    logp = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), lp).view(n, t)
+    entropy = None
+    if ent is not None:
+        entropy = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), ent).view(n, t)
+    return logp, entropy
+
+
+def naive_token_logprobs(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """The obviously-correct oracle: full model logits → float32 log_softmax → gather (materialises (N, T, V)).
+
+    Same arguments and returns as `token_logprobs`; used by tests and benchmarks only.
+    """
+    _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+    p, t = prompt_ids.shape[1], response_ids.shape[1]
+    mask = response_mask.bool()
+    attn = torch.cat([prompt_mask.bool(), mask], dim=1).long()
+    out = model(
+        input_ids=torch.cat([prompt_ids, response_ids], dim=1),
+        attention_mask=attn,
+        position_ids=position_ids_from_mask(attn),
+        use_cache=False,
+    )
+    logits = out.logits[:, p - 1 : p - 1 + t].float() / temperature  # (N, T, V)
+    logq = F.log_softmax(logits, dim=-1)
+    logp = logq.gather(-1, response_ids[..., None]).squeeze(-1).masked_fill(~mask, 0.0)
+    entropy = None
+    if with_entropy:
+        entropy = -(logq.exp() * logq).sum(-1).masked_fill(~mask, 0.0)
+    return logp, entropy
+
+
+@dataclass
+class Policy:
+    """A causal LM together with the trainer-side temperature and chunk size used for its log-probs.
+
+    policy = Policy(model, temperature=1.0)
+    logp, entropy = policy.token_logprobs(rollouts, with_entropy=True)
+    """
+
+    model: nn.Module
+    temperature: float = 1.0
+    """Trainer-side τ: log-probs are log softmax(z / τ); match the engine's sampling τ for on-policy ratios of 1."""
+    chunk_size: int = 256
+    """Tokens per vocabulary-projection chunk (peak extra memory ≈ 3 · chunk_size · V float32)."""
+
+    def token_logprobs(self, rollouts, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """`token_logprobs` of a `p3o.types.Rollouts` batch (its prompt/response ids and mask)."""
+        return token_logprobs(
+            self.model,
+            rollouts.prompt_ids,
+            rollouts.prompt_mask,
+            rollouts.response_ids,
+            rollouts.mask,
+            temperature=self.temperature,
+            chunk_size=self.chunk_size,
+            with_entropy=with_entropy,
+        )

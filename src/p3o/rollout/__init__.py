@@ -1,0 +1,13 @@
+"""Rollout engines: sample completions and RECORD per-token log-probs and policy versions.
+
+from p3o.rollout import HFEngine
+engine = HFEngine(model, tokenizer, precision="bf16", temperature=1.0, max_new_tokens=64)
+rollouts = engine.generate(prompt_ids, n=8, answers=answers)
+engine.load_weights(trainer_model.state_dict(), version=step)
+"""
+
+from p3o.rollout.base import RolloutEngine
+from p3o.rollout.hf import LOGPROB_MODES, HFEngine
+from p3o.rollout.quant import PRECISIONS
+
+__all__ = ["LOGPROB_MODES", "PRECISIONS", "HFEngine", "RolloutEngine"]

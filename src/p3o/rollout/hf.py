@@ -1,0 +1,296 @@
+"""HFEngine: a transformers causal LM with its own KV-cached sampling loop that records what it sampled from.
+
+The engine keeps its OWN deep copy of the model, converted to the rollout precision (see `p3o.rollout.quant`), so
+rollout/trainer mismatch is real: a bf16 or fp8 engine samples from a slightly different distribution than the
+float32 trainer, and `rollout_logp` records the engine's log-probs, not the trainer's.
+
+    engine = HFEngine(model, tokenizer, precision="fp8", temperature=1.0, top_p=1.0, max_new_tokens=64)
+    rollouts = engine.generate(prompt_ids, n=8, seed=0)     # (N = len(prompt_ids) · 8) rows
+    engine.load_weights(trainer.state_dict(), version=1)    # later tokens are stamped with version 1
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import threading
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from p3o.errors import ConfigError, P3OError
+from p3o.policy import position_ids_from_mask
+from p3o.rollout.quant import PRECISIONS, QuantLinear, quantize_model, requantize_
+from p3o.types import Rollouts
+
+__all__ = ["LOGPROB_MODES", "HFEngine", "process_logits"]
+
+LOGPROB_MODES = ("processed", "raw")
+
+
+def process_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """The logits of the distribution actually sampled from: z/τ, then top-k, then top-p (−inf outside the support).
+
+    top-k keeps the k largest (ties with the k-th value are kept, as in transformers' TopKLogitsWarper); top-p keeps
+    the smallest prefix of tokens sorted by probability whose mass reaches `top_p` (the first token always stays).
+
+    Args:
+        logits: (N, V) float32 raw logits.
+    Returns:
+        (N, V) float32; log_softmax of it is the processed log-distribution.
+    """
+    z = logits / temperature if temperature != 1.0 else logits
+    v = z.shape[-1]
+    if 0 < top_k < v:
+        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]  # (N, 1)
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True)
+        probs = sorted_z.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # probability mass strictly before each sorted token
+        drop = mass_before >= top_p
+        drop[:, 0] = False
+        z = z.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return z
+
+
+def _cache_kwarg(model: nn.Module) -> str:
+    """KV-cache keyword of a transformers forward: `cache` in transformers 5, `past_key_values` before."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _as_id_list(x: int | Iterable[int] | None) -> list[int]:
+    if x is None:
+        return []
+    if isinstance(x, int):
+        return [x]
+    return [int(i) for i in x]
+
+
+class HFEngine:
+    """Batched, seedable sampling from an HF causal LM with a KV cache; implements `RolloutEngine`.
+
+    Args:
+        model: an HF causal LM; the engine deep-copies it (the caller's model is never touched).
+        tokenizer: optional; used to decode `texts` and to find EOS / pad ids.
+        precision: "fp32" | "bf16" | "fp16" | "int8" | "fp8" (W8A8 fake-quantised, see `p3o.rollout.quant`).
+        temperature: τ ≥ 0 (0 = greedy); top_p ∈ (0, 1]; top_k ≥ 0 (0 = off).
+        max_new_tokens: response length cap; a row that reaches it without a stop token is `truncated`.
+        logprob_mode: "processed" records log q(y_t) of the distribution sampled from (after τ, top-k, top-p; 0 for
+            greedy); "raw" records log_softmax(z)[y_t] of the unscaled logits.
+        stop_token_ids: extra stop ids, on top of the model's / tokenizer's EOS ids.
+        pad_token_id: id written after a row stops (default: tokenizer / config pad id, else EOS, else 0).
+        seed: seeds the engine's own generator, used when `generate` gets no seed.
+        device: where the engine copy lives.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer=None,
+        *,
+        precision: str = "fp32",
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        max_new_tokens: int = 64,
+        logprob_mode: str = "processed",
+        stop_token_ids: Iterable[int] | None = None,
+        pad_token_id: int | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if precision not in PRECISIONS:
+            raise ConfigError(f"rollout.precision: unknown {precision!r}; choose from {', '.join(PRECISIONS)}")
+        if logprob_mode not in LOGPROB_MODES:
+            raise ConfigError(
+                f"rollout.logprob_mode: unknown {logprob_mode!r}; choose from {', '.join(LOGPROB_MODES)}"
+            )
+        if temperature < 0:
+            raise ConfigError(f"rollout.temperature: must be >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ConfigError(f"rollout.top_p: must be in (0, 1], got {top_p}")
+        if top_k < 0:
+            raise ConfigError(f"rollout.top_k: must be >= 0 (0 = off), got {top_k}")
+        if max_new_tokens < 1:
+            raise ConfigError(f"rollout.max_new_tokens: must be >= 1, got {max_new_tokens}")
+        self.precision = precision
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = int(top_k)
+        self.max_new_tokens = int(max_new_tokens)
+        self.logprob_mode = logprob_mode
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.version = 0
+        self._lock = threading.RLock()
+        self._group_offset = 0
+        self._generator = torch.Generator(device=self.device).manual_seed(int(seed))
+
+        engine_model = copy.deepcopy(model).to(self.device).eval()
+        self.model = quantize_model(engine_model, precision)
+        self.model.requires_grad_(False)
+        self._cache_kw = _cache_kwarg(self.model)
+
+        cfg = getattr(self.model, "config", None)
+        gen_cfg = getattr(self.model, "generation_config", None)
+        stops = set(_as_id_list(stop_token_ids))
+        for src in (cfg, gen_cfg, tokenizer):
+            stops.update(_as_id_list(getattr(src, "eos_token_id", None)))
+        self.stop_token_ids = sorted(stops)
+        if pad_token_id is None:
+            for src in (tokenizer, cfg, gen_cfg):
+                pad_token_id = getattr(src, "pad_token_id", None)
+                if pad_token_id is not None:
+                    break
+        if pad_token_id is None:
+            pad_token_id = self.stop_token_ids[0] if self.stop_token_ids else 0
+        self.pad_token_id = int(pad_token_id)
+        self._stop = torch.tensor(self.stop_token_ids or [-1], dtype=torch.long, device=self.device)
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        """Copy `state_dict` (full-precision trainer weights) into the engine copy and re-apply its precision.
+
+        Thread-safe: waits for a running `generate` to finish, so every token of one `generate` call has the same
+        version. The tensors are copied before returning, so the caller may keep updating its own weights.
+        Keys the engine does not have raise `P3OError`; missing keys keep their old values. When the engine untied
+        the embeddings (int8/fp8) and only the input embedding is given, the head copy follows it.
+        """
+        with self._lock, torch.no_grad():
+            own = self.model.state_dict(keep_vars=True)
+            unknown = [k for k in state_dict if k not in own]
+            if unknown:
+                raise P3OError(f"load_weights: {len(unknown)} unknown parameter name(s), e.g. {unknown[:3]}")
+            for k, v in state_dict.items():
+                own[k].data.copy_(v.detach().to(self.device))
+            head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+            emb = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
+            head_key = next((k for k, p in own.items() if head is not None and p is head.weight), None)
+            emb_key = next((k for k, p in own.items() if emb is not None and p is emb.weight), None)
+            if (
+                head is not None
+                and emb is not None
+                and head.weight is not emb.weight
+                and head_key not in state_dict
+                and emb_key in state_dict
+                and isinstance(head, QuantLinear)
+            ):
+                head.weight.data.copy_(state_dict[emb_key].detach().to(self.device))
+            requantize_(self.model)
+            self.version = int(version)
+
+    # ------------------------------------------------------------------ sampling
+    def _sample(self, logits: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Sample one token per row; returns (tokens (N,) long, recorded log-probs (N,) float32)."""
+        raw = logits.float()
+        if self.temperature == 0.0:
+            tok = raw.argmax(-1)
+            if self.logprob_mode == "processed":
+                return tok, torch.zeros(tok.shape, dtype=torch.float32, device=tok.device)
+            return tok, F.log_softmax(raw, -1).gather(-1, tok[:, None]).squeeze(-1)
+        z = process_logits(raw, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        logq = F.log_softmax(z, dim=-1)  # (N, V)
+        tok = torch.multinomial(logq.exp(), 1, generator=generator)  # (N, 1)
+        if self.logprob_mode == "processed":
+            lp = logq.gather(-1, tok)
+        else:
+            lp = F.log_softmax(raw, -1).gather(-1, tok)
+        return tok.squeeze(-1), lp.squeeze(-1)
+
+    def _forward(self, **kw) -> tuple[Tensor, object]:
+        cache = kw.pop("cache", None)
+        if cache is not None:
+            kw[self._cache_kw] = cache
+        out = self.model(use_cache=True, logits_to_keep=1, **kw)
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = out.past_key_values
+        return out.logits[:, -1], new_cache
+
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, *, seed: int | None = None, answers: list[str] | None = None
+    ) -> Rollouts:
+        """Sample `n` completions for each prompt (see `RolloutEngine.generate`).
+
+        The prompts are prefilled once (left-padded, positions from the mask) and the KV cache is repeated n times.
+        Each step records log π_b(y_t) (per `logprob_mode`); rows stop at the first stop token (kept, mask True)
+        and are padded afterwards. `seed` makes the call reproducible; without it the engine's own generator runs on.
+        """
+        if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
+            raise P3OError("generate: prompt_ids must be a non-empty list of non-empty token-id lists")
+        if n < 1:
+            raise ConfigError(f"rollout.group_size: n must be >= 1, got {n}")
+        b = len(prompt_ids)
+        if answers is not None and len(answers) != b:
+            raise P3OError(f"generate: got {len(answers)} answers for {b} prompts")
+        with self._lock, torch.no_grad():
+            version = self.version
+            gen = self._generator
+            if seed is not None:
+                gen = torch.Generator(device=self.device).manual_seed(int(seed))
+            dev = self.device
+            p_len = max(len(p) for p in prompt_ids)
+            ids = torch.full((b, p_len), self.pad_token_id, dtype=torch.long)
+            pmask = torch.zeros((b, p_len), dtype=torch.bool)
+            for i, p in enumerate(prompt_ids):
+                ids[i, p_len - len(p) :] = torch.tensor(p, dtype=torch.long)
+                pmask[i, p_len - len(p) :] = True
+            ids, pmask = ids.to(dev), pmask.to(dev)
+            t_max = self.max_new_tokens
+            attn = torch.ones((b, p_len + t_max), dtype=torch.long, device=dev)
+            attn[:, :p_len] = pmask.long()
+            pos0 = position_ids_from_mask(pmask)
+            logits, cache = self._forward(input_ids=ids, attention_mask=attn[:, :p_len], position_ids=pos0)
+            if n > 1:
+                cache.batch_repeat_interleave(n)
+                logits = logits.repeat_interleave(n, dim=0)
+                attn = attn.repeat_interleave(n, dim=0)
+            num = b * n
+            next_pos = pmask.long().sum(-1).repeat_interleave(n)  # (N,) position of the first response token
+            tokens = torch.full((num, t_max), self.pad_token_id, dtype=torch.long, device=dev)
+            logps = torch.zeros((num, t_max), dtype=torch.float32, device=dev)
+            valid = torch.zeros((num, t_max), dtype=torch.bool, device=dev)
+            done = torch.zeros(num, dtype=torch.bool, device=dev)
+            steps = 0
+            for t in range(t_max):
+                tok, lp = self._sample(logits, gen)
+                alive = ~done
+                tok = torch.where(alive, tok, self.pad_token_id)
+                tokens[:, t] = tok
+                logps[:, t] = lp.masked_fill(done, 0.0)
+                valid[:, t] = alive
+                done = done | torch.isin(tok, self._stop)
+                steps = t + 1
+                if t == t_max - 1 or bool(done.all()):
+                    break
+                logits, cache = self._forward(
+                    input_ids=tok[:, None],
+                    attention_mask=attn[:, : p_len + t + 1],
+                    position_ids=(next_pos + t)[:, None],
+                    cache=cache,
+                )
+            tokens, logps, valid = tokens[:, :steps], logps[:, :steps], valid[:, :steps]
+            truncated = ~done
+            group_ids = torch.arange(b, device=dev).repeat_interleave(n) + self._group_offset
+            self._group_offset += b
+        texts: list[str] = []
+        if self.tokenizer is not None:
+            rows = [tokens[i][valid[i]].tolist() for i in range(num)]
+            texts = list(self.tokenizer.batch_decode(rows, skip_special_tokens=True))
+        return Rollouts(
+            prompt_ids=ids.repeat_interleave(n, dim=0),
+            prompt_mask=pmask.repeat_interleave(n, dim=0),
+            response_ids=tokens,
+            mask=valid,
+            rollout_logp=logps,
+            policy_version=torch.where(valid, version, -1).long(),
+            group_ids=group_ids,
+            rewards=torch.zeros(num, dtype=torch.float32, device=dev),
+            truncated=truncated,
+            texts=texts,
+            answers=[a for a in answers for _ in range(n)] if answers is not None else [],
+        )
