@@ -1,0 +1,73 @@
+"""Policy objectives (P3O, MinPRO and baselines), token aggregation and the effective sample size.
+
+Usage::
+
+    from p3o.objectives import ObjectiveInputs, get_objective
+    loss, stats = get_objective("p3o")(ObjectiveInputs(logp, rollout_logp, mask, advantages, num_tokens=n_step))
+
+The exact mathematics is in docs/objectives.md.
+"""
+
+from p3o.objectives.core import (
+    AGG_MODES,
+    ESS_SCOPES,
+    ROLLOUT_CORRECTIONS,
+    ObjectiveError,
+    ObjectiveInputs,
+    effective_sample_size,
+    ess_from_parts,
+    ess_parts,
+    k3,
+    masked_mean,
+    reduce_tokens,
+)
+from p3o.objectives.losses import (
+    PREFIX_STATS,
+    cispo,
+    clipped_surrogate,
+    dapo,
+    decoupled_ppo,
+    grpo,
+    gspo,
+    m2po,
+    m2po_threshold,
+    minpro,
+    minpro_diagnostics,
+    p3o,
+    p3o_token_loss,
+    p3o_two_anchor,
+    prefix_log_stat,
+)
+from p3o.objectives.registry import OBJECTIVES, get_objective, objective_defaults
+
+__all__ = [
+    "AGG_MODES",
+    "ESS_SCOPES",
+    "OBJECTIVES",
+    "PREFIX_STATS",
+    "ROLLOUT_CORRECTIONS",
+    "ObjectiveError",
+    "ObjectiveInputs",
+    "cispo",
+    "clipped_surrogate",
+    "dapo",
+    "decoupled_ppo",
+    "effective_sample_size",
+    "ess_from_parts",
+    "ess_parts",
+    "get_objective",
+    "grpo",
+    "gspo",
+    "k3",
+    "m2po",
+    "m2po_threshold",
+    "masked_mean",
+    "minpro",
+    "minpro_diagnostics",
+    "objective_defaults",
+    "p3o",
+    "p3o_token_loss",
+    "p3o_two_anchor",
+    "prefix_log_stat",
+    "reduce_tokens",
+]

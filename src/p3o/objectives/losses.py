@@ -1,0 +1,598 @@
+"""Policy objectives: P3O (and its two-anchor variant) and the baselines it is compared with.
+
+Usage: ``loss, stats = p3o(ObjectiveInputs(logp, rollout_logp, mask, advantages), scope="micro-batch")``.
+
+Every objective builds an (N, T) per-token loss and hands it to :func:`p3o.objectives.core.finish`, which adds
+the rollout correction, the reference-KL and entropy terms and owns the aggregation. The maths is in
+docs/objectives.md; the symbols are those of the P3O paper (Eq. 4, 12) and the MinPRO paper.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from p3o.objectives.core import (
+    KL_CLAMP,
+    ObjectiveError,
+    ObjectiveInputs,
+    _ess,
+    finish,
+    k3,
+    masked_mean,
+    prepare,
+    ratio_stats,
+    side_logp,
+)
+
+Stats = dict[str, torch.Tensor]
+RATIO_LOG_CLAMP = 80.0  # lr bound inside exp(lr) where ρ carries gradient: e^80 ~ 5.5e34 keeps ρ·A finite in float32
+PREFIX_STATS = ("min", "mean", "geomean", "prod")
+
+
+def _common(agg: str, ref_kl_coef: float, entropy_coef: float, rollout_correction: str, cap: float) -> dict:
+    return {
+        "agg": agg,
+        "ref_kl_coef": ref_kl_coef,
+        "entropy_coef": entropy_coef,
+        "rollout_correction": rollout_correction,
+        "rollout_correction_cap": cap,
+    }
+
+
+def _check_eps(name: str, value: float, *, upper: float | None = None) -> None:
+    if not (value >= 0) or (upper is not None and value > upper):
+        bound = f"[0, {upper}]" if upper is not None else ">= 0"
+        raise ObjectiveError(f"{name} must be {bound}, got {value}")
+
+
+# ----------------------------------------------------------------------------------------------- P3O
+
+
+def p3o_token_loss(
+    logp: torch.Tensor,
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    ess: torch.Tensor,
+    *,
+    kl: bool = True,
+    kl_clamp: float = KL_CLAMP,
+) -> torch.Tensor:
+    """Per-token P3O loss (paper Eq. 12), (N, T):
+
+        ℓ_t = − sg(min(ρ_t, e_B)) · A_t · logp_t + (1 − e_B) · (e^{−lr_t} + lr_t − 1)
+
+    ∂ℓ_t/∂logp_t = −min(ρ_t, e_B)·A_t + (1 − e_B)·(1 − 1/ρ_t). ``ess`` is e_B (0-d, or (N, 1) per sequence; any
+    positive cap works, e.g. 1 + ε_h gives CISPO when ``kl=False``). ``log_ratio`` = logp − rollout_logp (0 at
+    masked positions); the weight is computed as exp(min(lr, log e_B)) so it never overflows.
+    """
+    cap = ess.detach().float()
+    weight = torch.exp(torch.minimum(log_ratio.detach(), torch.log(cap)))
+    loss = -(weight * advantages) * logp
+    if kl:
+        loss = loss + (1.0 - cap) * k3(log_ratio, kl_clamp)
+    return loss
+
+
+def p3o(
+    inputs: ObjectiveInputs,
+    *,
+    scope: str = "micro-batch",
+    kl_clamp: float = KL_CLAMP,
+    agg: str = "token-mean",
+    ref_kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    rollout_correction: str = "none",
+    rollout_correction_cap: float = 2.0,
+) -> tuple[torch.Tensor, Stats]:
+    """P3O (Eq. 12): ESS-capped importance weights and an ESS-weighted KL to the behaviour policy.
+
+        e_B = sg(ESS(B)),  ℓ_t = − sg(min(ρ_t, e_B))·A_t·logp_t + (1 − e_B)·KL_t,  KL_t = e^{−lr_t} + lr_t − 1
+
+    No clip range: the cap is ≤ 1, one-sided and never zero. On-policy (ρ ≡ 1) the gradient equals GRPO's.
+
+    Args:
+        inputs: logp (N, T) with grad; rollout_logp, mask, advantages; ``group`` for the ESS all-reduce;
+            ``step_ess`` when ``scope="step"``.
+        scope: B for the ESS: ``micro-batch`` (default, all-reduced over data-parallel ranks), ``step``
+            (``inputs.step_ess`` precomputed by the loop) or ``sequence`` (one e_B per row).
+        kl_clamp: bound on |lr_t| inside e^{−lr_t} (``kl_clamped`` counts the tokens beyond it).
+    Stats: ess, kl_weight, capped_frac, kl_behavior, approx_kl, ratio_mean/min/max, clipfrac (nominal ±0.2),
+        kl_clamped, ess_degenerate.
+    """
+    prep = prepare(inputs)
+    mask, lr = prep.mask, prep.log_ratio
+    if scope == "step":
+        if inputs.step_ess is None:
+            raise ObjectiveError('p3o scope="step" needs ObjectiveInputs.step_ess (the step\'s precomputed ESS)')
+        ess = torch.as_tensor(inputs.step_ess, dtype=torch.float32, device=lr.device).detach().reshape(())
+        degenerate = torch.zeros((), dtype=torch.bool, device=lr.device)
+    else:
+        ess, degenerate = _ess(lr, mask, inputs.group, scope)
+    per_token = p3o_token_loss(prep.logp, lr, prep.adv, ess, kl_clamp=kl_clamp)
+    with torch.no_grad():
+        lr_d = lr.detach()
+        stats = ratio_stats(lr_d, mask)
+        ess_mean = ess.mean() if scope != "sequence" else masked_mean(ess[:, 0], mask.any(-1))
+        stats.update(
+            ess=ess_mean,
+            kl_weight=1.0 - ess_mean,
+            capped_frac=masked_mean((lr_d > torch.log(ess)).float(), mask),
+            kl_behavior=stats["approx_kl"],
+            kl_clamped=(mask & (lr_d.abs() > kl_clamp)).sum().float(),
+            ess_degenerate=degenerate.float(),
+        )
+    return finish(
+        per_token,
+        inputs,
+        prep,
+        stats=stats,
+        **_common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap),
+    )
+
+
+def p3o_two_anchor(
+    inputs: ObjectiveInputs,
+    *,
+    variant: str = "sum",
+    kl_clamp: float = KL_CLAMP,
+    agg: str = "token-mean",
+    ref_kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    rollout_correction: str = "none",
+    rollout_correction_cap: float = 2.0,
+) -> tuple[torch.Tensor, Stats]:
+    """Two-anchor P3O (paper App. D, reconstructed from the authors' code): anchors π_b and π_prox.
+
+        ρ^b = π_θ/π_b, ρ^p = π_θ/π_prox, e_b = ESS(ρ^b), e_p = ESS(ρ^p), e_mix = min(e_b, e_p)
+        ℓ_t = − sg(min(ρ^b_t, e_mix))·A_t·logp_t + KL terms
+        variant "sum":     (1 − e_b)·KL_t(π_θ‖π_b) + (1 − e_p)·KL_t(π_θ‖π_prox)
+        variant "mixture": (1 − e_mix)·KL_t(π_θ‖π_mix),  π_mix ∝ (1−e_b)·π_b + (1−e_p)·π_prox (per token)
+
+    Needs ``inputs.prox_logp`` (N, T). KL_t is the k3 form. The paper reports that it collapsed in its runs.
+    """
+    if variant not in ("sum", "mixture"):
+        raise ObjectiveError(f"variant: unknown value {variant!r}; valid: sum, mixture")
+    prep = prepare(inputs)
+    mask, lr_b = prep.mask, prep.log_ratio
+    prox = side_logp(inputs, "prox_logp", mask, needed_by="p3o_two_anchor")
+    lr_p = prep.logp - prox
+    e_b, bad_b = _ess(lr_b, mask, inputs.group)
+    e_p, bad_p = _ess(lr_p, mask, inputs.group)
+    e_mix = torch.minimum(e_b, e_p)
+    per_token = p3o_token_loss(prep.logp, lr_b, prep.adv, e_mix, kl=False)
+    if variant == "sum":
+        per_token = per_token + (1 - e_b) * k3(lr_b, kl_clamp) + (1 - e_p) * k3(lr_p, kl_clamp)
+    else:
+        a, c = (1 - e_b).clamp(min=1e-12), (1 - e_p).clamp(min=1e-12)
+        log_mix = torch.logaddexp(torch.log(a) + prep.rollout_logp, torch.log(c) + prox) - torch.log(a + c)
+        per_token = per_token + (1 - e_mix) * k3(prep.logp - log_mix, kl_clamp)
+    with torch.no_grad():
+        lr_d = lr_b.detach()
+        stats = ratio_stats(lr_d, mask)
+        stats.update(
+            ess=e_mix,
+            ess_behavior=e_b,
+            ess_prox=e_p,
+            kl_weight=1 - e_mix,
+            capped_frac=masked_mean((lr_d > torch.log(e_mix)).float(), mask),
+            kl_behavior=stats["approx_kl"],
+            kl_prox=masked_mean(k3(lr_p.detach()), mask),
+            ess_degenerate=(bad_b | bad_p).float(),
+        )
+    return finish(
+        per_token,
+        inputs,
+        prep,
+        stats=stats,
+        **_common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap),
+    )
+
+
+# ----------------------------------------------------------------------------------------------- clip family
+
+
+def clipped_surrogate(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate per token (P3O paper Eq. 4), gradient through ρ = e^{lr}:
+
+        ℓ_t = − min(ρ_t·A_t, clip(ρ_t, 1 − ε_l, 1 + ε_h)·A_t);   dual clip c: ℓ_t ← min(ℓ_t, −c·A_t) when A_t < 0
+
+    Returns ((N, T) loss, (N, T) bool "the clipped branch is active").
+    """
+    ratio = torch.exp(log_ratio.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    was_clipped = (clipped > unclipped).detach()
+    if dual_clip is not None:
+        bound = -advantages * dual_clip
+        loss = torch.where(advantages < 0, torch.minimum(loss, bound), loss)
+    return loss, was_clipped
+
+
+def _ppo_like(
+    inputs: ObjectiveInputs,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    dual_clip: float | None,
+    common: dict,
+) -> tuple[torch.Tensor, Stats]:
+    _check_eps("clip_eps_low", clip_eps_low, upper=1.0)
+    _check_eps("clip_eps_high", clip_eps_high)
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ObjectiveError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    prep = prepare(inputs)
+    per_token, was_clipped = clipped_surrogate(prep.log_ratio, prep.adv, clip_eps_low, clip_eps_high, dual_clip)
+    stats = _baseline_stats(prep.log_ratio, prep.mask, inputs)
+    stats["clipfrac"] = masked_mean(was_clipped.float(), prep.mask)
+    return finish(per_token, inputs, prep, stats=stats, **common)
+
+
+def _baseline_stats(log_ratio: torch.Tensor, mask: torch.Tensor, inputs: ObjectiveInputs) -> Stats:
+    """Ratio diagnostics vs π_b plus the (local, not all-reduced) ESS, for objectives that do not use the ESS."""
+    with torch.no_grad():
+        stats = ratio_stats(log_ratio, mask)
+        stats["kl_behavior"] = stats["approx_kl"]
+        stats["ess"] = _ess(log_ratio, mask, inputs.group, sync=False)[0]
+    return stats
+
+
+def grpo(
+    inputs: ObjectiveInputs,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_low: float | None = None,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+    agg: str = "seq-mean-token-mean",
+    ref_kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    rollout_correction: str = "none",
+    rollout_correction_cap: float = 2.0,
+) -> tuple[torch.Tensor, Stats]:
+    """GRPO / PPO clip (P3O paper Eq. 4): ℓ_t = −min(ρ_t·A_t, clip(ρ_t, 1−ε_l, 1+ε_h)·A_t).
+
+    ``clip_eps`` sets both sides (0.2; the P3O paper sweeps 0.2/0.4/0.6); ``clip_eps_low`` / ``clip_eps_high``
+    override one side. ``dual_clip`` c bounds ρ·A by c·A for A < 0. Aggregation ``seq-mean-token-mean``;
+    use ``ref_kl_coef`` for GRPO's Eq. 8 KL term. Gradient flows through ρ.
+    """
+    low = clip_eps if clip_eps_low is None else clip_eps_low
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
+    return _ppo_like(inputs, low, high, dual_clip, common)
+
+
+def dapo(
+    inputs: ObjectiveInputs,
+    *,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.28,
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+    ref_kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    rollout_correction: str = "none",
+    rollout_correction_cap: float = 2.0,
+) -> tuple[torch.Tensor, Stats]:
+    """DAPO: the PPO clip with decoupled "clip-higher" ε_l = 0.2, ε_h = 0.28 and ``token-mean`` aggregation.
+
+    Dynamic sampling and the soft overlong penalty (:func:`p3o.advantages.overlong_penalty`) are data-side and
+    applied by the training loop.
+    """
+    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
+    return _ppo_like(inputs, clip_eps_low, clip_eps_high, dual_clip, common)
+
+
+def gspo(
+    inputs: ObjectiveInputs,
+    *,
+    clip_eps_low: float = 3e-4,
+    clip_eps_high: float = 4e-4,
+    agg: str = "seq-mean-token-mean",
+    ref_kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    rollout_correction: str = "none",
+    rollout_correction_cap: float = 2.0,
+) -> tuple[torch.Tensor, Stats]:
+    """GSPO: a sequence-level ratio s_i = exp(mean_{t valid} lr_{i,t}) in token form
+
+        s_{i,t} = sg(s_i)·exp(logp_t − sg(logp_t)),   ℓ_t = −min(s_{i,t}·A_t, clip(s_{i,t}, 1−ε_l, 1+ε_h)·A_t)
+
+    (value s_i, gradient s_i·A_t per token, averaged by ``seq-mean-token-mean``). ε = 3e-4 / 4e-4 (the MinPRO
+    paper used 2e-3 both sides). Stats add seq_ratio_mean/min/max; ``clipfrac`` is the clipped-token fraction.
+    """
+    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
+    _check_eps("clip_eps_low", clip_eps_low, upper=1.0)
+    _check_eps("clip_eps_high", clip_eps_high)
+    prep = prepare(inputs)
+    mask, lr = prep.mask, prep.log_ratio
+    count = mask.sum(-1, keepdim=True)
+    seq_log = (lr.detach().sum(-1, keepdim=True) / count.clamp(min=1)).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
+    token_log = seq_log + (prep.logp - prep.logp.detach())  # value log s_i, gradient 1 w.r.t. logp_t
+    per_token, was_clipped = clipped_surrogate(token_log, prep.adv, clip_eps_low, clip_eps_high)
+    stats = _baseline_stats(lr, mask, inputs)
+    with torch.no_grad():
+        rows = count[:, 0] > 0
+        s = torch.exp(seq_log[:, 0])
+        one = torch.ones((), device=s.device)
+        stats.update(
+            clipfrac=masked_mean(was_clipped.float(), mask),
+            seq_ratio_mean=masked_mean(s, rows),
+            seq_ratio_min=torch.where(rows.any(), torch.where(rows, s, math.inf).amin(), one),
+            seq_ratio_max=torch.where(rows.any(), torch.where(rows, s, -math.inf).amax(), one),
+        )
+    return finish(per_token, inputs, prep, stats=stats, **common)
+
+
+def cispo(
+    inputs: ObjectiveInputs,
+    *,
+    clip_eps_low: float = 1.0,
+    clip_eps_high: float = 4.0,
+    agg: str = "token-mean",
+    ref_kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    rollout_correction: str = "none",
+    rollout_correction_cap: float = 2.0,
+) -> tuple[torch.Tensor, Stats]:
+    """CISPO: clipped, stop-gradient importance weights on a REINFORCE term — every token keeps a gradient.
+
+        ℓ_t = − sg(clip(ρ_t, 1 − ε_l, 1 + ε_h))·A_t·logp_t
+
+    Defaults ε_l = 1 (no lower bound), ε_h = 4 (cap 5), as in the MinPRO paper's table. ``capped_frac`` and
+    ``clipfrac`` count tokens outside [1 − ε_l, 1 + ε_h].
+    """
+    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
+    _check_eps("clip_eps_low", clip_eps_low, upper=1.0)
+    _check_eps("clip_eps_high", clip_eps_high)
+    prep = prepare(inputs)
+    mask, lr = prep.mask, prep.log_ratio
+    lr_d = lr.detach()
+    log_hi = math.log1p(clip_eps_high)
+    weight = torch.exp(lr_d.clamp(max=log_hi)).clamp(min=1.0 - clip_eps_low)
+    per_token = -(weight * prep.adv) * prep.logp
+    stats = _baseline_stats(lr, mask, inputs)
+    with torch.no_grad():
+        out = (lr_d > log_hi) | (torch.exp(lr_d) < 1.0 - clip_eps_low)
+        stats["clipfrac"] = masked_mean(out.float(), mask)
+        stats["capped_frac"] = masked_mean((lr_d > log_hi).float(), mask)
+    return finish(per_token, inputs, prep, stats=stats, **common)
+
+
+def decoupled_ppo(
+    inputs: ObjectiveInputs,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_low: float | None = None,
+    clip_eps_high: float | None = None,
+    weight_cap: float = 5.0,
+    weight_mode: str = "mask",
+    agg: str = "token-mean",
+    ref_kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    rollout_correction: str = "none",
+    rollout_correction_cap: float = 2.0,
+) -> tuple[torch.Tensor, Stats]:
+    """Decoupled PPO loss (Hilton et al. 2022; AReaL): the clip is taken against π_prox, π_b only reweights.
+
+        r_t = π_θ/π_prox,  w_t = sg(π_prox/π_b),  ℓ_t = −w_t·min(r_t·A_t, clip(r_t, 1−ε_l, 1+ε_h)·A_t)
+
+    Tokens with w_t > ``weight_cap`` are dropped (``weight_mode="mask"``: weight 0, denominator unchanged, as
+    in AReaL) or get w_t = ``weight_cap`` (``"clamp"``). Needs ``inputs.prox_logp``. Stats: capped_frac
+    (w_t > cap), clipfrac (clip vs π_prox), ratio_* and ess vs π_b.
+    """
+    if weight_mode not in ("mask", "clamp"):
+        raise ObjectiveError(f"weight_mode: unknown value {weight_mode!r}; valid: mask, clamp")
+    if not weight_cap > 0:
+        raise ObjectiveError(f"weight_cap must be > 0, got {weight_cap}")
+    low = clip_eps if clip_eps_low is None else clip_eps_low
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    _check_eps("clip_eps_low", low, upper=1.0)
+    _check_eps("clip_eps_high", high)
+    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
+    prep = prepare(inputs)
+    mask = prep.mask
+    prox = side_logp(inputs, "prox_logp", mask, needed_by="decoupled_ppo")
+    surrogate, was_clipped = clipped_surrogate(prep.logp - prox, prep.adv, low, high)
+    log_w = prox - prep.rollout_logp
+    log_cap = math.log(weight_cap)
+    over = log_w > log_cap
+    weight = torch.exp(log_w.clamp(max=log_cap))
+    per_token = weight * surrogate
+    keep = ~over if weight_mode == "mask" else None
+    stats = _baseline_stats(prep.log_ratio, mask, inputs)
+    stats["clipfrac"] = masked_mean(was_clipped.float(), mask)
+    stats["capped_frac"] = masked_mean(over.float(), mask)
+    stats["behav_weight_mean"] = masked_mean(torch.exp(log_w.clamp(max=RATIO_LOG_CLAMP)), mask)
+    return finish(per_token, inputs, prep, stats=stats, extra_mask=keep, **common)
+
+
+# ----------------------------------------------------------------------------------------------- M2PO
+
+
+def m2po_threshold(log_ratio: torch.Tensor, mask: torch.Tensor, tau: float = 0.04) -> torch.Tensor:
+    """M2PO's cut on v_t = lr_t² over the valid tokens (detached 0-d float32): sort v descending and mask the
+    largest until the mean of the remaining is < τ; tokens with v_t >= threshold are the masked ones.
+
+    +inf when nothing needs masking (M̂2 = mean v < τ, or no valid token); the smallest valid v when even a single
+    remaining token has v ≥ τ (everything masked). The loop calls this on all tokens of an optimizer step and
+    passes the result as ``ObjectiveInputs.m2po_threshold``.
+    """
+    assert log_ratio.shape == mask.shape, (log_ratio.shape, mask.shape)
+    with torch.no_grad():
+        v = torch.where(mask, log_ratio.detach().double() ** 2, torch.full((), -1.0, dtype=torch.float64))
+        v_sorted = v.flatten().sort(descending=True).values  # valid first (v >= 0), masked (-1) last
+        n = mask.sum()
+        length = v_sorted.numel()
+        if length == 0:
+            return torch.full((), math.inf)
+        k = torch.arange(length, device=v.device)
+        csum = torch.cumsum(torch.where(k < n, v_sorted, torch.zeros_like(v_sorted)), 0)
+        removed = torch.cat([csum.new_zeros(1), csum[:-1]])  # Σ of the k largest
+        remaining_mean = (csum[-1] - removed) / (n - k).clamp(min=1)
+        ok = (k < n) & (remaining_mean < tau)
+        first = torch.argmax(ok.to(torch.uint8))  # first k that satisfies; 0 if none
+        thr_some = v_sorted[(first - 1).clamp(min=0)]
+        thr_all = v_sorted[(n - 1).clamp(min=0)]
+        inf = torch.full((), math.inf, dtype=torch.float64, device=v.device)
+        thr = torch.where(ok.any(), torch.where(first == 0, inf, thr_some), torch.where(n > 0, thr_all, inf))
+        return thr.float()
+
+
+def m2po(
+    inputs: ObjectiveInputs,
+    *,
+    tau: float = 0.04,
+    agg: str = "token-mean",
+    ref_kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    rollout_correction: str = "none",
+    rollout_correction_cap: float = 2.0,
+) -> tuple[torch.Tensor, Stats]:
+    """M2PO (second-moment trust policy optimisation): no clip, mask the tokens with the largest lr².
+
+        M_t = 1[lr_t² < threshold],   ℓ_t = −M_t·ρ_t·A_t   (gradient through ρ)
+
+    divided by the ORIGINAL valid-token count (masked tokens stay in the denominator). The threshold is
+    ``inputs.m2po_threshold`` (step-level, see :func:`m2po_threshold`) or, when None, this batch's own.
+    Stats: masked_frac, m2 (mean lr² before masking).
+    """
+    if not tau > 0:
+        raise ObjectiveError(f"tau must be > 0, got {tau}")
+    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
+    prep = prepare(inputs)
+    mask, lr = prep.mask, prep.log_ratio
+    if inputs.m2po_threshold is None:
+        thr = m2po_threshold(lr, mask, tau)
+    else:
+        thr = torch.as_tensor(inputs.m2po_threshold, dtype=torch.float32, device=lr.device).reshape(())
+    v = lr.detach() ** 2
+    keep = v < thr
+    ratio = torch.exp(lr.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
+    per_token = -prep.adv * ratio
+    stats = _baseline_stats(lr, mask, inputs)
+    stats["masked_frac"] = masked_mean((~keep).float(), mask)
+    stats["m2"] = masked_mean(v, mask)
+    return finish(per_token, inputs, prep, stats=stats, extra_mask=keep, **common)
+
+
+# ----------------------------------------------------------------------------------------------- MinPRO
+
+
+def prefix_log_stat(
+    log_ratio: torch.Tensor, mask: torch.Tensor, stat: str = "min", *, include_one: bool = False
+) -> torch.Tensor:
+    """log m_t: a statistic of the ratios of the STRICTLY preceding valid tokens of each row (detached, (N, T)).
+
+    ``min``: m_t = min_{j<t valid} ρ_j (cumulative min of lr, shifted right by one; masked positions count as
+    +inf); ``mean``: arithmetic mean of those ρ_j (log-cum-sum-exp); ``geomean``: exp(mean lr_j); ``prod``:
+    Π_{j<t} ρ_j (so m_t·ρ_t is the exact cumulative prefix ratio ρ_{1:t}). An empty prefix gives m = 1.
+    ``include_one``: the prefix also holds an implicit ρ = 1 (min: min(1, ·); mean / geomean: one more term).
+    """
+    if stat not in PREFIX_STATS:
+        raise ObjectiveError(f"prefix_stat: unknown value {stat!r}; valid: {', '.join(PREFIX_STATS)}")
+    with torch.no_grad():
+        lr = torch.where(mask, log_ratio.detach().float(), torch.zeros((), device=log_ratio.device))
+        n, t = lr.shape
+        if t == 0:
+            return lr
+
+        def shift(x: torch.Tensor, fill: float) -> torch.Tensor:
+            return torch.cat([torch.full((n, 1), fill, device=x.device, dtype=x.dtype), x[:, :-1]], dim=1)
+
+        count = shift(torch.cumsum(mask, 1).float(), 0.0)  # number of strictly preceding valid tokens
+        if stat == "min":
+            prev = shift(torch.cummin(torch.where(mask, lr, math.inf), 1).values, math.inf)
+            if include_one:
+                prev = prev.clamp(max=0.0)
+            return torch.where(count > 0, prev, torch.zeros_like(prev))
+        if stat == "prod":
+            return shift(torch.cumsum(lr, 1), 0.0)
+        if stat == "geomean":
+            total = shift(torch.cumsum(lr, 1), 0.0)
+            denom = count + 1 if include_one else count
+            return torch.where(denom > 0, total / denom.clamp(min=1), torch.zeros_like(total))
+        lse = shift(torch.logcumsumexp(torch.where(mask, lr, -math.inf), 1), -math.inf)
+        if include_one:
+            return torch.logaddexp(lse, torch.zeros_like(lse)) - torch.log(count + 1)
+        return torch.where(count > 0, lse - torch.log(count.clamp(min=1)), torch.zeros_like(lse))
+
+
+def minpro_diagnostics(log_m: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor) -> Stats:
+    """MinPRO diagnostics (the paper's tables 7 and 8), detached 0-d tensors:
+
+    ``m_mean``, ``m_median`` (lower median) of m_t = e^{log_m}; ``m_frac_above_{0.5,0.2,0.1,0.05}``; and
+    ``weight_decile_{0..9}``: the mean effective weight over tokens whose relative position k/n_i (k = 0-based
+    index among the row's n_i valid tokens) falls in that decile (0 for an empty decile).
+
+    Args: log_m, weight: (N, T) float; mask: (N, T) bool.
+    """
+    with torch.no_grad():
+        m = torch.exp(log_m.detach().float())
+        count = mask.sum()
+        stats: Stats = {"m_mean": masked_mean(m, mask)}
+        flat = torch.where(mask, m, math.inf).flatten().sort().values
+        if flat.numel():
+            med = flat[((count - 1) // 2).clamp(min=0)]
+            stats["m_median"] = torch.where(count > 0, med, torch.ones((), device=m.device))
+        else:
+            stats["m_median"] = torch.ones(())
+        for thr in (0.5, 0.2, 0.1, 0.05):
+            stats[f"m_frac_above_{thr}"] = masked_mean((m > thr).float(), mask)
+        pos = torch.cumsum(mask, 1) - 1  # 0-based index among valid tokens
+        n_i = mask.sum(1, keepdim=True).clamp(min=1)
+        decile = torch.div(pos * 10, n_i, rounding_mode="floor").clamp(0, 9)
+        decile = torch.where(mask, decile, torch.full_like(decile, 10)).flatten()  # bin 10 = masked
+        w = torch.where(mask, weight.detach().float(), 0.0).flatten()
+        sums = torch.zeros(11, device=w.device).index_add_(0, decile, w)
+        cnts = torch.zeros(11, device=w.device).index_add_(0, decile, torch.ones_like(w))
+        means = sums / cnts.clamp(min=1)
+        for d in range(10):
+            stats[f"weight_decile_{d}"] = means[d]
+        return stats
+
+
+def minpro(
+    inputs: ObjectiveInputs,
+    *,
+    clip_eps_low: float = 1.0,
+    clip_eps_high: float = 4.0,
+    prefix_stat: str = "min",
+    include_one: bool = False,
+    agg: str = "token-mean",
+    ref_kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    rollout_correction: str = "none",
+    rollout_correction_cap: float = 2.0,
+) -> tuple[torch.Tensor, Stats]:
+    """MinPRO: the token's ratio scaled by the minimum ratio of its strictly preceding valid tokens.
+
+        m_t = min_{j<t, j valid} ρ_j  (m = 1 on an empty prefix),  ℓ_t = −sg(clip(m_t·ρ_t, 1−ε_l, 1+ε_h))·A_t·logp_t
+
+    ε_l = 1, ε_h = 4 (the paper's table). ``prefix_stat`` ∈ {min, mean, geomean, prod} swaps the statistic
+    (ablation; ``prod`` gives the cumulative prefix ratio ρ_{1:t}); ``include_one`` adds an implicit ρ = 1 to the
+    prefix. Stats add the diagnostics of :func:`minpro_diagnostics` and ``capped_frac`` (m_t·ρ_t above 1+ε_h).
+    """
+    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
+    _check_eps("clip_eps_low", clip_eps_low, upper=1.0)
+    _check_eps("clip_eps_high", clip_eps_high)
+    prep = prepare(inputs)
+    mask, lr = prep.mask, prep.log_ratio
+    log_m = prefix_log_stat(lr, mask, prefix_stat, include_one=include_one)
+    log_w = log_m + lr.detach()
+    log_hi = math.log1p(clip_eps_high)
+    weight = torch.exp(log_w.clamp(max=log_hi)).clamp(min=1.0 - clip_eps_low)
+    per_token = -(weight * prep.adv) * prep.logp
+    stats = _baseline_stats(lr, mask, inputs)
+    with torch.no_grad():
+        stats["capped_frac"] = masked_mean((log_w > log_hi).float(), mask)
+        stats["clipfrac"] = masked_mean(((log_w > log_hi) | (torch.exp(log_w) < 1.0 - clip_eps_low)).float(), mask)
+        stats.update(minpro_diagnostics(log_m, weight, mask))
+    return finish(per_token, inputs, prep, stats=stats, **common)
