@@ -1,0 +1,124 @@
+"""p3o.policy: chunked log-probs / entropies and their gradients equal the naive full log-softmax."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_tiny_lm
+
+from p3o.policy import Policy, chunked_head_logprobs, naive_token_logprobs, position_ids_from_mask, token_logprobs
+from p3o.types import Rollouts
+
+
+def _batch(seed: int = 0, vocab: int = 64):
+    """Two left-padded prompts of lengths 5 and 3, right-padded responses of lengths 6 and 2."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(3, vocab, (2, 5), generator=g)
+    prompt_mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], dtype=torch.bool)
+    prompt_ids = prompt_ids.masked_fill(~prompt_mask, 0)
+    response_ids = torch.randint(3, vocab, (2, 6), generator=g)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    response_ids = response_ids.masked_fill(~mask, 0)
+    return prompt_ids, prompt_mask, response_ids, mask
+
+
+def test_position_ids_from_mask():
+    m = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert position_ids_from_mask(m).tolist() == [[1, 1, 0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_match_naive_values_and_gradients(temperature):
+    batch = _batch()
+    model_a, model_b = make_tiny_lm(), make_tiny_lm()
+    lp_a, ent_a = token_logprobs(model_a, *batch, temperature=temperature, chunk_size=3, with_entropy=True)
+    lp_b, ent_b = naive_token_logprobs(model_b, *batch, temperature=temperature, with_entropy=True)
+    mask = batch[3]
+    assert lp_a.dtype == torch.float32 and lp_a.shape == mask.shape
+    torch.testing.assert_close(lp_a, lp_b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_a, ent_b, atol=1e-5, rtol=1e-5)
+    assert (lp_a[~mask] == 0).all() and (ent_a[~mask] == 0).all()
+    assert (lp_a[mask] < 0).all() and (ent_a[mask] > 0).all()
+
+    # A loss that uses both outputs with different per-token weights exercises both backward paths.
+    w = torch.linspace(-1.0, 2.0, mask.numel()).view_as(mask)
+    ((lp_a * w).sum() + (ent_a * w.flip(-1)).sum()).backward()
+    ((lp_b * w).sum() + (ent_b * w.flip(-1)).sum()).backward()
+    grads_b = dict(model_b.named_parameters())
+    for name, p in model_a.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, grads_b[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_left_padding_does_not_change_logprobs():
+    model = make_tiny_lm()
+    prompt = torch.tensor([[1, 7, 9]])
+    resp = torch.tensor([[4, 5, 6]])
+    m = torch.ones(1, 3, dtype=torch.bool)
+    lp, _ = token_logprobs(model, prompt, m, resp, m)
+    padded = torch.tensor([[0, 0, 1, 7, 9]])
+    pmask = torch.tensor([[0, 0, 1, 1, 1]], dtype=torch.bool)
+    lp_pad, _ = token_logprobs(model, padded, pmask, resp, m)
+    torch.testing.assert_close(lp, lp_pad, atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_head_matches_naive_with_bias_and_bf16_hidden():
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(37, 16, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, requires_grad=True)
+    b = torch.randn(50, generator=g, requires_grad=True)
+    y = torch.randint(0, 50, (37,), generator=g)
+    up_lp, up_ent = torch.randn(37, generator=g), torch.randn(37, generator=g)
+    lp, ent = chunked_head_logprobs(h, w, y, bias=b, temperature=1.3, chunk_size=8, with_entropy=True)
+    ((lp * up_lp).sum() + (ent * up_ent).sum()).backward()
+    got = [t.grad.clone() for t in (h, w, b)]
+    for t in (h, w, b):
+        t.grad = None
+    logq = F.log_softmax((h @ w.t() + b) / 1.3, -1)
+    lp_ref = logq.gather(-1, y[:, None]).squeeze(-1)
+    ent_ref = -(logq.exp() * logq).sum(-1)
+    ((lp_ref * up_lp).sum() + (ent_ref * up_ent).sum()).backward()
+    torch.testing.assert_close(lp, lp_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ent_ref, atol=1e-5, rtol=1e-5)
+    for a, ref in zip(got, (h.grad, w.grad, b.grad)):
+        torch.testing.assert_close(a, ref, atol=1e-4, rtol=1e-4)
+
+    # bf16 hidden states: the head runs in float32, the gradient comes back in bf16.
+    hb = h.detach().bfloat16().requires_grad_(True)
+    lpb, _ = chunked_head_logprobs(hb, w.detach(), y, bias=b.detach(), temperature=1.3, chunk_size=8)
+    lpb.sum().backward()
+    assert lpb.dtype == torch.float32 and hb.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(lpb, lp_ref.detach(), atol=0.05, rtol=0.05)
+
+
+def test_no_entropy_and_bad_arguments():
+    model = make_tiny_lm()
+    batch = _batch()
+    lp, ent = token_logprobs(model, *batch)
+    assert ent is None and lp.requires_grad
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(model, *batch, temperature=0.0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        token_logprobs(model, *batch, chunk_size=0)
+
+
+def test_policy_wrapper_on_rollouts():
+    model = make_tiny_lm()
+    p_ids, p_mask, r_ids, mask = _batch()
+    n, t = r_ids.shape
+    ro = Rollouts(
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+        response_ids=r_ids,
+        mask=mask,
+        rollout_logp=torch.zeros(n, t),
+        policy_version=torch.zeros(n, t, dtype=torch.long),
+        group_ids=torch.arange(n),
+        rewards=torch.zeros(n),
+        truncated=torch.zeros(n, dtype=torch.bool),
+    )
+    lp, ent = Policy(model, temperature=0.9, chunk_size=4).token_logprobs(ro, with_entropy=True)
+    ref, ref_ent = naive_token_logprobs(model, p_ids, p_mask, r_ids, mask, temperature=0.9, with_entropy=True)
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
