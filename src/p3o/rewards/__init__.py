@@ -1,0 +1,34 @@
+"""Verifiers: `(completion, answer) -> float`, time-limited and exception-free, plus a batch `score`.
+
+score(completions, answers, "gsm8k")            # -> list[float]
+get_verifier("math")("... \\boxed{2}", "2")     # -> 1.0
+"""
+
+from p3o.rewards.extract import hash_answer, last_boxed, parse_int, parse_number
+from p3o.rewards.verifiers import (
+    VERIFIERS,
+    exact_int,
+    format_reward,
+    get_verifier,
+    gsm8k,
+    math_equal,
+    math_reward,
+    safe_for_sympy,
+    score,
+)
+
+__all__ = [
+    "VERIFIERS",
+    "exact_int",
+    "format_reward",
+    "get_verifier",
+    "gsm8k",
+    "hash_answer",
+    "last_boxed",
+    "math_equal",
+    "math_reward",
+    "parse_int",
+    "parse_number",
+    "safe_for_sympy",
+    "score",
+]

@@ -1,0 +1,86 @@
+"""The math-verify worker process: reads JSON requests on stdin, writes one JSON reply per line on stdout.
+
+Run by `p3o.rewards.sandbox.Worker` as `python -m p3o.rewards.mv_worker`; never evaluates its input as code
+(LaTeX is parsed by latex2sympy's grammar only, not sympy's `parse_expr`). The parent kills it on a timeout.
+
+    {"op": "equal", "pred": "\\\\frac{1}{2}", "gold": "0.5"}  ->  {"ok": true, "value": true}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL us when the parent dies, so a stuck sympy call never outlives p3o."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except Exception:
+        pass
+
+
+def _limit_memory(gib: float = 4.0) -> None:
+    """Cap the address space so a huge-integer blow-up fails with MemoryError instead of swapping."""
+    try:
+        import resource
+
+        limit = int(gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except Exception:
+        pass
+
+
+def equal(pred: str, gold: str, seconds: int) -> bool:
+    """math-verify equivalence of two LaTeX answers (each parsed as the content of a \\boxed{})."""
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    cfg = [LatexExtractionConfig(boxed_match_priority=0)]
+    g = parse("\\boxed{" + gold + "}", cfg, parsing_timeout=seconds)
+    p = parse("\\boxed{" + pred + "}", cfg, parsing_timeout=seconds)
+    if not g or not p:
+        return False
+    return bool(verify(g, p, timeout_seconds=seconds))
+
+
+def main() -> int:
+    _die_with_parent()
+    _limit_memory()
+    import logging
+    import time
+
+    logging.disable(logging.CRITICAL)
+    import math_verify  # noqa: F401 - import up front so the first request is not slowed by it
+
+    out = sys.stdout
+    out.write('{"ready": true}\n')
+    out.flush()
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            op = req.get("op")
+            if op == "equal":
+                value: object = equal(str(req["pred"]), str(req["gold"]), max(1, int(req.get("seconds", 1))))
+            elif op == "ping":
+                value = True
+            elif op == "sleep":  # health checks and tests of the parent's timeout
+                time.sleep(float(req.get("s", 0)))
+                value = True
+            else:
+                raise ValueError(f"unknown op {op!r}")
+            reply = {"ok": True, "value": value}
+        except BaseException as err:
+            if isinstance(err, KeyboardInterrupt):
+                return 0
+            reply = {"ok": False, "error": f"{type(err).__name__}: {str(err)[:200]}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

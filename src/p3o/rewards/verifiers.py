@@ -1,0 +1,193 @@
+"""Verifiers: `(completion, answer) -> float` in {0, 1}, bounded in time, never raising, never evaluating code.
+
+| name        | extracts from the completion             | compares                                      |
+|-------------|------------------------------------------|-----------------------------------------------|
+| exact-int   | `#### n`, else the last `\\boxed{n}`      | integers, exactly                             |
+| gsm8k       | `#### n` only (the GSM8K convention)     | numbers, exactly (1,234 = 1234; 7.0 = 7)       |
+| math        | the last `\\boxed{}`, else `#### n`       | numbers exactly, else math-verify equivalence |
+| format      | —                                        | 1 if a final answer marker is present         |
+
+The `math` verifier first tries cheap paths (exact rationals, normalised strings); only what is left goes to
+math-verify (sympy) in a worker process with a hard time limit. A pre-filter rejects inputs that are too long, too
+deeply nested, or carry huge exponents / factorials before sympy sees them.
+
+    verifier = get_verifier("math")
+    score(["... \\boxed{\\frac12}"], ["0.5"], "math")   # -> [1.0]
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Sequence
+
+from p3o.rewards.extract import MAX_ANSWER_CHARS, hash_answer, last_boxed, parse_int, parse_number
+from p3o.rewards.sandbox import Worker
+
+Verifier = Callable[[str, str], float]
+
+_WORKER: Worker | None = None
+# Exponents with 4+ digits or nested powers, factorials of 3+ digit numbers, many-digit literals: sympy can spend
+# unbounded time on these, and no real answer needs them.
+_HOSTILE = re.compile(
+    r"\^\s*\{?\s*[-+]?\d{4,}|\^\s*\{[^{}]*\^|\*\*|\d{3,}\s*!|\\(?:fact|prod|sum|lim|int)\b|\d{41,}|__|\\def|\\newcommand"
+)
+
+
+def _worker() -> Worker:
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = Worker("p3o.rewards.mv_worker")
+    return _WORKER
+
+
+def _normalise(s: str) -> str:
+    """Cheap LaTeX normalisation for string equality (spacing, \\left/\\right, \\dfrac, surrounding $, text{})."""
+    s = s.strip().strip("$").strip()
+    s = re.sub(r"\\text\{\s*([^{}]*?)\s*\}", r"\1", s)
+    for a, b in (
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\dfrac", "\\frac"),
+        ("\\tfrac", "\\frac"),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("\\;", ""),
+        ("\\ ", ""),
+        ("^\\circ", ""),
+        ("^{\\circ}", ""),
+    ):
+        s = s.replace(a, b)
+    return re.sub(r"\s+", "", s).rstrip(".")
+
+
+def safe_for_sympy(s: str) -> bool:
+    """False for inputs the pre-filter rejects (too long, control characters, huge powers, unbalanced braces)."""
+    if len(s) > MAX_ANSWER_CHARS or _HOSTILE.search(s):
+        return False
+    if any(ord(c) < 32 and c not in "\t\n" for c in s):
+        return False
+    depth = 0
+    for c in s:
+        depth += (c == "{") - (c == "}")
+        if depth < 0 or depth > 16:
+            return False
+    return depth == 0
+
+
+def exact_int(completion: str, answer: str) -> float:
+    """1.0 iff the completion's final answer (`#### n`, else last `\\boxed{n}`) is the integer `answer`."""
+    try:
+        gold = parse_int(str(answer))
+        if gold is None:
+            return 0.0
+        pred = hash_answer(completion)
+        if pred is None:
+            pred = last_boxed(completion)
+        return float(pred is not None and parse_int(pred) == gold)
+    except Exception:
+        return 0.0
+
+
+def gsm8k(completion: str, answer: str) -> float:
+    """1.0 iff the number after the completion's last `####` equals `answer` (GSM8K; exact rational compare)."""
+    try:
+        gold = parse_number(str(answer).replace(",", ""))
+        pred = hash_answer(completion)
+        if gold is None or pred is None:
+            return 0.0
+        return float(parse_number(pred) == gold)
+    except Exception:
+        return 0.0
+
+
+def math_equal(pred: str, gold: str, timeout_s: float = 1.0) -> bool:
+    """Are two final answers equal? Exact rationals, then normalised strings, then math-verify (time-limited)."""
+    a, b = parse_number(pred), parse_number(gold)
+    if a is not None and b is not None:
+        return a == b
+    if _normalise(pred) == _normalise(gold):
+        return True
+    if not (safe_for_sympy(pred) and safe_for_sympy(gold)):
+        return False
+    value = _worker().call({"op": "equal", "pred": pred, "gold": gold, "seconds": 1}, timeout_s=timeout_s)
+    return bool(value)
+
+
+def math_reward(completion: str, answer: str, timeout_s: float = 1.0) -> float:
+    """1.0 iff the last `\\boxed{}` (else `#### n`) of the completion is mathematically equal to `answer`."""
+    try:
+        if not isinstance(completion, str):
+            return 0.0
+        pred = last_boxed(completion)
+        if pred is None:
+            pred = hash_answer(completion)
+        gold = str(answer).strip()
+        if gold.startswith("\\boxed") or "\\boxed{" in gold:
+            gold = last_boxed(gold) or gold
+        if pred is None or not gold:
+            return 0.0
+        return float(math_equal(pred, gold, timeout_s=timeout_s))
+    except Exception:
+        return 0.0
+
+
+def format_reward(completion: str, answer: str = "") -> float:
+    """1.0 iff the completion states a final answer (`#### <number>` or a non-empty `\\boxed{}`); `answer` unused."""
+    try:
+        return float(hash_answer(completion) is not None or last_boxed(completion) is not None)
+    except Exception:
+        return 0.0
+
+
+VERIFIERS: dict[str, Verifier] = {
+    "exact-int": exact_int,
+    "gsm8k": gsm8k,
+    "math": math_reward,
+    "format": format_reward,
+}
+
+
+def get_verifier(name: str) -> Verifier:
+    """The verifier called `name`; "<name>+format" adds 0.1 × the format reward. Unknown names -> ValueError."""
+    base, plus, extra = name.partition("+")
+    if base not in VERIFIERS or (plus and extra != "format"):
+        raise ValueError(f"unknown verifier {name!r}; known: {', '.join(VERIFIERS)} (optionally '<name>+format')")
+    fn = VERIFIERS[base]
+    if not plus:
+        return fn
+
+    def with_format(completion: str, answer: str, timeout_s: float = 1.0) -> float:
+        main = fn(completion, answer, timeout_s=timeout_s) if _takes_timeout(fn) else fn(completion, answer)
+        return main + 0.1 * format_reward(completion)
+
+    with_format.__name__ = f"{fn.__name__}_with_format"
+    return with_format
+
+
+def _takes_timeout(fn: Callable[..., float]) -> bool:
+    try:
+        return "timeout_s" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def score(
+    completions: Sequence[str], answers: Sequence[str], verifier: str | Verifier = "exact-int", timeout_s: float = 1.0
+) -> list[float]:
+    """Rewards for a batch: `verifier(completions[i], answers[i])` for each i, each call time-limited.
+
+    Built-in verifiers are bounded by construction (short scans) and `math` gives sympy at most `timeout_s` in a
+    worker process. A custom callable runs in-process; an exception from it scores 0.0.
+    """
+    assert len(completions) == len(answers), (len(completions), len(answers))
+    fn = get_verifier(verifier) if isinstance(verifier, str) else verifier
+    takes_timeout = _takes_timeout(fn)
+    out = []
+    for c, a in zip(completions, answers):
+        try:
+            r = fn(c, a, timeout_s=timeout_s) if takes_timeout else fn(c, a)
+            out.append(float(r))
+        except Exception:
+            out.append(0.0)
+    return out
