@@ -1,0 +1,893 @@
+"""Run configuration: nested dataclasses, YAML presets and dotted command-line overrides.
+
+The root :class:`TrainConfig` holds one sub-config per component (each component receives only its own
+sub-config). Every field carries its help text in ``field(metadata={"help": ...})`` so ``config_help()``
+can list it; ranges (``gt``/``ge``/``le``/``lt``) live in the same metadata and are checked by ``validate``.
+
+    cfg = load_config(["--config", "quick", "--optim.lr", "3e-4", "--objective.name=grpo", "--objective.clip_eps=0.4"])
+
+Order of application: the embedded defaults (or ``base``), then every ``--config`` file in order, then
+the dotted overrides in order, then ``--resume``. Values are parsed as YAML scalars and then checked
+against the field's type (int / float / bool / str / Literal choices / tuples); errors are one line that
+names the key, e.g. ``unknown key 'optim.lrr' (did you mean 'optim.lr'?)``.
+
+``objective.<hyper>`` keys (``--objective.clip_eps 0.4``) are collected in ``ObjectiveConfig.hyper`` and
+validated against the keyword-only signature of ``p3o.objectives.get_objective(name)`` when that module
+is importable.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import importlib
+import inspect
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from p3o.errors import ConfigError
+
+__all__ = [
+    "AdvantageConfig",
+    "CkptConfig",
+    "LogConfig",
+    "LoopConfig",
+    "ModelConfig",
+    "ObjectiveConfig",
+    "OptimConfig",
+    "RolloutConfig",
+    "TaskConfig",
+    "TrainConfig",
+    "TrainerConfig",
+    "UpdateConfig",
+    "apply_overrides",
+    "config_help",
+    "from_dict",
+    "list_presets",
+    "load_config",
+    "objective_hyper",
+    "preset_path",
+    "save_config",
+    "to_dict",
+    "validate",
+]
+
+
+def _f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, **bounds: float) -> Any:
+    """A dataclass field with its help text and optional numeric bounds (gt, ge, lt, le) in the metadata."""
+    assert help, "every config field needs a help text"
+    assert set(bounds) <= {"gt", "ge", "lt", "le"}, bounds
+    metadata = {"help": help, **bounds}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sub-configs
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    """The policy to train (``p3o.models.load_policy``)."""
+
+    name: str = _f("tiny", "model: 'tiny' (built-in, warm-started), 'tiny-random', 'smollm2' or a local HF directory")
+    cache_dir: str | None = _f(None, "cache for built-in models and tokenizers (None: $P3O_CACHE or ~/.cache/p3o)")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "trainer parameter dtype")
+    device: str = _f("auto", "trainer and HF rollout device: 'auto' (cuda if available), 'cpu', 'cuda'")
+
+
+@dataclass
+class TaskConfig:
+    """The prompts and the verifier that scores completions (``p3o.tasks.load_task``, ``p3o.rewards``)."""
+
+    name: str = _f("arithmetic", "task: 'arithmetic' (built-in, offline), a preset such as 'gsm8k', or a data path")
+    difficulty: int | str = _f(1, "difficulty of the built-in arithmetic task (passed to load_task)")
+    verifier: str | None = _f(None, "verifier name for p3o.rewards.get_verifier (None: the task's own default)")
+    template: str = _f("default", "prompt template for p3o.tasks.format_prompt")
+    n_train: int | None = _f(None, "number of training problems (None: all the task provides)", ge=1)
+    eval_split: str = _f("test", "split used for evaluation during and after training")
+    n_eval: int = _f(64, "number of evaluation problems (0: no evaluation)", ge=0)
+    reward_timeout_s: float = _f(1.0, "time limit of one verifier call, in seconds", gt=0)
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling: how many completions per step and how the rollout engine generates and records log-probs."""
+
+    prompts_per_step: int = _f(8, "prompts sampled per training step", ge=1)
+    group_size: int = _f(8, "completions per prompt (G); advantages are relative within the group", ge=1)
+    max_new_tokens: int = _f(48, "maximum response length T (longer responses are truncated)", ge=1)
+    temperature: float = _f(1.0, "sampling temperature of the rollout engine", gt=0)
+    top_p: float = _f(1.0, "nucleus sampling mass (1: off)", gt=0, le=1)
+    top_k: int = _f(0, "top-k sampling (0: off)", ge=0)
+    precision: Literal["fp32", "bf16", "fp16", "int8", "fp8"] = _f(
+        "fp32", "rollout engine precision (fake-quantised weights/activations); the trainer stays fp32"
+    )
+    logprob_mode: Literal["processed", "raw"] = _f(
+        "processed", "record log-probs of the distribution sampled from ('processed') or before temperature ('raw')"
+    )
+
+
+@dataclass
+class TrainerConfig:
+    """The trainer's recomputation of log-probs (``p3o.policy.token_logprobs``)."""
+
+    temperature: float = _f(1.0, "temperature the trainer applies to logits when computing log-probs", gt=0)
+    chunk_size: int = _f(256, "vocabulary-projection chunk (tokens) for memory-lean log-probs", ge=1)
+    ref_model: bool = _f(False, "keep a frozen reference model and compute ref_logp (needed for ref_kl_coef > 0)")
+    gradient_checkpointing: bool = _f(False, "enable gradient checkpointing on the policy")
+
+
+@dataclass
+class UpdateConfig:
+    """How one rollout batch is split into optimizer steps."""
+
+    num_mini_batches: int = _f(1, "optimizer steps per epoch (> 1 makes later mini-batches off-policy)", ge=1)
+    micro_batch_size: int = _f(16, "sequences per forward/backward (gradient accumulation inside a mini-batch)", ge=1)
+    epochs: int = _f(1, "passes over each rollout batch", ge=1)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and its learning-rate schedule."""
+
+    lr: float = _f(1e-4, "peak learning rate", gt=0)
+    weight_decay: float = _f(0.0, "AdamW weight decay", ge=0)
+    betas: tuple[float, float] = _f((0.9, 0.999), "AdamW betas (beta1, beta2)")
+    eps: float = _f(1e-8, "AdamW epsilon", gt=0)
+    warmup_steps: int = _f(0, "linear warm-up steps (optimizer steps)", ge=0)
+    schedule: Literal["constant", "cosine"] = _f("constant", "learning-rate schedule after warm-up")
+    min_lr_ratio: float = _f(0.0, "cosine schedule floor as a fraction of lr", ge=0, le=1)
+    grad_clip: float = _f(1.0, "global gradient-norm clip (0: off)", ge=0)
+
+
+@dataclass
+class LoopConfig:
+    """Which pipeline produces the training data (sync / stale / async / reuse) and batch filtering."""
+
+    mode: Literal["sync", "stale", "async", "reuse"] = _f(
+        "sync", "sync: on-policy; stale: train on rollouts `staleness` steps old; async: bounded lag; reuse: replay"
+    )
+    staleness: int = _f(4, "stale mode: rollouts generated at step k are trained on at step k + staleness", ge=0)
+    max_lag: int = _f(2, "async mode: maximum policy versions between generation and training", ge=0)
+    reuse_epochs: int = _f(2, "reuse mode: how many steps each rollout batch is trained on", ge=1)
+    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and resample")
+    dynamic_sampling_max_tries: int = _f(3, "dynamic sampling: generation rounds per step before giving up", ge=1)
+    overlong_penalty: bool = _f(False, "DAPO soft overlong punishment on responses near max_new_tokens")
+    overlong_buffer: int = _f(16, "overlong penalty ramps over the last `overlong_buffer` tokens", ge=1)
+    overlong_factor: float = _f(1.0, "overlong penalty at the maximum length (reward - factor)", ge=0)
+
+
+@dataclass
+class AdvantageConfig:
+    """Group-relative advantages (``p3o.advantages.group_advantages``)."""
+
+    std: Literal["population", "bessel"] = _f("population", "group standard deviation: population (paper) or Bessel")
+    scale: Literal["group", "batch", "none"] = _f("group", "divide by the group std, batch std, or nothing (Dr.GRPO)")
+    baseline: Literal["mean", "lowered"] = _f("mean", "baseline: group mean, or lowered mean - alpha*std (AsymRE)")
+    alpha: float = _f(0.5, "lowered baseline: alpha in mean - alpha*std", ge=0)
+    eps: float = _f(1e-6, "added to the std before dividing", gt=0)
+
+
+@dataclass
+class ObjectiveConfig:
+    """The objective ``p3o.objectives.get_objective(name)`` and its keyword hyper-parameters.
+
+    On the command line and in YAML the hyper-parameters are flat: ``--objective.clip_eps 0.4`` or
+    ``objective: {name: grpo, clip_eps: 0.4}``; they are stored in ``hyper`` and passed as ``fn(inputs, **hyper)``
+    (unset ones keep the objective's own defaults).
+    """
+
+    name: str = _f("p3o", "objective name (see p3o.objectives.OBJECTIVES)")
+    hyper: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "keyword hyper-parameters overriding the objective's defaults (set as objective.<name>)"},
+    )
+
+
+@dataclass
+class LogConfig:
+    """Metrics output (``p3o.metrics.MetricsLogger``) and the console progress bar."""
+
+    every: int = _f(1, "write metrics every this many steps", ge=1)
+    tensorboard: bool | Literal["auto"] = _f("auto", "TensorBoard event files: auto (when installed), true, false")
+    wandb: bool | Literal["auto"] = _f("auto", "Weights & Biases: auto (installed and configured), true, false")
+    wandb_project: str = _f("p3o", "W&B project name")
+    progress: bool = _f(True, "rich progress bar with live reward and ESS (only on a terminal)")
+    eval_every: int = _f(0, "evaluate on the eval split every this many steps (0: only at the end)", ge=0)
+    plot: bool = _f(True, "draw plot.png in the run directory at the end")
+
+
+@dataclass
+class CkptConfig:
+    """Checkpoints under ``run_dir/checkpoints/step_XXXXXX`` (``p3o.train.checkpoint``)."""
+
+    every: int = _f(20, "save a checkpoint every this many steps (0: none besides final/)", ge=0)
+    keep_last: int = _f(2, "number of step checkpoints kept (older ones are pruned)", ge=1)
+    resume: bool = _f(False, "resume from the latest valid checkpoint in run_dir")
+
+
+@dataclass
+class TrainConfig:
+    """Root config of one training run: ``p3o train`` with no arguments runs exactly these defaults.
+
+    Defaults = the embedded default job: P3O on the built-in arithmetic task with the built-in tiny model.
+    """
+
+    run_dir: str = _f("runs/default", "output directory (config.yaml, metrics.jsonl, checkpoints/, final/, plot.png)")
+    seed: int = _f(0, "random seed (python, numpy, torch, sampling)")
+    steps: int = _f(60, "training steps (one rollout batch each)", ge=1)
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "policy model"})
+    task: TaskConfig = field(default_factory=TaskConfig, metadata={"help": "task and verifier"})
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "sampling"})
+    train: TrainerConfig = field(default_factory=TrainerConfig, metadata={"help": "trainer-side log-probs"})
+    update: UpdateConfig = field(default_factory=UpdateConfig, metadata={"help": "mini-/micro-batching"})
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "optimizer"})
+    loop: LoopConfig = field(default_factory=LoopConfig, metadata={"help": "data pipeline"})
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig, metadata={"help": "advantages"})
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig, metadata={"help": "objective"})
+    log: LogConfig = field(default_factory=LogConfig, metadata={"help": "metrics"})
+    ckpt: CkptConfig = field(default_factory=CkptConfig, metadata={"help": "checkpoints"})
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Introspection helpers
+# --------------------------------------------------------------------------------------------------------------------
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """Resolved type hints of a config dataclass (the module uses postponed annotations)."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _leaf_fields(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
+    """(dotted key, field, type) of every leaf field, in declaration order."""
+    out: list[tuple[str, dataclasses.Field, Any]] = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            out += _leaf_fields(tp, key + ".")
+        else:
+            out.append((key, f, tp))
+    return out
+
+
+def _objectives_module() -> Any | None:
+    """``p3o.objectives`` when it exists (another issue writes it); None when the package is absent."""
+    try:
+        return importlib.import_module("p3o.objectives")
+    except ModuleNotFoundError as err:
+        if err.name in {"p3o.objectives", "p3o"}:
+            return None
+        raise
+
+
+def _objective_defaults(name: str) -> dict[str, Any] | None:
+    """Keyword-only hyper-parameters and defaults of objective ``name``; None when p3o.objectives is absent.
+
+    Raises ConfigError for an unknown objective name (listing the known ones).
+    """
+    mod = _objectives_module()
+    if mod is None:
+        return None
+    try:
+        if hasattr(mod, "objective_defaults"):
+            return dict(mod.objective_defaults(name))
+        fn = mod.get_objective(name)
+    except (KeyError, ValueError) as err:
+        known = ", ".join(sorted(getattr(mod, "OBJECTIVES", {}))) or str(err)
+        near = difflib.get_close_matches(name, list(getattr(mod, "OBJECTIVES", {})), n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        raise ConfigError(f"objective.name: unknown objective '{name}'{hint}; known: {known}") from None
+    sig = inspect.signature(fn)
+    return {
+        p.name: (None if p.default is inspect.Parameter.empty else p.default)
+        for p in sig.parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def _all_keys(objective_name: str | None = None) -> list[str]:
+    """Every valid dotted key (leaf fields, plus objective.<hyper> when the objective module is available)."""
+    keys = [k for k, _, _ in _leaf_fields() if k != "objective.hyper"]
+    if objective_name is not None:
+        try:
+            defaults = _objective_defaults(objective_name)
+        except ConfigError:
+            defaults = None
+        keys += [f"objective.{h}" for h in defaults or {}]
+    return keys
+
+
+def _nearest(key: str, candidates: list[str]) -> str | None:
+    """Closest valid key: same section first (comparing the last component), then the whole dotted name."""
+    section, _, last = key.rpartition(".")
+    same = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == section}
+    near = difflib.get_close_matches(last, list(same), n=1, cutoff=0.6)
+    if near:
+        return same[near[0]]
+    near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.75)
+    if near:
+        return near[0]
+    by_last = {c.rpartition(".")[2]: c for c in candidates}
+    near = difflib.get_close_matches(last, list(by_last), n=1, cutoff=0.75)
+    return by_last[near[0]] if near else None
+
+
+def _unknown(key: str, objective_name: str | None) -> ConfigError:
+    near = _nearest(key, _all_keys(objective_name))
+    hint = f" (did you mean '{near}'?)" if near else ""
+    return ConfigError(f"unknown key '{key}'{hint}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Value parsing and type checking
+# --------------------------------------------------------------------------------------------------------------------
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _describe(tp: Any) -> str:
+    """Human-readable type name used in error messages."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        text = " or ".join(_describe(a) for a in args)
+        return text + (" or null" if len(args) < len(typing.get_args(tp)) else "")
+    if origin is tuple:
+        args = typing.get_args(tp)
+        return f"a list of {len(args)} {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    return {int: "an int", float: "a float", bool: "a bool", str: "a string", dict: "a mapping"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+class _Mismatch(Exception):
+    """Internal: the value does not fit the type."""
+
+
+def _coerce(value: Any, tp: Any, *, strict: bool, raw: str | None = None) -> Any:
+    """Convert ``value`` to type ``tp`` or raise _Mismatch.
+
+    strict=True accepts only values already of the right kind (used first for unions, so `true` picks bool
+    before the string 'true'); strict=False also converts strings ('1e-4' -> 1e-4) and integral floats.
+    ``raw`` is the original command-line text (kept verbatim for str fields, so '007' stays '007').
+    """
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        for c in choices:
+            if value == c and type(value) is type(c):
+                return c
+        if not strict and isinstance(value, str | int | float):
+            text = (raw if raw is not None else str(value)).strip().lower()
+            for c in choices:
+                if isinstance(c, str) and text == c.lower():
+                    return c
+        raise _Mismatch
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise _Mismatch
+        for s in (True, False) if not strict else (True,):
+            for a in args:
+                if a is type(None):
+                    continue
+                try:
+                    return _coerce(value, a, strict=s, raw=raw)
+                except _Mismatch:
+                    pass
+        if not strict and type(None) in args and isinstance(value, str) and value.strip().lower() in {"null", "none"}:
+            return None
+        raise _Mismatch
+    if tp is type(None):
+        if value is None:
+            return None
+        raise _Mismatch
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if not strict and isinstance(value, str | int) and str(value).strip().lower() in _TRUE | _FALSE:
+            return str(value).strip().lower() in _TRUE
+        raise _Mismatch
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if not strict:
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            if isinstance(value, str):
+                text = value.strip().replace("_", "")
+                try:
+                    return int(text)
+                except ValueError:
+                    pass
+                try:
+                    f = float(text)
+                except ValueError:
+                    raise _Mismatch from None
+                if math.isfinite(f) and f.is_integer():
+                    return int(f)
+        raise _Mismatch
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if not strict and isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                raise _Mismatch from None
+        raise _Mismatch
+    if tp is str:
+        if isinstance(value, str):
+            return value if raw is None else raw
+        if not strict and isinstance(value, int | float) and not isinstance(value, bool):
+            return raw if raw is not None else str(value)
+        raise _Mismatch
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, list | tuple):
+            raise _Mismatch
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], strict=strict) for v in value)
+        if len(value) != len(args):
+            raise _Mismatch
+        return tuple(_coerce(v, a, strict=strict) for v, a in zip(value, args))
+    if origin is dict or tp is dict:
+        if isinstance(value, Mapping):
+            return dict(value)
+        raise _Mismatch
+    raise _Mismatch
+
+
+def _check(key: str, value: Any, tp: Any, raw: str | None = None) -> Any:
+    """Coerce ``value`` to ``tp`` or raise a one-line ConfigError naming ``key``."""
+    try:
+        return _coerce(value, tp, strict=False, raw=raw)
+    except _Mismatch:
+        got = raw if raw is not None else value
+        raise ConfigError(f"{key}: expected {_describe(tp)}, got {got!r}") from None
+
+
+def _parse_scalar(text: str) -> Any:
+    """Parse a command-line value as a YAML scalar/flow value ('1e-4' and 'abc' stay strings)."""
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _coerce_hyper(key: str, value: Any, default: Any, raw: str | None) -> Any:
+    """Type-check an objective hyper-parameter against the type of its default (any type when None)."""
+    if default is None:
+        return value
+    if isinstance(default, bool):
+        return _check(key, value, bool, raw)
+    if isinstance(default, float | int):
+        # An int default still accepts floats (e.g. a cap of 2 given as 2.5); a float default makes ints float.
+        return _check(key, value, float if isinstance(default, float) else int | float, raw)
+    if isinstance(default, str):
+        return _check(key, value, str, raw)
+    return value
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Setting keys
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _set(cfg: TrainConfig, key: str, value: Any, *, raw: str | None = None) -> None:
+    """Set dotted ``key`` on ``cfg`` in place, type-checking the value (hyper keys go to objective.hyper)."""
+    parts = key.split(".")
+    if any(not p for p in parts):
+        raise ConfigError(f"malformed key '{key}'")
+    obj: Any = cfg
+    for i, part in enumerate(parts):
+        if isinstance(obj, ObjectiveConfig) and part not in {"name", "hyper"}:
+            if i != len(parts) - 1:
+                raise _unknown(key, cfg.objective.name)
+            obj.hyper[part] = value if raw is None else _parse_scalar(raw)
+            return
+        if isinstance(obj, ObjectiveConfig) and part == "hyper" and i == len(parts) - 2:
+            obj.hyper[parts[-1]] = value
+            return
+        names = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+        if part not in names:
+            raise _unknown(key, cfg.objective.name)
+        tp = _hints(type(obj))[part]
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(tp):
+                if isinstance(value, Mapping):
+                    for k, v in value.items():
+                        _set(cfg, f"{key}.{k}", v)
+                    return
+                raise ConfigError(f"{key}: is a section; set its keys, e.g. '{key}.{dataclasses.fields(tp)[0].name}'")
+            if part == "hyper" and isinstance(obj, ObjectiveConfig):
+                if not isinstance(value, Mapping):
+                    raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+                obj.hyper.update(value)
+                return
+            setattr(obj, part, _check(key, value, tp, raw))
+            return
+        obj = getattr(obj, part)
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested mapping -> [(dotted key, leaf value)]; lists and scalars are leaves."""
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        if not isinstance(k, str):
+            raise ConfigError(f"key {prefix}{k!r}: keys must be strings")
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out += _flatten(v, key + ".")
+        elif isinstance(v, Mapping):
+            continue  # an empty section (e.g. `objective: {hyper: {}}`) sets nothing
+        else:
+            out.append((key, v))
+    return out
+
+
+def apply_overrides(cfg: TrainConfig, overrides: Mapping[str, Any], *, check: bool = True) -> TrainConfig:
+    """A copy of ``cfg`` with dotted ``overrides`` applied, e.g. ``{"loop.mode": "stale", "objective.clip_eps": 0.4}``.
+
+    Values may be Python objects or strings (strings are converted like command-line values); nested
+    mappings are flattened (``{"optim": {"lr": 1e-3}}``). ``check`` runs :func:`validate` at the end.
+    """
+    new = copy.deepcopy(cfg)
+    for key, value in _flatten(overrides):
+        _set(new, key, value)
+    if check:
+        validate(new)
+    return new
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def objective_hyper(cfg: ObjectiveConfig) -> dict[str, Any]:
+    """The objective's full keyword hyper-parameters: its defaults updated with ``cfg.hyper`` (validated).
+
+    When ``p3o.objectives`` is not importable the overrides are returned unchecked.
+    """
+    defaults = _objective_defaults(cfg.name)
+    if defaults is None:
+        return dict(cfg.hyper)
+    out = dict(defaults)
+    for k, v in cfg.hyper.items():
+        key = f"objective.{k}"
+        if k not in defaults:
+            near = _nearest(key, [f"objective.{h}" for h in defaults])
+            hint = f" (did you mean '{near}'?)" if near else ""
+            known = ", ".join(defaults) or "none"
+            others = _objectives_with(k)
+            where = f"; '{k}' belongs to {', '.join(others)}" if others else ""
+            raise ConfigError(
+                f"unknown key '{key}' for objective '{cfg.name}'{hint}{where}; its hyper-parameters: {known}"
+            )
+        out[k] = _coerce_hyper(key, v, defaults[k], None)
+    return out
+
+
+def _objectives_with(hyper: str) -> list[str]:
+    """Names of the objectives that accept keyword ``hyper`` (for error hints)."""
+    mod = _objectives_module()
+    out = []
+    for name in getattr(mod, "OBJECTIVES", {}):
+        try:
+            if hyper in (_objective_defaults(name) or {}):
+                out.append(name)
+        except ConfigError:
+            pass
+    return out
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Check types, ranges and cross-field constraints; raises a one-line ConfigError. Returns ``cfg``.
+
+    Also normalises objective hyper-parameter types to those of the objective's defaults.
+    """
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"expected a TrainConfig, got {type(cfg).__name__}")
+    for key, f, tp in _leaf_fields():
+        obj: Any = cfg
+        for part in key.split(".")[:-1]:
+            obj = getattr(obj, part)
+        value = getattr(obj, f.name)
+        if key != "objective.hyper":
+            value = _check(key, value, tp)
+            setattr(obj, f.name, value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if isinstance(value, float) and math.isnan(value):
+                raise ConfigError(f"{key}: must be a number, got nan")
+            md = f.metadata
+            for op, bad, text in (
+                ("gt", lambda v, b: v <= b, ">"),
+                ("ge", lambda v, b: v < b, ">="),
+                ("lt", lambda v, b: v >= b, "<"),
+                ("le", lambda v, b: v > b, "<="),
+            ):
+                if op in md and bad(value, md[op]):
+                    raise ConfigError(f"{key}: must be {text} {md[op]}, got {value}")
+    b1, b2 = cfg.optim.betas
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise ConfigError(f"optim.betas: each beta must be in [0, 1), got [{b1}, {b2}]")
+    if not cfg.run_dir.strip():
+        raise ConfigError("run_dir: must not be empty")
+    n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    if cfg.update.num_mini_batches > n:
+        raise ConfigError(
+            f"update.num_mini_batches: {cfg.update.num_mini_batches} mini-batches but only {n} sequences per step "
+            f"(rollout.prompts_per_step × rollout.group_size)"
+        )
+    if cfg.loop.overlong_penalty and cfg.loop.overlong_buffer > cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"loop.overlong_buffer: {cfg.loop.overlong_buffer} exceeds rollout.max_new_tokens "
+            f"{cfg.rollout.max_new_tokens}"
+        )
+    bad = [k for k in cfg.objective.hyper if not isinstance(k, str) or not k.isidentifier()]
+    if bad:
+        raise ConfigError(f"objective.{bad[0]}: not a valid hyper-parameter name")
+    defaults = _objective_defaults(cfg.objective.name)
+    if defaults is not None:
+        full = objective_hyper(cfg.objective)
+        cfg.objective.hyper = {k: full[k] for k in cfg.objective.hyper}
+        if full.get("ref_kl_coef") and not cfg.train.ref_model:
+            raise ConfigError("objective.ref_kl_coef > 0 needs train.ref_model: true")
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Dict / YAML round trip
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def to_dict(cfg: TrainConfig, *, resolve_objective: bool = False) -> dict[str, Any]:
+    """Plain nested dict of ``cfg`` (tuples as lists; objective hyper-parameters flat next to ``name``).
+
+    ``resolve_objective=True`` writes every hyper-parameter of the objective (its defaults filled in) when
+    ``p3o.objectives`` is available.
+    """
+
+    def conv(obj: Any) -> Any:
+        if dataclasses.is_dataclass(obj):
+            if isinstance(obj, ObjectiveConfig):
+                hyper = objective_hyper(obj) if resolve_objective else dict(obj.hyper)
+                return {"name": obj.name, **{k: conv(v) for k, v in hyper.items()}}
+            return {f.name: conv(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if isinstance(obj, tuple | list):
+            return [conv(v) for v in obj]
+        if isinstance(obj, Mapping):
+            return {k: conv(v) for k, v in obj.items()}
+        return obj
+
+    return conv(cfg)
+
+
+def from_dict(d: Mapping[str, Any], *, base: TrainConfig | None = None, source: str | None = None) -> TrainConfig:
+    """A validated TrainConfig from a (nested or dotted) dict laid over ``base`` (default: the embedded defaults).
+
+    ``source`` (a file name) prefixes error messages.
+    """
+    cfg = copy.deepcopy(base) if base is not None else TrainConfig()
+    try:
+        for key, value in _flatten(d):
+            _set(cfg, key, value)
+        return validate(cfg)
+    except ConfigError as err:
+        if source:
+            raise ConfigError(f"{source}: {err}") from None
+        raise
+
+
+def save_config(cfg: TrainConfig, path: str | Path, *, resolve_objective: bool = True) -> Path:
+    """Write ``cfg`` as YAML (the resolved config of a run); returns the path.
+
+    The file reloads with ``load_config(["--config", path])`` to an equal config.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "# resolved p3o config; rerun with: p3o train --config " + str(path) + "\n"
+    text += yaml.safe_dump(to_dict(cfg, resolve_objective=resolve_objective), sort_keys=False, default_flow_style=False)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Presets and files
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _preset_dirs() -> list[Path | Any]:
+    """Where presets live: the repository's configs/ (source checkout / editable install), then the packaged copy."""
+    dirs: list[Path | Any] = []
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "pyproject.toml").is_file() and (repo / "configs").is_dir():
+        dirs.append(repo / "configs")
+    try:
+        from importlib.resources import files
+
+        packaged = files("p3o") / "configs"
+        if packaged.is_dir():
+            dirs.append(packaged)
+    except (ModuleNotFoundError, TypeError):  # pragma: no cover - namespace/zip oddities
+        pass
+    return dirs
+
+
+def list_presets() -> list[str]:
+    """Names accepted by ``--config NAME`` (configs/<name>.yaml; sub-folders as 'experiments/x')."""
+    names: set[str] = set()
+    for d in _preset_dirs():
+        if isinstance(d, Path):
+            names |= {p.relative_to(d).with_suffix("").as_posix() for p in d.rglob("*.yaml")}
+        else:
+            names |= {p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml")}
+    return sorted(names)
+
+
+def preset_path(name_or_path: str) -> Path:
+    """Resolve ``--config`` to a file: an existing path, else a preset name (configs/<name>.yaml)."""
+    p = Path(name_or_path).expanduser()
+    if p.is_file():
+        return p
+    if p.suffix in {".yaml", ".yml"} and (p.is_absolute() or ("/" in name_or_path and p.parent.exists())):
+        raise ConfigError(f"--config: file not found: {name_or_path}")
+    stem = name_or_path[:-5] if name_or_path.endswith(".yaml") else name_or_path
+    for d in _preset_dirs():
+        cand = d / f"{stem}.yaml" if isinstance(d, Path) else d.joinpath(*f"{stem}.yaml".split("/"))
+        if cand.is_file():
+            return Path(str(cand))
+    presets = list_presets()
+    near = difflib.get_close_matches(stem, presets, n=1)
+    hint = f" (did you mean '{near[0]}'?)" if near else ""
+    raise ConfigError(
+        f"--config: no file or preset named '{name_or_path}'{hint}; presets: {', '.join(presets) or 'none'}"
+    )
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, Any]]:
+    """Dotted (key, value) pairs of a YAML config file, following an optional top-level ``extends: <preset>``."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} invalid YAML ({getattr(err, 'problem', err)})") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
+    if data is None:
+        return []
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got {type(data).__name__}")
+    data = dict(data)
+    pairs: list[tuple[str, Any]] = []
+    parent = data.pop("extends", None)
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ConfigError(f"{path}: extends: expected a preset name or path, got {parent!r}")
+        ppath = preset_path(parent)
+        if ppath.resolve() in seen:
+            raise ConfigError(f"{path}: extends: cycle through {ppath}")
+        pairs += _read_yaml(ppath, (*seen, path.resolve()))
+    return pairs + _flatten(data)
+
+
+def load_config(argv: list[str] | None = None, *, base: TrainConfig | None = None) -> TrainConfig:
+    """Parse ``--config PATH_OR_PRESET``, dotted overrides and ``--resume`` into a validated TrainConfig.
+
+    ``argv`` None or [] gives ``base`` (default: the embedded defaults). Accepted forms:
+    ``--config quick``, ``--config=path.yaml``, ``--optim.lr 3e-4``, ``--optim.lr=3e-4``, a bare boolean flag
+    ``--loop.dynamic_sampling`` (= true), ``--resume`` (= ``--ckpt.resume true``). ``--help`` is not handled here
+    (see :func:`config_help`).
+    """
+    argv = list(argv or [])
+    configs: list[str] = []
+    overrides: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("--") or tok == "--":
+            raise ConfigError(f"unexpected argument '{tok}' (options look like --key value or --key=value)")
+        name, eq, val = tok[2:].partition("=")
+        if not eq:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            is_flag = nxt is None or (nxt.startswith("--") and len(nxt) > 2)
+            if is_flag:
+                val = None
+                i += 1
+            else:
+                val = nxt
+                i += 2
+        else:
+            i += 1
+        if name == "config":
+            if not val:
+                raise ConfigError("--config: expected a file path or preset name")
+            configs.append(val)
+        elif name == "resume":
+            overrides.append(("ckpt.resume", "true" if val is None else val))
+        else:
+            overrides.append((name, val))
+
+    cfg = copy.deepcopy(base) if base is not None else TrainConfig()
+    for c in configs:
+        path = preset_path(c)
+        try:
+            for key, value in _read_yaml(path):
+                _set(cfg, key, value)
+        except ConfigError as err:
+            msg = str(err)
+            raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+    for key, val in overrides:
+        if val is None:
+            if _flag_is_bool(key):
+                val = "true"
+            else:
+                # Report unknown keys before complaining about the missing value.
+                _set_probe(cfg, key)
+                raise ConfigError(f"--{key}: expected a value")
+        _set(cfg, key, _parse_scalar(val), raw=val)
+    return validate(cfg)
+
+
+def _flag_is_bool(key: str) -> bool:
+    for k, _, tp in _leaf_fields():
+        if k == key:
+            return tp is bool
+    return False
+
+
+def _set_probe(cfg: TrainConfig, key: str) -> None:
+    """Raise the unknown-key error for ``key`` if it is not a valid key."""
+    if key.startswith("objective.") and key.count(".") == 1:
+        return
+    if key not in _all_keys():
+        raise _unknown(key, cfg.objective.name)
+
+
+def config_help() -> str:
+    """Every option with its type, default and help (for ``p3o train --help``)."""
+    default = TrainConfig()
+    lines = [
+        "options (dotted keys; --key value or --key=value):",
+        "  --config PATH_OR_PRESET   YAML file or preset: " + ", ".join(list_presets()),
+        "  --resume                  resume from the latest checkpoint in run_dir",
+    ]
+    for key, f, tp in _leaf_fields():
+        if key == "objective.hyper":
+            lines.append("  --objective.<hyper> VALUE  any keyword hyper-parameter of the chosen objective")
+            continue
+        obj: Any = default
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        shown = list(obj) if isinstance(obj, tuple) else obj
+        lines.append(f"  --{key} ({_describe(tp)}; default {shown!r})  {f.metadata['help']}")
+    return "\n".join(lines)

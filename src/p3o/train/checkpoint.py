@@ -1,0 +1,405 @@
+"""Crash-safe training checkpoints: policy weights, optimizer, scheduler, RNG states and the loop's own state.
+
+Layout under a run directory::
+
+    checkpoints/
+      step_000020/
+        policy/               save_pretrained (safetensors) + tokenizer files
+        trainer_state.pt      {"format", "step", "optimizer", "scheduler", "rng", "loop_state"}
+        meta.json             written last: {"step", "format"}; a directory without it is incomplete
+      step_000040/ ...
+      latest                  text file naming the newest complete checkpoint ("step_000040")
+
+    path = save_checkpoint(run_dir, 40, model=model, tokenizer=tok, optimizer=opt, loop_state={"buffer": buf})
+    state = load_checkpoint(run_dir, model=model, optimizer=opt)   # None when there is none; state["step"] == 40
+
+Atomicity: everything is written into a hidden temporary directory in ``checkpoints/`` (same filesystem),
+each file is fsync'ed, then the directory is renamed into place with ``os.replace`` and the ``latest``
+pointer is replaced atomically. A crash at any point leaves the previous checkpoints intact and loadable;
+left-over temporary directories are ignored by the loader and removed by the next save. Only one process
+(rank 0) should call :func:`save_checkpoint`.
+
+Security: ``trainer_state.pt`` is read with ``torch.load(weights_only=False)`` because the loop state may hold
+arbitrary Python objects (e.g. buffered ``Rollouts``); load only checkpoints you trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from p3o.errors import P3OError
+
+__all__ = [
+    "CKPT_DIR",
+    "LATEST",
+    "STATE_FILE",
+    "checkpoint_step",
+    "is_complete",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "load_policy_weights",
+    "rng_state",
+    "save_checkpoint",
+    "save_policy",
+    "set_rng_state",
+]
+
+FORMAT = 1
+CKPT_DIR = "checkpoints"
+LATEST = "latest"
+STATE_FILE = "trainer_state.pt"
+POLICY_DIR = "policy"
+META_FILE = "meta.json"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_TMP_PREFIX = ".tmp-"
+_OLD_PREFIX = ".old-"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Small file-system helpers
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it is durable (no-op where the OS does not support it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            _fsync_file(Path(dirpath) / name)
+        _fsync_dir(Path(dirpath))
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file, fsync and ``os.replace``."""
+    tmp = path.with_name(f"{_TMP_PREFIX}{path.name}-{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The underlying module of a DDP / FSDP / torch.compile wrapper."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Policy weights
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def save_policy(out_dir: str | Path, model: torch.nn.Module, tokenizer: Any = None) -> Path:
+    """Write the policy to ``out_dir`` (safetensors; ``save_pretrained`` when the model has it) plus the tokenizer.
+
+    Used for ``checkpoints/step_XXXXXX/policy`` and a run's ``final/``. ``out_dir`` is written through a temporary
+    sibling directory and renamed into place, so a crash never leaves a half-written ``out_dir``.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f"{_TMP_PREFIX}{out_dir.name}-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    _write_policy(tmp, model, tokenizer)
+    _fsync_tree(tmp)
+    _swap_in(tmp, out_dir)
+    return out_dir
+
+
+def _write_policy(out_dir: Path, model: torch.nn.Module, tokenizer: Any) -> None:
+    model = _unwrap(model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(out_dir, safe_serialization=True)
+    else:
+        from safetensors.torch import save_model
+
+        save_model(model, str(out_dir / "model.safetensors"))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+
+
+def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
+    """Load the safetensors weights in ``policy_dir`` into ``model`` in place (parameters keep their identity).
+
+    Tied parameters dropped by ``save_pretrained`` (e.g. ``lm_head.weight`` tied to the embedding) are accepted as
+    missing; any other missing or unexpected key raises P3OError naming it.
+    """
+    from safetensors.torch import load_file
+
+    policy_dir = Path(policy_dir)
+    files = sorted(policy_dir.glob("*.safetensors"))
+    if not files:
+        raise P3OError(f"{policy_dir}: no *.safetensors weights found")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    model = _unwrap(model)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # A missing key is fine when its tensor shares storage with a loaded one (weight tying).
+    params = dict(model.state_dict(keep_vars=True))
+    loaded_ptrs = {params[k].data_ptr() for k in state if k in params}
+    missing = [k for k in missing if params[k].data_ptr() not in loaded_ptrs]
+    if missing or unexpected:
+        what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise P3OError(f"{policy_dir}: weights do not match the model ({what})")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# RNG
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch CPU (and CUDA when available) generator states."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the generator states captured by :func:`rng_state` (CUDA only when present on both sides)."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = state["cuda"]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            warnings.warn(
+                f"checkpoint has CUDA RNG states for {len(cuda)} devices, this machine has "
+                f"{torch.cuda.device_count()}; CUDA RNG not restored",
+                stacklevel=2,
+            )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step of a ``step_XXXXXX`` directory name, else None."""
+    m = _STEP_RE.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def is_complete(path: str | Path) -> bool:
+    """True when ``path`` is a finished checkpoint (meta.json, trainer_state.pt and policy/ present)."""
+    path = Path(path)
+    return (
+        checkpoint_step(path) is not None
+        and (path / META_FILE).is_file()
+        and (path / STATE_FILE).is_file()
+        and (path / POLICY_DIR).is_dir()
+    )
+
+
+def _ckpt_root(run_dir: str | Path) -> Path:
+    run_dir = Path(run_dir)
+    return run_dir if run_dir.name == CKPT_DIR and not (run_dir / CKPT_DIR).is_dir() else run_dir / CKPT_DIR
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (incomplete and temporary directories are skipped)."""
+    root = _ckpt_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and is_complete(p)]
+    return sorted(found, key=lambda p: checkpoint_step(p) or 0)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run: the ``latest`` pointer when it names a complete one, else a scan."""
+    root = _ckpt_root(run_dir)
+    pointer = root / LATEST
+    if pointer.is_file():
+        try:
+            target = root / pointer.read_text().strip()
+        except OSError:
+            target = None
+        if target is not None and target.parent == root and is_complete(target):
+            # The pointer is only a hint: a newer complete directory (pointer write lost in a crash) still wins.
+            newer = [p for p in list_checkpoints(root) if (checkpoint_step(p) or 0) > (checkpoint_step(target) or 0)]
+            return newer[-1] if newer else target
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """Rename the finished ``tmp`` directory to ``final``; an existing ``final`` is moved aside first, then deleted."""
+    old = None
+    if final.exists():
+        old = final.with_name(f"{_OLD_PREFIX}{final.name}-{os.getpid()}-{time.monotonic_ns()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    loop_state: dict[str, Any] | None = None,
+    keep_last: int = 2,
+) -> Path:
+    """Atomically write ``run_dir/checkpoints/step_{step:06d}/`` and point ``latest`` at it; returns its path.
+
+    Args:
+        run_dir: the run directory (``checkpoints/`` is created inside it).
+        step: the number of completed training steps; the loop resumes at ``step``.
+        model: the policy (DDP/FSDP/compile wrappers are unwrapped); saved with ``save_pretrained`` (safetensors).
+        tokenizer: saved next to the weights when given.
+        optimizer, scheduler: their ``state_dict()`` go to ``trainer_state.pt``.
+        loop_state: anything picklable the loop needs to resume (buffers of Rollouts, engine version, counters).
+        keep_last: complete step checkpoints kept after this save (older ones are deleted; >= 1).
+
+    A failure anywhere before the final rename leaves only a hidden ``.tmp-*`` directory, which loaders ignore.
+    """
+    if keep_last < 1:
+        raise P3OError(f"ckpt.keep_last: must be >= 1, got {keep_last}")
+    if step < 0:
+        raise P3OError(f"checkpoint step must be >= 0, got {step}")
+    root = Path(run_dir) / CKPT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f"{_TMP_PREFIX}step_*"):  # debris of an earlier crash
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in root.glob(f"{_OLD_PREFIX}step_*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+    name = f"step_{step:06d}"
+    final = root / name
+    tmp = root / f"{_TMP_PREFIX}{name}-{os.getpid()}"
+    try:
+        _write_policy(tmp / POLICY_DIR, model, tokenizer)
+        state = {
+            "format": FORMAT,
+            "step": int(step),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "rng": rng_state(),
+            "loop_state": loop_state,
+        }
+        torch.save(state, tmp / STATE_FILE)
+        (tmp / META_FILE).write_text(json.dumps({"format": FORMAT, "step": int(step), "time": time.time()}) + "\n")
+        _fsync_tree(tmp)
+        _swap_in(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _atomic_write_text(root / LATEST, name + "\n")
+    _prune(root, keep_last, keep=final)
+    return final
+
+
+def _prune(root: Path, keep_last: int, keep: Path) -> None:
+    """Delete all but the newest ``keep_last`` complete checkpoints (never ``keep``)."""
+    found = list_checkpoints(root)
+    for p in found[: max(0, len(found) - keep_last)]:
+        if p != keep:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _resolve(path_or_run_dir: str | Path) -> list[Path]:
+    """Candidate checkpoint directories, newest first: one explicit checkpoint, or every checkpoint of a run."""
+    path = Path(path_or_run_dir)
+    if checkpoint_step(path) is not None or (path / STATE_FILE).exists():
+        if not is_complete(path):
+            raise P3OError(f"{path}: not a complete checkpoint (missing {META_FILE}, {STATE_FILE} or {POLICY_DIR}/)")
+        return [path]
+    if not path.exists():
+        raise P3OError(f"{path}: no such run directory or checkpoint")
+    latest = latest_checkpoint(path)
+    others = [p for p in reversed(list_checkpoints(path)) if p != latest]
+    return ([latest] if latest is not None else []) + others
+
+
+def load_checkpoint(
+    path_or_run_dir: str | Path,
+    *,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    restore_rng: bool = True,
+    map_location: str | torch.device = "cpu",
+) -> dict[str, Any] | None:
+    """Restore the newest loadable checkpoint into the given objects; None when a run has no checkpoint yet.
+
+    ``path_or_run_dir`` is a run directory (or its ``checkpoints/``), which picks the newest complete checkpoint and
+    falls back to older ones when one cannot be read, or one ``step_XXXXXX`` directory. ``model`` weights are loaded
+    in place; ``optimizer`` / ``scheduler`` states when given and saved; RNG states when ``restore_rng``.
+
+    Returns ``{"step": int, "loop_state": dict | None, "path": Path}``. Uses ``torch.load(weights_only=False)``:
+    trusted checkpoints only.
+    """
+    candidates = _resolve(path_or_run_dir)
+    errors: list[str] = []
+    for ckpt in candidates:
+        try:
+            state = torch.load(ckpt / STATE_FILE, map_location=map_location, weights_only=False)
+            if not isinstance(state, dict) or "step" not in state:
+                raise P3OError(f"{ckpt / STATE_FILE}: not a p3o trainer state")
+        except Exception as err:  # a corrupt file: try the previous checkpoint
+            if len(candidates) == 1:
+                raise P3OError(f"{ckpt / STATE_FILE}: cannot be read ({type(err).__name__}: {err})") from None
+            errors.append(f"{ckpt.name}: {type(err).__name__}")
+            warnings.warn(f"skipping unreadable checkpoint {ckpt} ({type(err).__name__}: {err})", stacklevel=2)
+            continue
+        if model is not None:
+            load_policy_weights(model, ckpt / POLICY_DIR)
+        if optimizer is not None and state.get("optimizer") is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and state.get("scheduler") is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        if restore_rng and state.get("rng") is not None:
+            set_rng_state(state["rng"])
+        return {"step": int(state["step"]), "loop_state": state.get("loop_state"), "path": ckpt}
+    if errors:
+        raise P3OError(f"{path_or_run_dir}: no readable checkpoint ({', '.join(errors)})")
+    return None
