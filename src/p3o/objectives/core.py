@@ -197,7 +197,7 @@ def _ess(
                 [e1.sum(-1, dtype=torch.float64), (e1 * e1).sum(-1, dtype=torch.float64), mask.sum(-1).double()], -1
             )
             ess, bad = _ess_from_sums(sums)
-            return ess, bad.any()
+            return ess[:, None], (bad & (sums[:, 2] > 0)).any()  # empty (padding) rows are not flagged
         if scope not in ("micro-batch", "step"):
             raise ObjectiveError(f"scope: unknown ESS scope {scope!r}; valid: {', '.join(ESS_SCOPES)}")
         m = torch.where(mask, lr, neg_inf).amax() if lr.numel() else neg_inf

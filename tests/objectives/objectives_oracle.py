@@ -1,0 +1,118 @@
+"""Slow, obviously-correct per-token Python loops for every objective (the oracle of the vectorised code).
+
+Each returns (loss, grad) where grad[i][t] = ∂loss/∂logp[i][t], written from the formulas in docs/objectives.md
+with plain floats and the analytic per-token derivatives.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def ess(lrs: list[float]) -> float:
+    if not lrs:
+        return 1.0
+    rho = [math.exp(x) for x in lrs]
+    return sum(rho) ** 2 / (len(rho) * sum(r * r for r in rho))
+
+
+def clip(x: float, lo: float, hi: float) -> float:
+    return min(max(x, lo), hi)
+
+
+def agg_coef(mask: list[list[bool]], agg: str) -> list[list[float]]:
+    """c[i][t] with loss = Σ c[i][t]·ℓ[i][t] for the aggregation mode (batch = this data, no step counts)."""
+    n_rows, n_cols = len(mask), len(mask[0])
+    total = sum(sum(r) for r in mask)
+    out = []
+    for row in mask:
+        n_i = sum(row)
+        if agg == "token-mean":
+            c = 1 / max(total, 1)
+        elif agg == "seq-mean-token-mean":
+            c = 1 / (max(n_i, 1) * n_rows)
+        else:
+            c = 1 / (n_cols * n_rows)
+        out.append([c if m else 0.0 for m in row])
+    return out
+
+
+def ppo_token(rho: float, a: float, lo: float, hi: float, dual: float | None = None) -> tuple[float, float]:
+    """(−min(ρA, clip(ρ)A) [dual-clipped], ∂/∂lr) — the derivative w.r.t. log ρ is ρ·∂/∂ρ."""
+    unclipped, clipped = -rho * a, -clip(rho, 1 - lo, 1 + hi) * a
+    if unclipped >= clipped:
+        val, d = unclipped, -rho * a
+    else:
+        val, d = clipped, (-rho * a if 1 - lo < rho < 1 + hi else 0.0)
+    if dual is not None and a < 0 and -dual * a < val:
+        val, d = -dual * a, 0.0
+    return val, d
+
+
+def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
+    """Loss and gradient of objective ``name`` on the data dict d (lists: logp, rollout, prox, mask, adv)."""
+    logp, roll, prox, mask, adv = d["logp"], d["rollout"], d["prox"], d["mask"], d["adv"]
+    n_rows, n_cols = len(logp), len(logp[0])
+    lr = [[logp[i][t] - roll[i][t] for t in range(n_cols)] for i in range(n_rows)]
+    valid_lr = [lr[i][t] for i in range(n_rows) for t in range(n_cols) if mask[i][t]]
+    aggs = {"grpo": "seq-mean-token-mean", "gspo": "seq-mean-token-mean"}
+    coef = agg_coef(mask, hp.get("agg", aggs.get(name, "token-mean")))
+    if name == "m2po":  # brute force: drop the largest lr² one by one until the mean of the rest is < τ
+        vals = sorted((x * x for x in valid_lr), reverse=True)
+        k = 0
+        while k < len(vals) and sum(vals[k:]) / len(vals[k:]) >= hp.get("tau", 0.04):
+            k += 1
+        cut = vals[k - 1] if k else math.inf
+    e_b = ess(valid_lr)
+    if name == "p3o_two_anchor":
+        e_p = ess([logp[i][t] - prox[i][t] for i in range(n_rows) for t in range(n_cols) if mask[i][t]])
+    loss, grad = 0.0, [[0.0] * n_cols for _ in range(n_rows)]
+    for i in range(n_rows):
+        seq_lr = [lr[i][t] for t in range(n_cols) if mask[i][t]]
+        run_min = math.inf
+        for t in range(n_cols):
+            if not mask[i][t]:
+                continue
+            rho, a, x = math.exp(lr[i][t]), adv[i], lr[i][t]
+            if name == "p3o":
+                w = min(rho, e_b)
+                val = -w * a * logp[i][t] + (1 - e_b) * (1 / rho + x - 1)
+                g = -w * a + (1 - e_b) * (1 - 1 / rho)
+            elif name == "p3o_two_anchor":
+                rp = math.exp(logp[i][t] - prox[i][t])
+                w = min(rho, min(e_b, e_p))
+                val = -w * a * logp[i][t] + (1 - e_b) * (1 / rho + x - 1) + (1 - e_p) * (1 / rp + math.log(rp) - 1)
+                g = -w * a + (1 - e_b) * (1 - 1 / rho) + (1 - e_p) * (1 - 1 / rp)
+            elif name in ("grpo", "dapo"):
+                eps = hp.get("clip_eps", 0.2)
+                lo = hp.get("clip_eps_low", eps if name == "grpo" else 0.2)
+                hi = hp.get("clip_eps_high", eps if name == "grpo" else 0.28)
+                val, g = ppo_token(rho, a, lo, hi, hp.get("dual_clip"))
+            elif name == "gspo":
+                s = math.exp(sum(seq_lr) / len(seq_lr))
+                val, g = ppo_token(s, a, hp.get("clip_eps_low", 3e-4), hp.get("clip_eps_high", 4e-4))
+            elif name == "cispo":
+                w = clip(rho, 1 - hp.get("clip_eps_low", 1.0), 1 + hp.get("clip_eps_high", 4.0))
+                val, g = -w * a * logp[i][t], -w * a
+            elif name == "decoupled_ppo":
+                r = math.exp(logp[i][t] - prox[i][t])
+                wb = math.exp(prox[i][t] - roll[i][t])
+                cap = hp.get("weight_cap", 5.0)
+                val, g = ppo_token(r, a, 0.2, 0.2)
+                if wb > cap and hp.get("weight_mode", "mask") == "mask":
+                    wb = 0.0
+                wb = min(wb, cap)
+                val, g = wb * val, wb * g
+            elif name == "m2po":
+                keep = x * x < cut
+                val, g = (-rho * a, -rho * a) if keep else (0.0, 0.0)
+            elif name == "minpro":
+                m = 1.0 if run_min == math.inf else run_min
+                w = clip(m * rho, 1 - hp.get("clip_eps_low", 1.0), 1 + hp.get("clip_eps_high", 4.0))
+                val, g = -w * a * logp[i][t], -w * a
+                run_min = min(run_min, rho)
+            else:
+                raise KeyError(name)
+            loss += coef[i][t] * val
+            grad[i][t] = coef[i][t] * g
+    return loss, grad
