@@ -1,0 +1,194 @@
+"""TRL plug-in: real GRPOTrainer training on a tiny random Qwen3 (CPU, offline), the on-policy gradient against
+TRL's own ``dapo`` loss, the choice of the ratio's denominator, the logged stats and the option checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from p3o.errors import ConfigError  # noqa: E402
+from p3o.integrations.trl import P3OGRPOTrainer  # noqa: E402
+from p3o.objectives import ObjectiveInputs, get_objective  # noqa: E402
+from conftest import make_tiny_lm  # noqa: E402
+
+PROMPTS = ["1+1=", "2+3=", "4+4=", "3+5=", "7+1=", "6+2="]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """A byte-level BPE tokenizer trained here on a few arithmetic strings (no downloads)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=64,
+        special_tokens=["<pad>", "<bos>", "<eos>", "<unk>"],
+        initial_alphabet=sorted(set("0123456789+=? ")),
+    )
+    tok.train_from_iterator([f"{a}+{b}={a + b}" for a in range(10) for b in range(10)], trainer)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+    assert (hf.pad_token_id, hf.eos_token_id) == (0, 2)  # the ids make_tiny_lm's config uses
+    return hf
+
+
+def digit_reward(completions: list[str], **_: object) -> list[float]:
+    """A trivial verifiable reward: the fraction of characters that are digits."""
+    return [sum(c.isdigit() for c in s) / max(1, len(s)) for s in completions]
+
+
+def make_trainer(tokenizer, tmp_path, *, cls=P3OGRPOTrainer, max_steps=3, **kwargs):
+    trainer_kwargs = {k: kwargs.pop(k) for k in ("objective", "objective_kwargs") if k in kwargs}
+    config = {
+        "output_dir": str(tmp_path),
+        "use_cpu": True,
+        "per_device_train_batch_size": 4,
+        "num_generations": 4,
+        "max_completion_length": 6,
+        "max_steps": max_steps,
+        "learning_rate": 5e-2,
+        "report_to": [],
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "bf16": False,
+        "seed": 0,
+        "loss_type": "dapo",
+        "beta": 0.0,
+    }
+    config.update(kwargs)
+    model = make_tiny_lm(vocab_size=len(tokenizer))
+    model.train()
+    return cls(
+        model=model,
+        reward_funcs=digit_reward,
+        args=GRPOConfig(**config),
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        processing_class=tokenizer,
+        **trainer_kwargs,
+    )
+
+
+@pytest.mark.parametrize("objective", ["p3o", "minpro"])
+def test_trains_a_few_steps_and_logs_objective_stats(tokenizer, tmp_path, objective):
+    torch.set_num_threads(1)
+    # num_iterations=2: each generation batch is reused for a second optimizer step, so the second step is
+    # off-policy (TRL computes old_per_token_logps) and the ratios leave 1.
+    trainer = make_trainer(tokenizer, tmp_path, objective=objective, num_iterations=2, max_steps=4)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    after = list(trainer.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after)), "no parameter changed"
+    logs = [h for h in trainer.state.log_history if "objective/ess" in h]
+    assert len(logs) == 4
+    for h in logs:
+        assert math.isfinite(h["loss"])
+        assert 0.0 < h["objective/ess"] <= 1.0 + 1e-6
+        assert "entropy" in h and "objective/ratio_max" in h
+    # fresh batches (steps 1, 3) are on-policy: ρ ≡ 1; the reused batches (steps 2, 4) are not.
+    assert logs[0]["objective/ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert max(abs(h["objective/ratio_max"] - 1) + abs(h["objective/ratio_min"] - 1) for h in logs[1::2]) > 1e-4
+    if objective == "p3o":
+        assert logs[0]["objective/kl_weight"] == pytest.approx(0.0, abs=1e-6)
+        assert min(h["objective/ess"] for h in logs[1::2]) < 1.0
+        assert "objective/capped_frac" in logs[0]
+    else:
+        assert "objective/m_mean" in logs[0] and "objective/weight_decile_9" in logs[0]
+
+
+def fake_batch(tokenizer, n=6, p=3, t=7, seed=0):
+    """A hand-made micro-batch in TRL's input format (left-padded prompts, right-padded completions)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = len(tokenizer)
+    prompt_ids = torch.randint(4, vocab, (n, p), generator=g)
+    prompt_mask = torch.ones(n, p, dtype=torch.long)
+    prompt_mask[0, 0] = 0
+    completion_ids = torch.randint(4, vocab, (n, t), generator=g)
+    lengths = torch.tensor([7, 3, 5, 1, 6, 7])[:n]
+    completion_mask = (torch.arange(t)[None, :] < lengths[:, None]).long()
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(n, generator=g),
+        # a generation batch twice this micro-batch (steps_per_generation = 2 = gradient accumulation)
+        "num_items_in_batch": completion_mask.sum() * 2,
+    }
+
+
+def grads_of(trainer, loss_fn, inputs):
+    trainer.model.zero_grad()
+    loss = loss_fn(trainer.model, inputs)
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in trainer.model.parameters()]
+
+
+def test_on_policy_gradient_equals_trl_dapo(tokenizer, tmp_path):
+    torch.set_num_threads(1)
+    trainer = make_trainer(tokenizer, tmp_path, objective="p3o", gradient_accumulation_steps=2)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2
+    inputs = fake_batch(tokenizer)
+    loss_p3o, g_p3o = grads_of(trainer, trainer._compute_loss, inputs)
+    loss_dapo, g_dapo = grads_of(trainer, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x), inputs)
+    # values differ (P3O's surrogate is −A·logp, DAPO's −ρ·A); on-policy the gradients are identical
+    assert not torch.allclose(loss_p3o, loss_dapo)
+    assert sum(g.abs().sum() for g in g_dapo) > 0
+    for a, b in zip(g_p3o, g_dapo):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert trainer._metrics["train"]["objective/ess"][-1] == pytest.approx(1.0)
+
+
+def test_ratio_uses_engine_logprobs_then_old_logprobs(tokenizer, tmp_path):
+    """rollout_logp = sampling_per_token_logps (NaN → old_per_token_logps), and the loss is the objective's."""
+    torch.set_num_threads(1)
+    trainer = make_trainer(tokenizer, tmp_path, objective="p3o")
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = fake_batch(tokenizer)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        logp, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            inputs["completion_ids"].shape[1],
+        )
+    old = logp + 0.3 * torch.randn(logp.shape, generator=g)
+    sampling = logp + 0.5 * torch.randn(logp.shape, generator=g)
+    sampling[1, 0] = float("nan")
+    inputs.update(old_per_token_logps=old, sampling_per_token_logps=sampling)
+    loss = trainer._compute_loss(trainer.model, inputs)
+
+    mask = inputs["completion_mask"].bool()
+    expected_rollout = sampling.clone()
+    expected_rollout[1, 0] = old[1, 0]
+    num_tokens = inputs["num_items_in_batch"] / 1 * 1 / trainer.args.steps_per_generation
+    want, stats = get_objective("p3o")(
+        ObjectiveInputs(logp, expected_rollout, mask, inputs["advantages"], old_logp=old, num_tokens=num_tokens)
+    )
+    torch.testing.assert_close(loss.detach(), want, rtol=1e-5, atol=1e-6)
+    assert stats["ess"] < 1
+    assert trainer._metrics["train"]["objective/ess"][-1] == pytest.approx(stats["ess"].item(), rel=1e-5)
+
+
+def test_bad_objective_and_options_fail_with_one_line(tokenizer, tmp_path):
+    with pytest.raises(ConfigError, match="unknown objective 'ppo3'"):
+        make_trainer(tokenizer, tmp_path, objective="ppo3")
+    with pytest.raises(ConfigError, match="objective_kwargs: unknown keyword 'clip_high'"):
+        make_trainer(tokenizer, tmp_path, objective="minpro", objective_kwargs={"clip_high": 2.0})
+    with pytest.raises(ConfigError, match="entropy_coef"):
+        make_trainer(tokenizer, tmp_path, entropy_coef=0.01)
+    with pytest.raises(ConfigError, match="ref_kl_coef"):
+        make_trainer(tokenizer, tmp_path, objective_kwargs={"ref_kl_coef": 0.1})
