@@ -10,13 +10,13 @@ import torch
 
 pytest.importorskip("trl")
 
-from datasets import Dataset  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from conftest import make_tiny_lm
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
 
-from p3o.errors import ConfigError  # noqa: E402
-from p3o.integrations.trl import P3OGRPOTrainer  # noqa: E402
-from p3o.objectives import ObjectiveInputs, get_objective  # noqa: E402
-from conftest import make_tiny_lm  # noqa: E402
+from p3o.errors import ConfigError
+from p3o.integrations.trl import P3OGRPOTrainer
+from p3o.objectives import ObjectiveInputs, get_objective
 
 PROMPTS = ["1+1=", "2+3=", "4+4=", "3+5=", "7+1=", "6+2="]
 

@@ -32,9 +32,7 @@ def resolve_objective(
     valid = objective_defaults(name)
     unknown = [k for k in hyper if k not in valid]
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown keyword {unknown[0]!r} for objective {name!r}; valid: {', '.join(valid)}"
-        )
+        raise ConfigError(f"{where}: unknown keyword {unknown[0]!r} for objective {name!r}; valid: {', '.join(valid)}")
     return fn, hyper
 
 
