@@ -1,0 +1,146 @@
+"""Tiny fakes for the training-loop tests: a random tiny Qwen3, token-id prompts, a reward on token ids.
+
+Also a command-line runner (used by the resume tests, which SIGKILL it):
+
+    python tests/train/train_fakes.py RUN_DIR --steps 6 [--resume] [--kill-in-checkpoint 2] [--set key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p3o.config import TrainConfig, apply_overrides
+from p3o.train.loop import Components
+from p3o.types import Rollouts
+
+VOCAB = 64
+EOS = 2
+
+
+def make_tiny_lm(seed: int = 0, vocab_size: int = VOCAB, hidden: int = 32, layers: int = 2) -> torch.nn.Module:
+    """A randomly initialised Qwen3ForCausalLM (float32) — the same recipe as tests/conftest.py."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        pad_token_id=0,
+    )
+    return Qwen3ForCausalLM(cfg).float().eval()
+
+
+def even_token_reward(r: Rollouts) -> torch.Tensor:
+    """(N,) fraction of valid response tokens with an even id: varies within groups, so advantages are non-zero."""
+    even = (r.response_ids % 2 == 0) & r.mask
+    return even.sum(-1).float() / r.mask.sum(-1).clamp(min=1).float()
+
+
+def fake_components(seed: int = 0, n_prompts: int = 12, max_new_tokens: int = 6, reward_fn: Any = None) -> Components:
+    """Components for `p3o.train.loop.run`: tiny random LM, random prompts of 3-6 tokens, `even_token_reward`."""
+    from p3o.rollout import HFEngine
+
+    g = torch.Generator().manual_seed(1234)
+    prompts = [torch.randint(3, VOCAB, (int(torch.randint(3, 7, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(n_prompts)]
+
+    def make_engine(model: torch.nn.Module) -> HFEngine:
+        return HFEngine(model, None, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed, pad_token_id=0)
+
+    return Components(
+        policy=make_tiny_lm(seed),
+        tokenizer=None,
+        prompts=prompts,
+        answers=[str(i) for i in range(n_prompts)],
+        reward_fn=reward_fn or even_token_reward,
+        make_engine=make_engine,
+    )
+
+
+def fake_config(run_dir: str | Path, **overrides: Any) -> TrainConfig:
+    """A small validated TrainConfig for the fakes (no plot, no progress bar, no TB/W&B)."""
+    base = {
+        "run_dir": str(run_dir),
+        "seed": 0,
+        "steps": 4,
+        "rollout.prompts_per_step": 2,
+        "rollout.group_size": 4,
+        "rollout.max_new_tokens": 6,
+        "update.micro_batch_size": 4,
+        "optim.lr": 1e-2,
+        "ckpt.every": 0,
+        "log.progress": False,
+        "log.tensorboard": False,
+        "log.wandb": False,
+        "log.plot": False,
+    }
+    base.update(overrides)
+    return apply_overrides(TrainConfig(), base)
+
+
+def params_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _parse_value(text: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the fake job in this process (the resume tests kill it with SIGKILL)."""
+    from p3o.train import loop
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_dir")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--kill-in-checkpoint", type=int, default=0, help="SIGKILL inside the N-th checkpoint write")
+    ap.add_argument("--set", action="append", default=[], help="key=value config override")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    overrides = {"steps": args.steps, "ckpt.every": 1, "ckpt.keep_last": 2, "ckpt.resume": args.resume}
+    for kv in args.set:
+        k, _, v = kv.partition("=")
+        overrides[k] = _parse_value(v)
+    cfg = fake_config(args.run_dir, **overrides)
+    if args.kill_in_checkpoint:
+        import signal
+
+        from p3o.train import checkpoint
+
+        real_save = checkpoint.torch.save
+        calls = {"n": 0}
+
+        def dying_save(obj: Any, path: Any, *a: Any, **kw: Any) -> None:
+            calls["n"] += 1
+            if calls["n"] == args.kill_in_checkpoint:
+                real_save(obj, path, *a, **kw)  # the state file is written, meta.json is not: half a checkpoint
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_save(obj, path, *a, **kw)
+
+        checkpoint.torch.save = dying_save  # type: ignore[attr-defined]
+    comps = fake_components(cfg.seed)
+    run_dir = loop.run(cfg, components=comps)
+    torch.save(params_of(comps.policy), Path(run_dir) / "final_params.pt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
