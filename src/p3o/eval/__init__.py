@@ -1,0 +1,12 @@
+"""Evaluation: the unbiased pass@k estimator and a benchmark runner over a task's test split.
+
+Usage:
+
+    pass_at_k(n=[8, 8], c=[0, 3], k=2)                      # per-problem estimates
+    evaluate_checkpoint("runs/default/final", "arithmetic", "test", n_samples=8).pass_at_k
+"""
+
+from p3o.eval.passk import mean_pass_at_k, pass_at_k
+from p3o.eval.runner import EvalResult, encode_prompts, evaluate, evaluate_checkpoint
+
+__all__ = ["EvalResult", "encode_prompts", "evaluate", "evaluate_checkpoint", "mean_pass_at_k", "pass_at_k"]

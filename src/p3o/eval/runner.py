@@ -1,0 +1,174 @@
+"""Benchmark a policy on a task: sample n completions per problem, verify them, report pass@k, length, truncation.
+
+Usage:
+
+    result = evaluate(model, tokenizer, load_task("arithmetic", "test", n=200), n_samples=8, ks=(1, 2, 4, 8))
+    result.pass_at_k[1], result.mean_response_len, result.truncation_rate
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from p3o.errors import ConfigError
+from p3o.eval.passk import mean_pass_at_k
+
+
+@dataclass
+class EvalResult:
+    """pass@k and response statistics of one evaluation.
+
+    Attributes:
+        pass_at_k: {k: mean over problems of the unbiased pass@k} for every requested k ≤ n_samples.
+        mean_reward: mean verifier score over all n_problems × n_samples completions.
+        mean_response_len: mean number of valid response tokens per completion.
+        truncation_rate: fraction of completions that hit max_new_tokens without a stop token.
+        correct: (n_problems,) number of correct samples per problem (score ≥ correct_threshold).
+    """
+
+    task: str
+    split: str
+    n_problems: int
+    n_samples: int
+    temperature: float
+    max_new_tokens: int
+    pass_at_k: dict[int, float]
+    mean_reward: float
+    mean_response_len: float
+    truncation_rate: float
+    correct: list[int]
+    seconds: float
+    model: str = ""
+    num_params: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (pass@k keys as strings)."""
+        d = asdict(self)
+        d["pass_at_k"] = {str(k): v for k, v in self.pass_at_k.items()}
+        return d
+
+
+def encode_prompts(texts: Sequence[str], tokenizer: Any) -> list[list[int]]:
+    """Token ids of formatted prompts; the template already holds any special tokens, so none are added."""
+    return [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    problems: Sequence[Any],
+    *,
+    n_samples: int = 8,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    precision: str = "fp32",
+    verifier: str | None = None,
+    template: str = "default",
+    batch_prompts: int = 16,
+    seed: int = 0,
+    timeout_s: float = 1.0,
+    correct_threshold: float = 1.0,
+    task: str = "",
+    split: str = "",
+    device: str = "cpu",
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalResult:
+    """Sample `n_samples` completions per problem with `p3o.rollout.HFEngine`, score them, estimate pass@k.
+
+    Args:
+        problems: `p3o.tasks.Problem`s; the verifier is `verifier` or each problem's meta["verifier"].
+        ks: the k of pass@k; values above n_samples are dropped.
+        batch_prompts: prompts per `generate` call (each gives n_samples rows).
+        correct_threshold: a completion is correct when its score ≥ this.
+        progress: called with (problems done, total) after each batch.
+    """
+    from p3o.rewards import get_verifier, score
+    from p3o.rollout import HFEngine
+    from p3o.tasks import format_prompt
+
+    if not problems:
+        raise ConfigError("eval: the task gave no problems (check --task / --split / --n-problems)")
+    if n_samples < 1:
+        raise ConfigError(f"--n-samples: must be ≥ 1, got {n_samples}")
+    bad = [k for k in ks if k < 1]
+    if bad:
+        raise ConfigError(f"--k: values must be ≥ 1, got {bad}")
+    start = time.perf_counter()
+    engine = HFEngine(
+        model,
+        tokenizer,
+        precision=precision,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        device=device,
+    )
+    verifiers: dict[str, Callable[[str, str], float]] = {}
+    correct = np.zeros(len(problems), dtype=np.int64)
+    rewards: list[float] = []
+    lengths: list[int] = []
+    truncated: list[bool] = []
+    for lo in range(0, len(problems), batch_prompts):
+        batch = problems[lo : lo + batch_prompts]
+        prompt_ids = encode_prompts([format_prompt(p, tokenizer, template) for p in batch], tokenizer)
+        answers = [p.answer for p in batch]
+        rollouts = engine.generate(prompt_ids, n_samples, seed=seed + lo, answers=answers)
+        names = [verifier or p.meta.get("verifier", "math") for p in batch]
+        for name in set(names):
+            if name not in verifiers:
+                verifiers[name] = get_verifier(name)
+        for i, p in enumerate(batch):
+            rows = slice(i * n_samples, (i + 1) * n_samples)
+            scores = score(rollouts.texts[rows], [p.answer] * n_samples, verifiers[names[i]], timeout_s=timeout_s)
+            rewards += [float(s) for s in scores]
+            correct[lo + i] = sum(1 for s in scores if s >= correct_threshold)
+        lengths += rollouts.mask.sum(dim=1).tolist()
+        truncated += rollouts.truncated.tolist()
+        if progress is not None:
+            progress(min(lo + batch_prompts, len(problems)), len(problems))
+    n = np.full(len(problems), n_samples)
+    return EvalResult(
+        task=task,
+        split=split,
+        n_problems=len(problems),
+        n_samples=n_samples,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        pass_at_k=mean_pass_at_k(n, correct, sorted(set(ks))),
+        mean_reward=float(np.mean(rewards)) if rewards else math.nan,
+        mean_response_len=float(np.mean(lengths)) if lengths else math.nan,
+        truncation_rate=float(np.mean(truncated)) if truncated else math.nan,
+        correct=correct.tolist(),
+        seconds=time.perf_counter() - start,
+        num_params=sum(p.numel() for p in model.parameters()),
+    )
+
+
+def evaluate_checkpoint(
+    model_path: str,
+    task: str = "arithmetic",
+    split: str = "test",
+    *,
+    n_problems: int | None = None,
+    task_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> EvalResult:
+    """Load a policy with `p3o.models.load_policy` and a task with `p3o.tasks.load_task`, then `evaluate`."""
+    from p3o.models import load_policy
+    from p3o.tasks import load_task
+
+    model, tokenizer = load_policy(model_path)
+    problems = load_task(task, split, n=n_problems, **(task_kwargs or {}))
+    result = evaluate(model, tokenizer, problems, task=task, split=split, **kwargs)
+    result.model = str(model_path)
+    return result

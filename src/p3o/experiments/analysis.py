@@ -1,0 +1,204 @@
+"""Curves of finished runs: reading metrics.jsonl, smoothing, collapse detection and aggregation over seeds.
+
+Usage:
+
+    curves = read_metrics(run_dir / "metrics.jsonl")        # {"step": (S,), "reward_mean": (S,), ...}
+    info = detect_collapse(curves["reward_mean"], drop=0.3)  # a fall from the peak that does not recover
+    agg = aggregate_seeds([curves_seed0, curves_seed1], "reward_mean", smooth=5)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+Curves = dict[str, NDArray[np.float64]]
+
+
+def read_metrics(path: str | Path) -> Curves:
+    """One float64 array per key of a metrics.jsonl file, aligned on its lines (NaN where a line lacks the key).
+
+    Lines that are not JSON objects (e.g. a half-written last line of a killed run) are skipped; when a step
+    appears twice (a resumed run re-logging it), the later line wins. Returns {} for a missing or empty file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    rows: dict[float, dict] = {}
+    order: list[float] = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(row, dict):
+            continue
+        step = row.get("step", i)
+        step = float(step) if isinstance(step, (int, float)) else float(i)
+        if step not in rows:
+            order.append(step)
+        rows[step] = row
+    if not rows:
+        return {}
+    order.sort()
+    keys = sorted({k for row in rows.values() for k, v in row.items() if _is_number(v)})
+    out: Curves = {}
+    for key in keys:
+        out[key] = np.array([_to_float(rows[s].get(key)) for s in order], dtype=np.float64)
+    out["step"] = np.array(order, dtype=np.float64)
+    return out
+
+
+def _is_number(v: object) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) or v is None
+
+
+def _to_float(v: object) -> float:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return math.nan
+
+
+def smooth(y: NDArray[np.float64], window: int) -> NDArray[np.float64]:
+    """Trailing moving average over the last `window` finite values: s_t = mean(y_{t−w+1..t}), NaNs ignored.
+
+    Early points average what exists so far (no warm-up bias towards 0); a point with no finite value in its
+    window stays NaN. Shape (S,) → (S,).
+    """
+    y = np.asarray(y, dtype=np.float64)
+    if window <= 1 or y.size == 0:
+        return y.copy()
+    finite = np.isfinite(y)
+    vals = np.concatenate([[0.0], np.cumsum(np.where(finite, y, 0.0))])
+    cnt = np.concatenate([[0], np.cumsum(finite)])
+    idx = np.arange(1, y.size + 1)
+    lo = np.maximum(idx - window, 0)
+    total, count = vals[idx] - vals[lo], cnt[idx] - cnt[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+@dataclass
+class CollapseInfo:
+    """Result of collapse detection on one reward curve (indices refer to the curve's points)."""
+
+    collapsed: bool
+    peak: float
+    peak_index: int
+    final: float
+    drop: float
+    """(peak − final) / peak of the smoothed curve (0 when the peak is not positive)."""
+    onset_index: int | None
+    """First point after the peak from which the smoothed curve stays below the threshold to the end."""
+    dipped: bool
+    """The smoothed curve went below the threshold after the peak at some point (recovered or not)."""
+
+
+def detect_collapse(
+    rewards: NDArray[np.float64], *, drop: float = 0.3, window: int = 5, min_peak: float = 0.05
+) -> CollapseInfo:
+    """Did the reward fall more than `drop` × peak below its peak and stay there to the end of the run?
+
+    The curve is smoothed with a trailing mean of `window` points (so single noisy points neither make nor
+    break a collapse); threshold τ = (1 − drop) · peak. Collapsed ⇔ peak ≥ min_peak and the smoothed curve
+    is below τ from some point after the peak through its last point (a dip that comes back above τ is a
+    recovery, not a collapse).
+
+    Args:
+        rewards: (S,) the run's per-step mean reward, in step order (NaN allowed).
+    """
+    s = smooth(np.asarray(rewards, dtype=np.float64), window)
+    finite = np.isfinite(s)
+    if not finite.any():
+        return CollapseInfo(False, math.nan, -1, math.nan, 0.0, None, False)
+    peak_index = int(np.nanargmax(s))
+    peak = float(s[peak_index])
+    last = int(np.flatnonzero(finite)[-1])
+    final = float(s[last])
+    rel_drop = (peak - final) / peak if peak > 0 else 0.0
+    if peak < min_peak:
+        return CollapseInfo(False, peak, peak_index, final, rel_drop, None, False)
+    threshold = (1.0 - drop) * peak
+    after = s[peak_index + 1 : last + 1]
+    below = np.where(np.isfinite(after), after < threshold, True)  # NaN gaps neither start nor end a fall
+    dipped = bool((np.isfinite(after) & (after < threshold)).any())
+    onset = None
+    if below.size and below[-1]:
+        above = np.flatnonzero(~below)
+        start = int(above[-1]) + 1 if above.size else 0
+        onset = peak_index + 1 + start
+    return CollapseInfo(onset is not None, peak, peak_index, final, rel_drop, onset, dipped)
+
+
+def final_value(y: NDArray[np.float64], frac: float = 0.2) -> float:
+    """Mean of the finite values in the last ⌈frac · S⌉ points of a curve (NaN when there are none)."""
+    y = np.asarray(y, dtype=np.float64)
+    if y.size == 0:
+        return math.nan
+    tail = y[-max(1, math.ceil(frac * y.size)) :]
+    tail = tail[np.isfinite(tail)]
+    return float(tail.mean()) if tail.size else math.nan
+
+
+@dataclass
+class SeedAggregate:
+    """A metric over seeds on a common step axis: mean and spread of the (smoothed) per-seed curves."""
+
+    steps: NDArray[np.float64]
+    mean: NDArray[np.float64]
+    std: NDArray[np.float64]
+    low: NDArray[np.float64]
+    high: NDArray[np.float64]
+    n: NDArray[np.int64]
+    """(S,) how many seeds had a finite value at each step."""
+
+
+def aggregate_seeds(runs: list[Curves], key: str, smooth_window: int = 1) -> SeedAggregate | None:
+    """Align the seeds' curves of `key` on the union of their steps and take mean / population std / min / max.
+
+    Each curve is smoothed first; a seed missing a step contributes nothing there. None when no run has `key`.
+    """
+    series = [(c["step"], smooth(c[key], smooth_window)) for c in runs if key in c and np.isfinite(c[key]).any()]
+    if not series:
+        return None
+    steps = np.unique(np.concatenate([s for s, _ in series]))
+    grid = np.full((len(series), steps.size), np.nan)
+    for i, (s, y) in enumerate(series):
+        grid[i, np.searchsorted(steps, s)] = y
+    n = np.isfinite(grid).sum(axis=0)
+    with np.errstate(invalid="ignore"), _quiet():
+        mean = np.nanmean(grid, axis=0)
+        std = np.nanstd(grid, axis=0)
+        low = np.nanmin(grid, axis=0)
+        high = np.nanmax(grid, axis=0)
+    return SeedAggregate(steps, mean, std, low, high, n.astype(np.int64))
+
+
+class _quiet:
+    """Silence numpy's 'Mean of empty slice' warnings for all-NaN columns (they give NaN, as intended)."""
+
+    def __enter__(self) -> None:
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+
+    def __exit__(self, *exc: object) -> None:
+        self._ctx.__exit__(*exc)
+
+
+def mean_std(values: list[float]) -> tuple[float, float, int]:
+    """Mean, sample standard deviation (ddof 1; 0 for one value) and count of the finite values."""
+    arr = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if arr.size == 0:
+        return math.nan, math.nan, 0
+    return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0, int(arr.size)

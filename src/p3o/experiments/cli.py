@@ -1,0 +1,138 @@
+"""`p3o compare`: run a grid of objectives × regimes × seeds (resumably) and write a markdown report with figures.
+
+Usage:
+
+    p3o compare configs/experiments/quick.yaml --jobs 2
+    p3o compare configs/experiments/full.yaml --report docs/results.md
+    p3o compare configs/experiments/quick.yaml --report-only        # re-aggregate finished runs only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from p3o.errors import ConfigError
+from p3o.experiments.report import collect, write_report
+from p3o.experiments.runner import DEFAULT_TRAIN_CMD, RunOutcome, run_grid
+from p3o.experiments.spec import Experiment, RunSpec, expand, flatten, load_experiment
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every p3o command
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="p3o compare", description="run an experiment grid and write a markdown report with figures")
+    p.add_argument("experiment", type=Path, help="experiment YAML (see configs/experiments/)")
+    p.add_argument("--jobs", type=int, default=1, help="training processes at once (default 1)")
+    p.add_argument("--report", type=Path, default=None, help="report path (default: OUT_DIR/report.md)")
+    p.add_argument("--figures", type=Path, default=None, help="figure directory (default: REPORT_DIR/figures)")
+    p.add_argument("--out-dir", type=Path, default=None, help="override the experiment's out_dir")
+    p.add_argument("--report-only", action="store_true", help="train nothing; aggregate what has finished")
+    p.add_argument("--no-eval", action="store_true", help="skip the final pass@k evaluation of each run")
+    p.add_argument("--dry-run", action="store_true", help="print the training commands and exit")
+    p.add_argument("--train-cmd", default=None, help="training command (default: python -m p3o train)")
+    p.add_argument("--timeout", type=float, default=None, help="per-run wall-clock limit in seconds")
+    return p
+
+
+def _eval_run(spec: RunSpec, exp: Experiment) -> str:
+    """pass@k of a finished run's final policy on the test split → run_dir/eval.json (skipped if present)."""
+    out = spec.run_dir / "eval.json"
+    final = spec.run_dir / "final"
+    if out.is_file() or not final.is_dir():
+        return "skipped"
+    import yaml
+
+    from p3o.eval.runner import evaluate_checkpoint
+
+    cfg_path = spec.run_dir / "config.yaml"
+    cfg = flatten(yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.is_file() else {}
+    cfg = {**spec.overrides, **cfg}
+    task = str(cfg.get("task.name", "arithmetic"))
+    task_kwargs = {"difficulty": cfg["task.difficulty"]} if task == "arithmetic" and "task.difficulty" in cfg else {}
+    result = evaluate_checkpoint(
+        str(final),
+        task,
+        exp.eval.split,
+        n_problems=exp.eval.n_problems,
+        task_kwargs=task_kwargs,
+        n_samples=exp.eval.n_samples,
+        ks=[1] + [k for k in (2, 4, 8) if k <= exp.eval.n_samples],
+        max_new_tokens=int(exp.eval.max_new_tokens or cfg.get("rollout.max_new_tokens", 64)),
+        temperature=exp.eval.temperature,
+        verifier=cfg.get("task.verifier"),
+        template=str(cfg.get("task.template", "default")),
+        seed=spec.seed,
+    )
+    out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    return f"pass@1 {result.pass_at_k.get(1, float('nan')):.3f}"
+
+
+def main(argv: list[str]) -> int:
+    """Run `p3o compare`; exit 0 when every run finished, 1 when some failed (the report is written anyway)."""
+    args = build_parser().parse_args(argv)
+    exp = load_experiment(args.experiment)
+    if args.out_dir is not None:
+        exp.out_dir = args.out_dir
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: must be ≥ 1, got {args.jobs}")
+    train_cmd = shlex.split(args.train_cmd) if args.train_cmd else list(DEFAULT_TRAIN_CMD)
+    if not train_cmd:
+        raise ConfigError("--train-cmd: empty command")
+    runs = expand(exp)
+    if args.dry_run:
+        from p3o.experiments.runner import train_argv
+
+        for spec in runs:
+            print(shlex.join(train_argv(spec, train_cmd)))
+        return 0
+    start = time.perf_counter()
+    failed: list[RunOutcome] = []
+    if not args.report_only:
+        total = len(runs)
+        count = [0]
+
+        def show(o: RunOutcome) -> None:
+            count[0] += 1
+            s = o.spec
+            msg = f"[{count[0]}/{total}] {s.regime}/{s.objective}/seed{s.seed}: {o.status}"
+            if o.status == "done":
+                msg += f" in {o.seconds:.0f} s"
+            if o.message:
+                msg += f" ({o.message}; log {o.log_path})"
+            print(msg, flush=True)
+
+        outcomes = run_grid(
+            runs,
+            log_root=exp.out_dir / "logs",
+            jobs=args.jobs,
+            train_cmd=train_cmd,
+            timeout_s=args.timeout,
+            on_outcome=show,
+        )
+        failed = [o for o in outcomes if o.status == "failed"]
+        if exp.eval.n_samples > 0 and not args.no_eval:
+            for spec in runs:
+                if (spec.run_dir / "DONE").is_file() or (spec.run_dir / "final").is_dir():
+                    status = _eval_run(spec, exp)
+                    if status != "skipped":
+                        print(f"eval {spec.regime}/{spec.objective}/seed{spec.seed}: {status}", flush=True)
+    report = args.report or exp.out_dir / "report.md"
+    command = "p3o compare " + shlex.join([a for a in argv if a])
+    write_report(collect(exp), report, figure_dir=args.figures, command=command)
+    print(f"report: {report} ({time.perf_counter() - start:.0f} s)", flush=True)
+    if failed:
+        print(f"{len(failed)} run(s) failed; see the logs under {exp.out_dir / 'logs'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,74 @@
+"""Named presets for the experiment grid: off-policy regimes and objective settings, as dotted config overrides.
+
+Every value is expressed with exactly the config keys of docs/contracts.md, so a preset is nothing more than the
+command-line overrides `p3o train` would take:
+
+    REGIMES["stale-4"]            # {"loop.mode": "stale", "loop.staleness": 4}
+    OBJECTIVE_PRESETS["grpo-0.4"]  # {"objective.name": "grpo", "objective.clip_eps": 0.4}
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+Overrides = dict[str, Any]
+
+#: Regimes that make the training batch off-policy (OBJECTIVES.md, "the knobs that make data off-policy").
+REGIMES: dict[str, Overrides] = {
+    # Generate → update once → push weights: every ratio starts at 1.
+    "on-policy": {"loop.mode": "sync"},
+    # Four optimizer steps per rollout batch: mini-batches 2..4 are trained on data of an older policy.
+    "multi-step": {"loop.mode": "sync", "update.num_mini_batches": 4},
+    # A FIFO delay: rollouts generated at step k are trained on at step k + n (the MinPRO paper's buffer).
+    "stale-2": {"loop.mode": "stale", "loop.staleness": 2},
+    "stale-4": {"loop.mode": "stale", "loop.staleness": 4},
+    "stale-8": {"loop.mode": "stale", "loop.staleness": 8},
+    # Generation runs concurrently with training, at most 4 policy versions behind.
+    "async": {"loop.mode": "async", "loop.max_lag": 4},
+    # A low-precision rollout engine (W8A8 quantise–dequantise) against a full-precision trainer.
+    "fp8-rollout": {"loop.mode": "sync", "rollout.precision": "fp8"},
+    "int8-rollout": {"loop.mode": "sync", "rollout.precision": "int8"},
+    # The P3O paper's temperature mismatch: engine samples at T = 1.2 and records raw (T = 1) log-probs.
+    "temperature": {
+        "loop.mode": "sync",
+        "rollout.temperature": 1.2,
+        "train.temperature": 1.0,
+        "rollout.logprob_mode": "raw",
+    },
+}
+
+#: Objective settings compared in the papers. DAPO's dynamic sampling is a data-side feature of the loop
+#: (`loop.dynamic_sampling`) and is left off here so that every objective sees the same data.
+OBJECTIVE_PRESETS: dict[str, Overrides] = {
+    "p3o": {"objective.name": "p3o"},
+    "grpo": {"objective.name": "grpo", "objective.clip_eps": 0.2},
+    "grpo-0.2": {"objective.name": "grpo", "objective.clip_eps": 0.2},
+    "grpo-0.4": {"objective.name": "grpo", "objective.clip_eps": 0.4},
+    "grpo-0.6": {"objective.name": "grpo", "objective.clip_eps": 0.6},
+    "grpo-tis": {"objective.name": "grpo", "objective.clip_eps": 0.2, "objective.rollout_correction": "token-tis"},
+    "dapo": {"objective.name": "dapo"},
+    "gspo": {"objective.name": "gspo"},
+    "cispo": {"objective.name": "cispo"},
+    "minpro": {"objective.name": "minpro"},
+    "m2po": {"objective.name": "m2po"},
+    "decoupled_ppo": {"objective.name": "decoupled_ppo"},
+}
+
+
+def _lookup(table: dict[str, Overrides], name: str, kind: str) -> Overrides:
+    if name not in table:
+        near = difflib.get_close_matches(name, table, n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        raise KeyError(f"unknown {kind} '{name}'{hint}; known: {', '.join(table)}")
+    return dict(table[name])
+
+
+def regime_overrides(name: str) -> Overrides:
+    """The dotted overrides of regime `name`; KeyError naming the known regimes otherwise."""
+    return _lookup(REGIMES, name, "regime")
+
+
+def objective_overrides(name: str) -> Overrides:
+    """The dotted overrides of objective preset `name`; KeyError naming the known presets otherwise."""
+    return _lookup(OBJECTIVE_PRESETS, name, "objective preset")

@@ -1,0 +1,451 @@
+"""Aggregate a finished grid into a markdown report with PNG figures, and test the papers' claims on it.
+
+For every regime: a figure (reward mean ± spread over seeds, smoothed; ESS; KL weight) and a table (final and
+peak reward, final pass@1, ESS, KL weight, collapses, wall time). Each claim of the experiment file gets its own
+table and a verdict computed from the runs (never written by hand).
+
+    summary = collect(exp); write_report(exp, summary, Path("docs/results.md"), command="p3o compare ...")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from p3o.experiments.analysis import (
+    CollapseInfo,
+    Curves,
+    aggregate_seeds,
+    detect_collapse,
+    final_value,
+    mean_std,
+    read_metrics,
+    smooth,
+)
+from p3o.experiments.spec import Claim, Experiment, RunSpec, expand, flatten
+
+REWARD_KEY = "reward_mean"
+METRIC_LABELS = {
+    "final_reward": "final reward",
+    "peak_reward": "peak reward",
+    "pass@1": "final pass@1",
+    "final_accuracy": "final accuracy",
+    "collapsed": "collapse rate",
+}
+
+
+@dataclass
+class RunSummary:
+    """The numbers of one finished (or partly finished) run."""
+
+    spec: RunSpec
+    curves: Curves
+    config: dict[str, Any]
+    eval: dict[str, Any] | None
+    collapse: CollapseInfo | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = math.nan
+
+
+@dataclass
+class GridSummary:
+    """All runs of an experiment, by (regime, objective)."""
+
+    exp: Experiment
+    runs: list[RunSummary]
+
+    def cell(self, regime: str, objective: str) -> list[RunSummary]:
+        """The seeds of one (regime, objective) that have metrics."""
+        return [r for r in self.runs if r.spec.regime == regime and r.spec.objective == objective and r.curves]
+
+    def stat(self, regime: str, objective: str, metric: str) -> tuple[float, float, int]:
+        """Mean, sample std and count over seeds of a per-run metric."""
+        return mean_std([r.metrics.get(metric, math.nan) for r in self.cell(regime, objective)])
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (yaml.YAMLError, OSError):
+        raw = None
+    return flatten(raw) if isinstance(raw, dict) else {}
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        raw = json.loads(path.read_text()) if path.is_file() else None
+    except (json.JSONDecodeError, OSError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
+    """Read one run directory (metrics.jsonl, config.yaml, eval.json, DONE) and compute its summary numbers."""
+    a = exp.analysis
+    curves = read_metrics(spec.run_dir / "metrics.jsonl")
+    config = _load_yaml(spec.run_dir / "config.yaml")
+    ev = _load_json(spec.run_dir / "eval.json")
+    done = _load_json(spec.run_dir / "DONE") or {}
+    summary = RunSummary(spec, curves, config, ev, None)
+    seconds = done.get("seconds")
+    if isinstance(seconds, (int, float)):
+        summary.seconds = float(seconds)
+    elif "time_s" in curves and np.isfinite(curves["time_s"]).any():
+        summary.seconds = float(np.nanmax(curves["time_s"]))
+    if not curves:
+        return summary
+    m = summary.metrics
+    m["steps"] = float(curves["step"].size)
+    if REWARD_KEY in curves:
+        reward = curves[REWARD_KEY]
+        summary.collapse = detect_collapse(reward, drop=a.collapse_drop, window=a.smooth, min_peak=a.min_peak)
+        m["final_reward"] = final_value(reward, a.final_frac)
+        m["first_reward"] = float(smooth(reward, a.smooth)[min(a.smooth, reward.size) - 1])
+        m["peak_reward"] = summary.collapse.peak
+        m["collapsed"] = float(summary.collapse.collapsed)
+    if "accuracy" in curves:
+        m["final_accuracy"] = final_value(curves["accuracy"], a.final_frac)
+    for key in ("ess", "kl_weight", "capped_frac", "clipfrac", "approx_kl", "ratio_max", "lag_mean"):
+        if key in curves and np.isfinite(curves[key]).any():
+            m[key] = float(np.nanmean(curves[key]))
+            m[f"min_{key}"] = float(np.nanmin(curves[key]))
+    if ev is not None:
+        passk = ev.get("pass_at_k", {})
+        if isinstance(passk, dict) and "1" in {str(k) for k in passk}:
+            m["pass@1"] = float({str(k): v for k, v in passk.items()}["1"])
+    return summary
+
+
+def collect(exp: Experiment) -> GridSummary:
+    """Summaries of every run of the grid (runs without metrics yet are kept, with empty curves)."""
+    return GridSummary(exp, [summarize_run(spec, exp) for spec in expand(exp)])
+
+
+# ---------------------------------------------------------------------------------------------- figures
+
+
+def _plot_band(ax: Any, runs: list[Curves], key: str, window: int, label: str, color: Any) -> bool:
+    agg = aggregate_seeds(runs, key, window)
+    if agg is None:
+        return False
+    ax.plot(agg.steps, agg.mean, color=color, label=label, lw=1.6)
+    if (agg.n > 1).any():
+        ax.fill_between(agg.steps, agg.low, agg.high, color=color, alpha=0.15, lw=0)
+    return True
+
+
+def plot_regime(summary: GridSummary, regime: str, path: Path) -> Path:
+    """Three panels for one regime: reward (mean over seeds, band = min..max), ESS and KL weight (all smoothed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    exp = summary.exp
+    panels = [(REWARD_KEY, "reward (mean over seeds, band = min–max)"), ("ess", "ESS"), ("kl_weight", "KL weight")]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    colors = plt.get_cmap("tab10")
+    for (key, title), ax in zip(panels, axes):
+        drawn = False
+        for i, arm in enumerate(exp.objectives):
+            curves = [r.curves for r in summary.cell(regime, arm.label)]
+            drawn |= _plot_band(ax, curves, key, exp.analysis.smooth, arm.label, colors(i % 10))
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if not drawn:
+            ax.text(0.5, 0.5, "not reported", ha="center", va="center", transform=ax.transAxes, color="grey")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8, loc="best")
+    n_seeds = len(exp.seeds)
+    fig.suptitle(f"{exp.name} — regime {regime} ({n_seeds} seed{'s' * (n_seeds > 1)}, smoothed {exp.analysis.smooth})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_overview(summary: GridSummary, path: Path, metric: str = "final_reward") -> Path:
+    """Grouped bars: `metric` (mean over seeds, error bar = sample std) per regime and objective."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    exp = summary.exp
+    regimes, objectives = [a.label for a in exp.regimes], [a.label for a in exp.objectives]
+    width = 0.8 / len(objectives)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(regimes) * max(1, len(objectives)) ** 0.5 + 3), 3.8))
+    colors = plt.get_cmap("tab10")
+    x = np.arange(len(regimes))
+    for j, obj in enumerate(objectives):
+        stats = [summary.stat(reg, obj, metric) for reg in regimes]
+        means = [s[0] for s in stats]
+        stds = [s[1] if s[2] > 1 else 0.0 for s in stats]
+        ax.bar(x + (j - (len(objectives) - 1) / 2) * width, means, width, yerr=stds, label=obj, color=colors(j % 10))
+    ax.set_xticks(x, regimes)
+    ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncol=min(4, len(objectives)))
+    ax.set_title(f"{exp.name}: {METRIC_LABELS.get(metric, metric)} (mean ± sd over {len(exp.seeds)} seeds)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+def _fmt(mean: float, std: float, n: int, digits: int = 3) -> str:
+    if n == 0 or not math.isfinite(mean):
+        return "–"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
+
+
+def regime_table(summary: GridSummary, regime: str) -> str:
+    """Markdown table of one regime: one row per objective, mean ± sample std over seeds."""
+    head = (
+        "| objective | seeds | final reward | peak reward | final pass@1 | mean ESS | min ESS | mean KL weight "
+        "| collapsed | wall s/run |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [head]
+    for arm in summary.exp.objectives:
+        cell = summary.cell(regime, arm.label)
+
+        def f(metric: str, digits: int = 3, _cell: list[RunSummary] = cell) -> str:
+            return _fmt(*mean_std([r.metrics.get(metric, math.nan) for r in _cell]), digits=digits)
+
+        collapsed = sum(1 for r in cell if r.collapse is not None and r.collapse.collapsed)
+        secs = mean_std([r.seconds for r in cell])[0]
+        rows.append(
+            f"| {arm.label} | {len(cell)}/{len(summary.exp.seeds)} | {f('final_reward')} | {f('peak_reward')} "
+            f"| {f('pass@1')} | {f('ess')} | {f('min_ess')} | {f('kl_weight')} | {collapsed}/{len(cell)} "
+            f"| {f'{secs:.0f}' if math.isfinite(secs) else '–'} |"
+        )
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------- claims
+
+
+def _claim_table(summary: GridSummary, claim: Claim) -> str:
+    objectives = list(dict.fromkeys([*claim.objectives, *claim.reference]))
+    metric = claim.metric
+    head = "| regime | " + " | ".join(objectives) + " |\n|---|" + "---|" * len(objectives)
+    rows = [head]
+    for regime in claim.regimes:
+        cells = []
+        for obj in objectives:
+            if metric == "collapsed":
+                runs = summary.cell(regime, obj)
+                k = sum(1 for r in runs if r.collapse is not None and r.collapse.collapsed)
+                drops = [r.collapse.drop for r in runs if r.collapse is not None]
+                worst = f", worst drop {max(drops):.0%}" if drops else ""
+                cells.append(f"{k}/{len(runs)} collapsed{worst}")
+            else:
+                cells.append(_fmt(*summary.stat(regime, obj, metric)))
+        rows.append(f"| {regime} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _se(std: float, n: int) -> float:
+    return std / math.sqrt(n) if n > 1 else math.nan
+
+
+def claim_verdict(summary: GridSummary, claim: Claim) -> list[str]:
+    """One sentence per regime saying what the runs show about the claim (computed, mean ± sample std)."""
+    metric, label = claim.metric, METRIC_LABELS.get(claim.metric, claim.metric)
+    out = []
+    for regime in claim.regimes:
+        stats = {o: summary.stat(regime, o, metric) for o in [*claim.objectives, *claim.reference]}
+        if any(n == 0 for _, _, n in stats.values()) and claim.kind != "collapse":
+            missing = [o for o, (_, _, n) in stats.items() if n == 0]
+            out.append(f"**{regime}**: no finished runs of {', '.join(missing)} — not tested.")
+            continue
+        if claim.kind == "tracks":
+            a, b = claim.objectives
+            (ma, sa, na), (mb, sb, nb) = stats[a], stats[b]
+            diff = ma - mb
+            se = math.sqrt(_se(sa, na) ** 2 + _se(sb, nb) ** 2)
+            if not math.isfinite(se):
+                out.append(f"**{regime}**: {a} − {b} = {diff:+.3f} in {label} (one seed: no noise estimate).")
+            elif abs(diff) <= 2 * se:
+                out.append(
+                    f"**{regime}**: {a} − {b} = {diff:+.3f} in {label}, within 2 standard errors ({2 * se:.3f}): "
+                    f"{a} tracks {b} at this number of seeds."
+                )
+            else:
+                side = "above" if diff > 0 else "below"
+                out.append(
+                    f"**{regime}**: {a} − {b} = {diff:+.3f} in {label}, beyond 2 standard errors ({2 * se:.3f}): "
+                    f"{a} is {side} {b}."
+                )
+        elif claim.kind == "spread":
+            means = {o: stats[o][0] for o in claim.objectives}
+            lo, hi = min(means, key=means.get), max(means, key=means.get)
+            ses = [_se(stats[o][1], stats[o][2]) for o in claim.objectives]
+            noise = 2 * max((s for s in ses if math.isfinite(s)), default=math.nan)
+            sentence = (
+                f"**{regime}**: {label} spans {means[hi] - means[lo]:.3f} across {', '.join(claim.objectives)} "
+                f"(best {hi} {means[hi]:.3f}, worst {lo} {means[lo]:.3f}; largest 2·SE {noise:.3f})"
+            )
+            for ref in claim.reference:
+                m = stats[ref][0]
+                where = (
+                    "above every setting"
+                    if m > means[hi]
+                    else "below every setting"
+                    if m < means[lo]
+                    else ("inside their range")
+                )
+                sentence += f"; {ref} {m:.3f} is {where}"
+            out.append(sentence + ".")
+        elif claim.kind == "collapse":
+            parts = []
+            for o in claim.objectives:
+                runs = summary.cell(regime, o)
+                k = sum(1 for r in runs if r.collapse is not None and r.collapse.collapsed)
+                parts.append(f"{o} {k}/{len(runs)}")
+            out.append(
+                f"**{regime}**: runs that collapsed (fell > {summary.exp.analysis.collapse_drop:.0%} below their "
+                f"peak and stayed there): " + ", ".join(parts) + "."
+            )
+        elif claim.kind == "rank":
+            order = sorted(claim.objectives, key=lambda o: -stats[o][0] if math.isfinite(stats[o][0]) else math.inf)
+            ranking = " > ".join(f"{o} {stats[o][0]:.3f}" for o in order)
+            sentence = f"**{regime}**: {ranking}"
+            if claim.expected:
+                top = set(order[: len(claim.expected)])
+                others = [o for o in order if o not in claim.expected]
+                verb = "is" if len(claim.expected) == 1 else "are"
+                sentence += (
+                    f"; {' and '.join(claim.expected)} "
+                    + (verb if top == set(claim.expected) else f"{verb} not")
+                    + (" the best" if len(claim.expected) == 1 else f" the top {len(claim.expected)}")
+                )
+                if others:
+                    best_exp = max(claim.expected, key=lambda o: stats[o][0])
+                    best_other = others[0]
+                    (m1, s1, n1), (m2, s2, n2) = stats[best_exp], stats[best_other]
+                    se = math.sqrt(_se(s1, n1) ** 2 + _se(s2, n2) ** 2)
+                    if math.isfinite(se):
+                        gap = m1 - m2
+                        sig = "beyond" if abs(gap) > 2 * se else "within"
+                        sentence += f" (best expected − best other = {gap:+.3f}, {sig} 2·SE {2 * se:.3f})"
+            out.append(sentence + ".")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def _testbed(summary: GridSummary) -> list[str]:
+    cfg = next((r.config for r in summary.runs if r.config), {})
+    ev = next((r.eval for r in summary.runs if r.eval), None)
+    keys = [
+        "model.name",
+        "task.name",
+        "task.difficulty",
+        "steps",
+        "rollout.prompts_per_step",
+        "rollout.group_size",
+        "rollout.max_new_tokens",
+        "rollout.temperature",
+        "optim.lr",
+        "update.num_mini_batches",
+    ]
+    lines = []
+    shown = {k: cfg.get(k, summary.exp.base.get(k)) for k in keys}
+    shown = {k: v for k, v in shown.items() if v is not None}
+    if shown:
+        lines.append(
+            "- Common settings (before regime overrides): " + ", ".join(f"`{k}={v}`" for k, v in shown.items())
+        )
+    if ev and ev.get("num_params"):
+        lines.append(f"- Policy size: {int(ev['num_params']) / 1e6:.2f} M parameters")
+    if ev:
+        lines.append(
+            f"- Final evaluation: {ev.get('n_problems', '?')} `{ev.get('split', 'test')}` problems × "
+            f"{ev.get('n_samples', '?')} samples at temperature {ev.get('temperature', '?')}"
+        )
+    return lines
+
+
+def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, command: str | None = None) -> str:
+    """The markdown text of the report; writes the figures into `figure_dir` (linked relative to the report)."""
+    exp = summary.exp
+    rel = Path(_relpath(figure_dir, report_path.parent))
+    lines = [f"# Experiment `{exp.name}`", ""]
+    if command:
+        lines += [f"Generated by `{command}`" + (f" from `{exp.source}`." if exp.source else "."), ""]
+    if exp.description.strip():
+        lines += [exp.description.strip(), ""]
+    finished = [r for r in summary.runs if r.curves]
+    total_s = sum(r.seconds for r in summary.runs if math.isfinite(r.seconds))
+    lines += ["## Testbed and grid", ""]
+    lines += _testbed(summary)
+    lines += [
+        "- Objectives: " + ", ".join(f"`{a.label}`" for a in exp.objectives),
+        "- Regimes: " + "; ".join(f"`{a.label}` ({_kv(a.overrides)})" for a in exp.regimes),
+        f"- Seeds: {', '.join(map(str, exp.seeds))}; runs with metrics: {len(finished)}/{len(summary.runs)}; "
+        f"total training wall time {total_s / 60:.1f} min",
+        f"- Final reward = mean of the last {exp.analysis.final_frac:.0%} of steps; curves smoothed over "
+        f"{exp.analysis.smooth} steps; a *collapse* is a fall of more than {exp.analysis.collapse_drop:.0%} below "
+        f"the run's smoothed peak that lasts to the end (peaks below {exp.analysis.min_peak} are not counted).",
+        "",
+    ]
+    missing = [r.spec for r in summary.runs if not r.curves]
+    if missing:
+        lines += [
+            "Runs without metrics (failed or not run): "
+            + ", ".join(f"{s.regime}/{s.objective}/seed{s.seed}" for s in missing),
+            "",
+        ]
+    if exp.claims:
+        lines += ["## Claims", ""]
+        for claim in exp.claims:
+            lines += [f"### ({claim.id}) {claim.title}", ""]
+            if claim.text.strip():
+                lines += [claim.text.strip(), ""]
+            lines += [f"Metric: {METRIC_LABELS.get(claim.metric, claim.metric)} (mean ± sample std over seeds).", ""]
+            lines += [_claim_table(summary, claim), ""]
+            lines += [f"- {s}" for s in claim_verdict(summary, claim)]
+            lines += [""]
+    overview = plot_overview(summary, figure_dir / f"{exp.name}-overview.png")
+    lines += ["## Overview", "", f"![final reward per regime]({rel / overview.name})", ""]
+    lines += ["## Results per regime", ""]
+    for arm in exp.regimes:
+        fig = plot_regime(summary, arm.label, figure_dir / f"{exp.name}-{arm.label}.png")
+        lines += [f"### {arm.label}", "", f"Overrides: {_kv(arm.overrides) or '(none)'}", ""]
+        lines += [f"![{arm.label}]({rel / fig.name})", "", regime_table(summary, arm.label), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _kv(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"`{k}={v}`" for k, v in overrides.items())
+
+
+def _relpath(target: Path, start: Path) -> str:
+    import os
+
+    return os.path.relpath(target.resolve(), start.resolve())
+
+
+def write_report(
+    summary: GridSummary, report_path: Path, *, figure_dir: Path | None = None, command: str | None = None
+) -> Path:
+    """Write the report (default figures: `<report dir>/figures/`) and return its path."""
+    figure_dir = figure_dir or report_path.parent / "figures"
+    text = render_report(summary, figure_dir, report_path, command)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(text)
+    return report_path

@@ -1,0 +1,284 @@
+"""Experiment files: a grid of objectives × regimes × seeds, parsed from YAML and expanded into runs.
+
+    # configs/experiments/quick.yaml
+    name: quick
+    base: {steps: 40, model.name: tiny}          # overrides shared by every run (nested maps are flattened)
+    objectives: [p3o, grpo-0.2, {label: grpo-wide, overrides: {objective.name: grpo, objective.clip_eps: 0.6}}]
+    regimes: [on-policy, stale-4]                # names from p3o.experiments.regimes or {label, overrides}
+    seeds: [0, 1, 2]                             # or a count: 3
+    out_dir: runs/compare/quick
+
+    exp = load_experiment("configs/experiments/quick.yaml"); runs = expand(exp)
+
+A run's overrides are merged base < regime < objective < {seed, run_dir}; its directory is
+`out_dir/runs/<regime>/<objective>/seed<k>`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from p3o.errors import ConfigError
+from p3o.experiments.regimes import OBJECTIVE_PRESETS, REGIMES, Overrides
+
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_TOP_KEYS = {"name", "description", "base", "objectives", "regimes", "seeds", "out_dir", "eval", "analysis", "claims"}
+CLAIM_KINDS = ("tracks", "spread", "collapse", "rank")
+
+
+@dataclass
+class Arm:
+    """One objective or one regime of the grid: a label (directory name, legend) and its dotted overrides."""
+
+    label: str
+    overrides: Overrides
+
+
+@dataclass
+class EvalSpec:
+    """Final-policy evaluation of every run (pass@k on the task's test split); n_samples = 0 turns it off."""
+
+    n_samples: int = 4
+    """Samples per test problem."""
+    n_problems: int = 64
+    """Test problems (the first n of the split)."""
+    split: str = "test"
+    """Task split to evaluate on."""
+    temperature: float = 1.0
+    """Sampling temperature of the evaluation."""
+    max_new_tokens: int | None = None
+    """Generation budget; None = the run's rollout.max_new_tokens."""
+
+
+@dataclass
+class AnalysisSpec:
+    """How curves are smoothed and what counts as a collapse."""
+
+    smooth: int = 5
+    """Trailing moving-average window (steps) for curves and collapse detection."""
+    collapse_drop: float = 0.3
+    """A collapse is a fall of more than this fraction below the run's smoothed peak reward, lasting to the end."""
+    min_peak: float = 0.05
+    """Peaks below this reward are too small to call a fall from them a collapse."""
+    final_frac: float = 0.2
+    """'Final' reward = mean over this last fraction of the steps."""
+
+
+@dataclass
+class Claim:
+    """A claim from the papers, tested on the grid and rendered with its own table and verdict in the report.
+
+    kind: `tracks` (objectives[0] vs objectives[1]: difference within 2 standard errors?), `spread` (range of the
+    metric across `objectives`, compared with `reference`), `collapse` (collapses per objective), `rank` (order of
+    objectives; are the `expected` ones on top?).
+    """
+
+    id: str
+    title: str
+    kind: str
+    regimes: list[str]
+    objectives: list[str]
+    metric: str = "final_reward"
+    reference: list[str] = field(default_factory=list)
+    expected: list[str] = field(default_factory=list)
+    text: str = ""
+
+
+@dataclass
+class Experiment:
+    """A parsed experiment file (see the module docstring)."""
+
+    name: str
+    objectives: list[Arm]
+    regimes: list[Arm]
+    seeds: list[int]
+    out_dir: Path
+    base: Overrides = field(default_factory=dict)
+    description: str = ""
+    eval: EvalSpec = field(default_factory=EvalSpec)
+    analysis: AnalysisSpec = field(default_factory=AnalysisSpec)
+    claims: list[Claim] = field(default_factory=list)
+    source: Path | None = None
+
+
+@dataclass
+class RunSpec:
+    """One training run of the grid."""
+
+    regime: str
+    objective: str
+    seed: int
+    run_dir: Path
+    overrides: Overrides
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.regime, self.objective, self.seed)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> Overrides:
+    """Nested maps to dotted keys: {"rollout": {"group_size": 8}} -> {"rollout.group_size": 8}."""
+    out: Overrides = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _arm(entry: Any, presets: dict[str, Overrides], where: str) -> Arm:
+    if isinstance(entry, str):
+        if entry not in presets:
+            import difflib
+
+            near = difflib.get_close_matches(entry, presets, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise ConfigError(f"{where}: unknown preset '{entry}'{hint}; known: {', '.join(presets)}")
+        return Arm(entry, dict(presets[entry]))
+    if isinstance(entry, dict):
+        unknown = set(entry) - {"label", "overrides", "preset"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; expected label, overrides, preset")
+        overrides: Overrides = {}
+        if "preset" in entry:
+            overrides.update(_arm(str(entry["preset"]), presets, where).overrides)
+        raw = entry.get("overrides") or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}.overrides: expected a mapping of config keys, got {type(raw).__name__}")
+        overrides.update(flatten(raw))
+        label = entry.get("label", entry.get("preset"))
+        if label is None:
+            raise ConfigError(f"{where}: needs a 'label' (or a 'preset' to take it from)")
+        return Arm(str(label), overrides)
+    raise ConfigError(f"{where}: expected a preset name or {{label, overrides}}, got {entry!r}")
+
+
+def _arms(raw: Any, presets: dict[str, Overrides], where: str) -> list[Arm]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: expected a non-empty list")
+    arms = [_arm(e, presets, f"{where}[{i}]") for i, e in enumerate(raw)]
+    labels = [a.label for a in arms]
+    for i, label in enumerate(labels):
+        if not _LABEL.match(label):
+            raise ConfigError(f"{where}[{i}].label: '{label}' must be a plain name (letters, digits, . _ + -)")
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise ConfigError(f"{where}: duplicate label(s) {dupes}")
+    return arms
+
+
+def _dataclass_from(cls: type, raw: Any, where: str) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {raw!r}")
+    names = set(cls.__dataclass_fields__)
+    unknown = set(raw) - names
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known: {', '.join(sorted(names))}")
+    return cls(**raw)
+
+
+def parse_experiment(raw: Any, source: Path | None = None) -> Experiment:
+    """Validate a loaded experiment mapping; errors name the file and field."""
+    where = str(source) if source else "experiment"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known: {', '.join(sorted(_TOP_KEYS))}")
+    for key in ("name", "objectives", "regimes"):
+        if key not in raw:
+            raise ConfigError(f"{where}: missing required key '{key}'")
+    name = str(raw["name"])
+    if not _LABEL.match(name):
+        raise ConfigError(f"{where}: name '{name}' must be a plain name (letters, digits, . _ + -)")
+    seeds_raw = raw.get("seeds", [0])
+    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
+        seeds = list(range(seeds_raw))
+    elif isinstance(seeds_raw, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds_raw):
+        seeds = list(seeds_raw)
+    else:
+        raise ConfigError(f"{where}: seeds: expected a list of integers or a count, got {seeds_raw!r}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{where}: seeds: expected distinct seeds, got {seeds_raw!r}")
+    base = raw.get("base") or {}
+    if not isinstance(base, dict):
+        raise ConfigError(f"{where}: base: expected a mapping of config overrides")
+    exp = Experiment(
+        name=name,
+        objectives=_arms(raw["objectives"], OBJECTIVE_PRESETS, f"{where}: objectives"),
+        regimes=_arms(raw["regimes"], REGIMES, f"{where}: regimes"),
+        seeds=seeds,
+        out_dir=Path(str(raw.get("out_dir", f"runs/compare/{name}"))),
+        base=flatten(base),
+        description=str(raw.get("description", "") or ""),
+        eval=_dataclass_from(EvalSpec, raw.get("eval"), f"{where}: eval"),
+        analysis=_dataclass_from(AnalysisSpec, raw.get("analysis"), f"{where}: analysis"),
+        source=source,
+    )
+    if exp.eval.n_samples < 0 or exp.eval.n_problems < 1:
+        raise ConfigError(f"{where}: eval: n_samples must be ≥ 0 and n_problems ≥ 1")
+    if not 0.0 < exp.analysis.collapse_drop < 1.0 or exp.analysis.smooth < 1 or not 0 < exp.analysis.final_frac <= 1:
+        raise ConfigError(f"{where}: analysis: need 0 < collapse_drop < 1, smooth ≥ 1, 0 < final_frac ≤ 1")
+    exp.claims = _claims(raw.get("claims") or [], exp, where)
+    return exp
+
+
+def _claims(raw: Any, exp: Experiment, where: str) -> list[Claim]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: claims: expected a list")
+    objectives = {a.label for a in exp.objectives}
+    regimes = {a.label for a in exp.regimes}
+    out = []
+    for i, entry in enumerate(raw):
+        here = f"{where}: claims[{i}]"
+        claim = _dataclass_from(Claim, entry, here) if isinstance(entry, dict) else None
+        if claim is None:
+            raise ConfigError(f"{here}: expected a mapping")
+        if isinstance(claim.regimes, str):
+            claim.regimes = [claim.regimes]
+        if claim.kind not in CLAIM_KINDS:
+            raise ConfigError(f"{here}.kind: '{claim.kind}' is not one of {', '.join(CLAIM_KINDS)}")
+        for label in [*claim.objectives, *claim.reference, *claim.expected]:
+            if label not in objectives:
+                raise ConfigError(f"{here}: objective '{label}' is not in this experiment's objectives")
+        for label in claim.regimes:
+            if label not in regimes:
+                raise ConfigError(f"{here}: regime '{label}' is not in this experiment's regimes")
+        if claim.kind == "tracks" and len(claim.objectives) != 2:
+            raise ConfigError(f"{here}: a 'tracks' claim compares exactly two objectives")
+        out.append(claim)
+    return out
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and validate an experiment YAML file (ConfigError naming the file and field on bad input)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    return parse_experiment(raw, source=path)
+
+
+def expand(exp: Experiment) -> list[RunSpec]:
+    """Every (regime, objective, seed) run, regime-major, with merged overrides (base < regime < objective)."""
+    runs = []
+    for regime in exp.regimes:
+        for objective in exp.objectives:
+            for seed in exp.seeds:
+                run_dir = exp.out_dir / "runs" / regime.label / objective.label / f"seed{seed}"
+                overrides = {**exp.base, **regime.overrides, **objective.overrides, "seed": seed}
+                overrides["run_dir"] = str(run_dir)
+                runs.append(RunSpec(regime.label, objective.label, seed, run_dir, overrides))
+    return runs

@@ -1,0 +1,129 @@
+"""The grid runner and `p3o compare` end to end with a fake training command: resumability, failures, --jobs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from p3o.cli import main as p3o_main
+from p3o.experiments.runner import format_value, is_finished, run_grid, train_argv
+from p3o.experiments.spec import expand, parse_experiment
+
+FAKE = [sys.executable, str(Path(__file__).with_name("fake_train.py"))]
+
+
+def experiment(tmp_path: Path, objectives: list, seeds: int = 2) -> dict:
+    return {
+        "name": "t",
+        "base": {"steps": 12},
+        "objectives": objectives,
+        "regimes": ["on-policy", "stale-2"],
+        "seeds": seeds,
+        "out_dir": str(tmp_path / "out"),
+        "eval": {"n_samples": 0},
+        "analysis": {"smooth": 2},
+    }
+
+
+def test_train_argv_formats_values() -> None:
+    exp = parse_experiment({"name": "t", "objectives": ["grpo-0.4"], "regimes": ["stale-4"], "base": {"x.flag": True}})
+    argv = train_argv(expand(exp)[0], ["train"])
+    pairs = dict(zip(argv[1::2], argv[2::2]))
+    assert pairs["--x.flag"] == "true" and pairs["--loop.staleness"] == "4" and pairs["--objective.clip_eps"] == "0.4"
+    assert pairs["--loop.mode"] == "stale" and pairs["--seed"] == "0"
+    assert format_value(None) == "null" and format_value([1, 2]) == "[1, 2]"
+
+
+def test_run_grid_is_resumable_and_reports_failures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_TRAIN_CALLS", str(calls))
+    exp = parse_experiment(experiment(tmp_path, ["p3o", {"label": "boom", "overrides": {"objective.name": "boom"}}]))
+    runs = expand(exp)
+    outcomes = run_grid(runs, log_root=exp.out_dir / "logs", jobs=2, train_cmd=FAKE)
+    assert [o.spec.key for o in outcomes] == [r.key for r in runs]  # order of `runs`
+    status = {o.spec.key: o.status for o in outcomes}
+    assert status[("on-policy", "p3o", 0)] == "done" and status[("stale-2", "boom", 1)] == "failed"
+    failed = next(o for o in outcomes if o.status == "failed")
+    assert "exit 3" in failed.message and "boom: objective exploded" in failed.message
+    assert len(calls.read_text().splitlines()) == 8
+    done = runs[0].run_dir
+    assert is_finished(done) and json.loads((done / "DONE").read_text())["argv"][: len(FAKE)] == FAKE
+    # The stale regime's overrides reached the training command.
+    stale = yaml.safe_load((exp.out_dir / "runs/stale-2/p3o/seed1/config.yaml").read_text())
+    assert stale["loop"] == {"mode": "stale", "staleness": 2} and stale["seed"] == 1
+
+    # Second invocation: finished runs are skipped, only the failed ones run again.
+    outcomes = run_grid(runs, log_root=exp.out_dir / "logs", jobs=1, train_cmd=FAKE)
+    assert {o.status for o in outcomes if o.spec.objective == "p3o"} == {"skipped"}
+    assert len(calls.read_text().splitlines()) == 8 + 4
+
+
+def test_interrupted_run_is_restarted_from_scratch(tmp_path: Path) -> None:
+    exp = parse_experiment(experiment(tmp_path, ["p3o"], seeds=1))
+    spec = expand(exp)[0]
+    # A run that an earlier grid started (its log exists) but that died: partial files, no DONE, no final/.
+    spec.run_dir.mkdir(parents=True)
+    (spec.run_dir / "stale-file").write_text("x")
+    log = exp.out_dir / "logs" / spec.regime / spec.objective / "seed0.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("$ train ...\n")
+    [outcome] = run_grid([spec], log_root=exp.out_dir / "logs", train_cmd=FAKE)
+    assert outcome.status == "done" and not (spec.run_dir / "stale-file").exists()
+
+
+def test_compare_cli_end_to_end_with_fake_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = experiment(tmp_path, ["p3o", {"label": "collapse", "overrides": {"objective.name": "collapse"}}], seeds=3)
+    raw["claims"] = [
+        {
+            "id": "a",
+            "title": "collapse vs stable",
+            "kind": "collapse",
+            "regimes": ["stale-2"],
+            "objectives": ["p3o", "collapse"],
+            "metric": "collapsed",
+        },
+        {"id": "b", "title": "t", "kind": "tracks", "regimes": ["on-policy"], "objectives": ["p3o", "collapse"]},
+    ]
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    report = tmp_path / "docs" / "results.md"
+    argv = ["compare", str(path), "--jobs", "2", "--train-cmd", " ".join(FAKE), "--report", str(report)]
+    assert p3o_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "[12/12]" in out and f"report: {report}" in out
+    text = report.read_text()
+    assert (tmp_path / "docs/figures/t-on-policy.png").stat().st_size > 1000
+    assert (tmp_path / "docs/figures/t-overview.png").is_file()
+    assert "![on-policy](figures/t-on-policy.png)" in text
+    assert "stale-2: runs that collapsed" in text.replace("**", "") and "collapse 3/3, " not in text
+    assert "p3o 0/3, collapse 3/3" in text
+    # p3o: reward 0.05·s + 0.01·seed, 12 steps; final = mean of the last ⌈0.2·12⌉ = 3 steps → 0.55 + 0.01·seed
+    assert "| p3o | 3/3 | 0.560 ± 0.010 |" in text
+    # Nothing re-runs the second time; --report-only just re-aggregates.
+    assert p3o_main(["compare", str(path), "--train-cmd", " ".join(FAKE), "--report", str(report)]) == 0
+    assert "skipped" in capsys.readouterr().out
+    assert p3o_main(["compare", str(path), "--report-only", "--report", str(report)]) == 0
+
+
+def test_compare_cli_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert p3o_main(["compare", str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "missing.yaml" in err
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump(experiment(tmp_path, ["p3o"])))
+    assert p3o_main(["compare", str(path), "--jobs", "0"]) == 2
+    assert "--jobs" in capsys.readouterr().err
+
+
+def test_compare_exit_code_when_a_run_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "e.yaml"
+    raw = experiment(tmp_path, [{"label": "boom", "overrides": {"objective.name": "boom"}}], seeds=1)
+    raw["regimes"] = ["on-policy"]
+    path.write_text(yaml.safe_dump(raw))
+    assert p3o_main(["compare", str(path), "--train-cmd", " ".join(FAKE)]) == 1
+    assert "1 run(s) failed" in capsys.readouterr().err
+    assert "Runs without metrics" in (tmp_path / "out" / "report.md").read_text()

@@ -1,0 +1,115 @@
+"""Experiment files: presets, {label, overrides} arms, validation errors that name the field, expansion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from p3o.errors import ConfigError
+from p3o.experiments.regimes import OBJECTIVE_PRESETS, REGIMES, objective_overrides, regime_overrides
+from p3o.experiments.spec import expand, load_experiment, parse_experiment
+
+# Every config key a preset may use (docs/contracts.md, "Config keys").
+CONTRACT_KEYS = {
+    "rollout.temperature",
+    "rollout.precision",
+    "rollout.logprob_mode",
+    "train.temperature",
+    "update.num_mini_batches",
+    "loop.mode",
+    "loop.staleness",
+    "loop.max_lag",
+    "objective.name",
+}
+
+
+def test_presets_use_contract_keys_only() -> None:
+    for table in (REGIMES, OBJECTIVE_PRESETS):
+        for name, overrides in table.items():
+            extra = {k for k in overrides if k not in CONTRACT_KEYS and not k.startswith("objective.")}
+            assert not extra, (name, extra)
+    assert regime_overrides("stale-8") == {"loop.mode": "stale", "loop.staleness": 8}
+    assert regime_overrides("async") == {"loop.mode": "async", "loop.max_lag": 4}
+    assert objective_overrides("grpo-0.6")["objective.clip_eps"] == 0.6
+    assert objective_overrides("grpo-tis")["objective.rollout_correction"] == "token-tis"
+    for name in ("p3o", "dapo", "gspo", "cispo", "minpro", "m2po", "decoupled_ppo", "grpo-0.2", "grpo-0.4"):
+        assert name in OBJECTIVE_PRESETS
+    with pytest.raises(KeyError, match="did you mean 'stale-4'"):
+        regime_overrides("stale4")
+
+
+def test_parse_and_expand_merges_base_regime_objective(tmp_path: Path) -> None:
+    raw = {
+        "name": "t",
+        "base": {"steps": 5, "rollout": {"group_size": 4, "temperature": 0.9}},
+        "objectives": ["p3o", {"label": "wide", "preset": "grpo", "overrides": {"objective.clip_eps": 0.6}}],
+        "regimes": ["on-policy", {"label": "hot", "overrides": {"rollout.temperature": 1.3}}],
+        "seeds": 2,
+        "out_dir": str(tmp_path / "out"),
+    }
+    exp = parse_experiment(raw)
+    assert exp.base == {"steps": 5, "rollout.group_size": 4, "rollout.temperature": 0.9}
+    assert exp.seeds == [0, 1]
+    runs = expand(exp)
+    assert len(runs) == 2 * 2 * 2
+    by_key = {r.key: r for r in runs}
+    hot_wide = by_key[("hot", "wide", 1)]
+    assert hot_wide.overrides["rollout.temperature"] == 1.3  # regime beats base
+    assert hot_wide.overrides["objective.name"] == "grpo" and hot_wide.overrides["objective.clip_eps"] == 0.6
+    assert hot_wide.overrides["seed"] == 1
+    assert hot_wide.run_dir == tmp_path / "out" / "runs" / "hot" / "wide" / "seed1"
+    assert hot_wide.overrides["run_dir"] == str(hot_wide.run_dir)
+    assert by_key[("on-policy", "p3o", 0)].overrides["rollout.temperature"] == 0.9
+
+
+@pytest.mark.parametrize(
+    ("patch", "match"),
+    [
+        ({"objectives": ["p3oo"]}, r"objectives\[0\]: unknown preset 'p3oo' \(did you mean 'p3o'\?\)"),
+        ({"regimes": []}, "regimes: expected a non-empty list"),
+        ({"seeds": [0, 0]}, "distinct seeds"),
+        ({"seeds": "three"}, "seeds"),
+        ({"bogus": 1}, r"unknown key\(s\) \['bogus'\]"),
+        ({"objectives": ["p3o", "p3o"]}, "duplicate label"),
+        ({"objectives": [{"overrides": {}}]}, "needs a 'label'"),
+        ({"objectives": [{"label": "a/b", "overrides": {}}]}, "plain name"),
+        ({"eval": {"n_sample": 3}}, r"eval: unknown key\(s\) \['n_sample'\]"),
+        ({"analysis": {"collapse_drop": 1.5}}, "collapse_drop"),
+        (
+            {"claims": [{"id": "a", "title": "t", "kind": "tracks", "regimes": ["on-policy"], "objectives": ["p3o"]}]},
+            "exactly two",
+        ),
+        (
+            {"claims": [{"id": "a", "title": "t", "kind": "rank", "regimes": ["stale-4"], "objectives": ["p3o"]}]},
+            "regime 'stale-4' is not in",
+        ),
+        ({"claims": [{"id": "a", "title": "t", "kind": "odd", "regimes": [], "objectives": []}]}, "kind"),
+    ],
+)
+def test_bad_experiment_names_the_field(patch: dict, match: str) -> None:
+    raw = {"name": "t", "objectives": ["p3o", "grpo"], "regimes": ["on-policy"], **patch}
+    with pytest.raises(ConfigError, match=match):
+        parse_experiment(raw)
+
+
+def test_load_experiment_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_experiment(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: not valid YAML"):
+        load_experiment(bad)
+    missing = tmp_path / "missing.yaml"
+    missing.write_text("name: x\nobjectives: [p3o]\n")
+    with pytest.raises(ConfigError, match=r"missing\.yaml: missing required key 'regimes'"):
+        load_experiment(missing)
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].glob("configs/experiments/*.yaml")))
+def test_shipped_experiments_parse_and_start_with_their_command(path: Path) -> None:
+    exp = load_experiment(path)
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# p3o compare ") and str(path.relative_to(path.parents[2])) in first
+    assert len(exp.seeds) >= 3
+    assert expand(exp)
