@@ -113,6 +113,8 @@ def test_minpro_hand_values() -> None:
     lr = [math.log(x) for x in (0.5, 2, 0.25, 3)]
     loss, grad, stats = _run("minpro", _inp([lr], [[0.0] * 4], [1.0]))
     torch.testing.assert_close(grad, -torch.tensor([[0.5, 1, 0.125, 0.75]]) / 4)
+    # loss = −Σ w_t·logp_t / 4 with logp = lr (rollout_logp = 0)
+    assert loss.item() == pytest.approx(-sum(w * x for w, x in zip((0.5, 1, 0.125, 0.75), lr)) / 4, rel=1e-5)
     assert stats["m_mean"].item() == pytest.approx((1 + 0.5 + 0.5 + 0.25) / 4)
     assert stats["m_median"].item() == pytest.approx(0.5)
     assert stats["m_frac_above_0.5"].item() == pytest.approx(0.25)  # only m = 1 is > 0.5

@@ -176,7 +176,9 @@ def ess_from_parts(
 def _rescale_sum(parts: list[tuple[torch.Tensor, torch.Tensor]], m: torch.Tensor) -> torch.Tensor:
     total = torch.zeros(3, dtype=torch.float64, device=m.device)
     for mk, sk in parts:
-        d = torch.where(torch.isfinite(mk) & torch.isfinite(m), (mk - m).double(), torch.zeros((), dtype=torch.float64))
+        d = torch.where(
+            torch.isfinite(mk) & torch.isfinite(m), (mk - m).double(), torch.zeros((), dtype=torch.float64)
+        )
         scale = torch.stack([torch.exp(d), torch.exp(2 * d), torch.ones_like(d)])
         total = total + torch.where(sk[2] > 0, sk * scale, torch.zeros_like(sk))
     return total
@@ -295,9 +297,7 @@ def rollout_correction_weights(
     if mode == "none":
         return None, {}
     if mode not in ROLLOUT_CORRECTIONS:
-        raise ObjectiveError(
-            f"rollout_correction: unknown mode {mode!r}; valid: {', '.join(ROLLOUT_CORRECTIONS)}"
-        )
+        raise ObjectiveError(f"rollout_correction: unknown mode {mode!r}; valid: {', '.join(ROLLOUT_CORRECTIONS)}")
     if cap <= 1.0:
         raise ObjectiveError(f"rollout_correction_cap must be > 1, got {cap}")
     mask = prep.mask

@@ -25,9 +25,7 @@ def _checked(name: str, fn: ObjectiveFn) -> ObjectiveFn:
     def wrapper(inputs: Any, **hyper: Any) -> Any:
         unknown = [k for k in hyper if k not in valid]
         if unknown:
-            raise ObjectiveError(
-                f"objective {name!r}: unknown keyword {unknown[0]!r}; valid: {', '.join(valid)}"
-            )
+            raise ObjectiveError(f"objective {name!r}: unknown keyword {unknown[0]!r}; valid: {', '.join(valid)}")
         return fn(inputs, **hyper)
 
     return wrapper
