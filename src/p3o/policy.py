@@ -76,8 +76,9 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
             lse = torch.logsumexp(z, dim=-1)  # (C,)
             logp[s : s + chunk_size] = z.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1) - lse
             if with_entropy:
-                p = torch.softmax(z, dim=-1)
-                ent[s : s + chunk_size] = lse - (p * z).sum(-1)
+                # H = lse − Σ p z, with p = exp(z − lse) computed into a second (C, V) buffer only.
+                ent[s : s + chunk_size] = lse - (z - lse[:, None]).exp_().mul_(z).sum(-1)
+            del z
         ctx.save_for_backward(hidden, weight, bias, targets, ent)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
@@ -98,14 +99,15 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
         for s in range(0, hidden.shape[0], cs):
             h_c = hidden[s : s + cs]
             z = _chunk_logits(h_c, w, b, tau)  # (C, V)
-            logq = torch.log_softmax(z, dim=-1)
-            p = logq.exp()
+            logq = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # in place: at most two (C, V) buffers
             g_lp = grad_logp[s : s + cs, None]
             if use_ent:
                 # g_z = p ⊙ (−g_logp − g_H (log p + H)) + g_logp · onehot(y)
+                p = logq.exp()
                 g = logq.add_(ent[s : s + cs, None]).mul_(-grad_ent[s : s + cs, None]).sub_(g_lp).mul_(p)
+                del p
             else:
-                g = p.mul_(-g_lp)
+                g = logq.exp_().mul_(-g_lp)  # −g_logp · p, in the same buffer
             g.scatter_add_(-1, targets[s : s + cs, None], g_lp)
             g.div_(tau)
             if grad_h is not None:
@@ -125,9 +127,9 @@ def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float) ->
     """(C, V) float32 logits (h Wᵀ + b) / τ."""
     z = h.float() @ w.t()
     if b is not None:
-        z = z + b
+        z.add_(b)
     if temperature != 1.0:
-        z = z / temperature
+        z.div_(temperature)
     return z
 
 
