@@ -80,9 +80,18 @@ def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
                 g = -w * a + (1 - e_b) * (1 - 1 / rho)
             elif name == "p3o_two_anchor":
                 rp = math.exp(logp[i][t] - prox[i][t])
-                w = min(rho, min(e_b, e_p))
-                val = -w * a * logp[i][t] + (1 - e_b) * (1 / rho + x - 1) + (1 - e_p) * (1 / rp + math.log(rp) - 1)
-                g = -w * a + (1 - e_b) * (1 - 1 / rho) + (1 - e_p) * (1 - 1 / rp)
+                e_mix = min(e_b, e_p)
+                w = min(rho, e_mix)
+                if hp.get("variant", "sum") == "sum":
+                    kl_b, kl_p = (1 / rho + x - 1), (1 / rp + math.log(rp) - 1)
+                    val = -w * a * logp[i][t] + (1 - e_b) * kl_b + (1 - e_p) * kl_p
+                    g = -w * a + (1 - e_b) * (1 - 1 / rho) + (1 - e_p) * (1 - 1 / rp)
+                else:  # π_mix = (a_b·π_b + a_p·π_prox)/(a_b + a_p) for the sampled token; KL(π_θ‖π_mix) in k3 form
+                    a_b, a_p = 1 - e_b, 1 - e_p
+                    mix = (a_b * math.exp(roll[i][t]) + a_p * math.exp(prox[i][t])) / (a_b + a_p)
+                    q = mix / math.exp(logp[i][t])  # π_mix / π_θ
+                    val = -w * a * logp[i][t] + (1 - e_mix) * (q - math.log(q) - 1)
+                    g = -w * a + (1 - e_mix) * (1 - q)
             elif name in ("grpo", "dapo"):
                 eps = hp.get("clip_eps", 0.2)
                 lo = hp.get("clip_eps_low", eps if name == "grpo" else 0.2)

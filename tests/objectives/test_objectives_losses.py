@@ -194,6 +194,7 @@ def test_extra_terms_and_rollout_correction() -> None:
     [
         ("p3o", {}),
         ("p3o_two_anchor", {}),
+        ("p3o_two_anchor", {"variant": "mixture"}),
         ("grpo", {}),
         ("grpo", {"clip_eps": 0.1, "dual_clip": 2.0, "agg": "token-mean"}),
         ("dapo", {}),
