@@ -127,3 +127,30 @@ def test_compare_exit_code_when_a_run_fails(tmp_path: Path, capsys: pytest.Captu
     assert p3o_main(["compare", str(path), "--train-cmd", " ".join(FAKE)]) == 1
     assert "1 run(s) failed" in capsys.readouterr().err
     assert "Runs without metrics" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_in_process_runs_call_the_train_cli_main(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    import p3o.train.cli
+
+    spec_ = importlib.util.spec_from_file_location("fake_train", FAKE[1])
+    fake = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(fake)  # type: ignore[union-attr]
+    seen: list[list[str]] = []
+
+    def train_main(argv: list[str]) -> int:
+        seen.append(argv)
+        print("training...")  # goes to the run's log, not the console
+        return fake.main(argv)
+
+    monkeypatch.setattr(p3o.train.cli, "main", train_main)
+    raw = experiment(tmp_path, ["p3o", {"label": "boom", "overrides": {"objective.name": "boom"}}], seeds=1)
+    raw["regimes"] = ["on-policy"]
+    exp = parse_experiment(raw)
+    ok, bad = run_grid(expand(exp), log_root=exp.out_dir / "logs", in_process=True)
+    assert ok.status == "done" and bad.status == "failed" and bad.returncode == 3
+    assert seen[0][:4] == ["--steps", "12", "--loop.mode", "sync"] and "training..." in ok.log_path.read_text()
+    assert "boom: objective exploded" in bad.log_path.read_text()
+    with pytest.raises(ValueError, match="jobs=1"):
+        run_grid(expand(exp), log_root=exp.out_dir / "logs", in_process=True, jobs=2)

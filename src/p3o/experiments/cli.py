@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-eval", action="store_true", help="skip the final pass@k evaluation of each run")
     p.add_argument("--dry-run", action="store_true", help="print the training commands and exit")
     p.add_argument("--train-cmd", default=None, help="training command (default: python -m p3o train)")
+    p.add_argument("--in-process", action="store_true", help="train in this process (no start-up cost; --jobs 1)")
     p.add_argument("--timeout", type=float, default=None, help="per-run wall-clock limit in seconds")
     return p
 
@@ -83,6 +84,8 @@ def main(argv: list[str]) -> int:
         exp.out_dir = args.out_dir
     if args.jobs < 1:
         raise ConfigError(f"--jobs: must be ≥ 1, got {args.jobs}")
+    if args.in_process and (args.jobs > 1 or args.train_cmd):
+        raise ConfigError("--in-process: runs one at a time with the built-in trainer (no --jobs, no --train-cmd)")
     train_cmd = shlex.split(args.train_cmd) if args.train_cmd else list(DEFAULT_TRAIN_CMD)
     if not train_cmd:
         raise ConfigError("--train-cmd: empty command")
@@ -115,6 +118,7 @@ def main(argv: list[str]) -> int:
             jobs=args.jobs,
             train_cmd=train_cmd,
             timeout_s=args.timeout,
+            in_process=args.in_process,
             on_outcome=show,
         )
         failed = [o for o in outcomes if o.status == "failed"]

@@ -1,9 +1,12 @@
 """Run the training runs of an experiment grid: one after another or several processes at once, resumably.
 
-Each run is a subprocess `python -m p3o train --key value ...` (the same overrides a user would type), its output
-in `out_dir/logs/<regime>/<objective>/seed<k>.log`. A run whose directory holds a `DONE` marker (written here on
-success) or a `final/` checkpoint is finished and is never re-run; a run that was started by the grid but did not
-finish is started again from scratch.
+Each run is a subprocess `python -m p3o train --key value ...` (the same overrides a user would type), or with
+`in_process=True` a call of `p3o.train.cli.main` with the same arguments in this process (no interpreter start-up
+per run; one run at a time). Its output goes to `out_dir/logs/<regime>/<objective>/seed<k>.log`. A run whose
+directory holds a `DONE` marker (written here on success) or a `final/` checkpoint is finished and is never re-run;
+a run that was started by the grid but did not finish is started again from scratch.
+
+Usage:
 
     outcomes = run_grid(expand(exp), jobs=2, log_root=exp.out_dir / "logs")
 """
@@ -21,7 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from p3o.experiments.spec import RunSpec
 
@@ -84,8 +87,12 @@ def run_one(
     train_cmd: Sequence[str] = DEFAULT_TRAIN_CMD,
     env: dict[str, str] | None = None,
     timeout_s: float | None = None,
+    in_process: bool = False,
 ) -> RunOutcome:
-    """Train one run unless it is finished; write DONE (wall time, command) into its directory on success."""
+    """Train one run unless it is finished; write DONE (wall time, command) into its directory on success.
+
+    in_process: call `p3o.train.cli.main(argv)` here instead of a subprocess (`train_cmd` and `timeout_s` unused).
+    """
     log_path = _log_path(log_root, spec)
     if is_finished(spec.run_dir):
         return RunOutcome(spec, "skipped", log_path=log_path)
@@ -95,14 +102,20 @@ def run_one(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = train_argv(spec, train_cmd)
     start = time.perf_counter()
+    rc: int | None
+    if in_process:
+        argv = ["p3o", "train", *train_argv(spec, ())]
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
-        try:
-            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
-            rc: int | None = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = None
+        if in_process:
+            rc = _train_in_process(argv[2:], log)
+        else:
+            try:
+                proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                rc = None
     seconds = time.perf_counter() - start
     if rc != 0:
         why = f"timed out after {timeout_s:.0f} s" if rc is None else f"exit {rc}: {_last_line(log_path)}"
@@ -110,6 +123,23 @@ def run_one(
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     (spec.run_dir / "DONE").write_text(json.dumps({"seconds": round(seconds, 2), "argv": argv}) + "\n")
     return RunOutcome(spec, "done", seconds, rc, log_path)
+
+
+def _train_in_process(args: list[str], log: TextIO) -> int:
+    """`p3o train ARGS` in this process, its output in `log`; an unexpected exception is logged and gives exit 1."""
+    import contextlib
+    import traceback
+
+    from p3o.train.cli import main as train_main
+
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        try:
+            return int(train_main(args) or 0)
+        except SystemExit as err:
+            return err.code if isinstance(err.code, int) else 1
+        except Exception:
+            traceback.print_exc(file=log)
+            return 1
 
 
 def run_grid(
@@ -120,6 +150,7 @@ def run_grid(
     train_cmd: Sequence[str] = DEFAULT_TRAIN_CMD,
     threads_per_job: int | None = None,
     timeout_s: float | None = None,
+    in_process: bool = False,
     on_outcome: Callable[[RunOutcome], None] | None = None,
 ) -> list[RunOutcome]:
     """Run every unfinished run, `jobs` processes at a time; a failed run is reported and the others go on.
@@ -129,6 +160,8 @@ def run_grid(
     """
     if jobs < 1:
         raise ValueError(f"jobs must be ≥ 1, got {jobs}")
+    if in_process and jobs > 1:
+        raise ValueError("in_process runs one at a time: use jobs=1")
     threads = threads_per_job or max(1, (os.cpu_count() or 1) // jobs)
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
@@ -137,7 +170,9 @@ def run_grid(
     lock = threading.Lock()
 
     def work(spec: RunSpec) -> RunOutcome:
-        outcome = run_one(spec, log_root=log_root, train_cmd=train_cmd, env=env, timeout_s=timeout_s)
+        outcome = run_one(
+            spec, log_root=log_root, train_cmd=train_cmd, env=env, timeout_s=timeout_s, in_process=in_process
+        )
         if on_outcome is not None:
             with lock:
                 on_outcome(outcome)
