@@ -713,7 +713,9 @@ def save_config(cfg: TrainConfig, path: str | Path, *, resolve_objective: bool =
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "# resolved p3o config; rerun with: p3o train --config " + str(path) + "\n"
-    text += yaml.safe_dump(to_dict(cfg, resolve_objective=resolve_objective), sort_keys=False, default_flow_style=False)
+    text += yaml.safe_dump(
+        to_dict(cfg, resolve_objective=resolve_objective), sort_keys=False, default_flow_style=False
+    )
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
@@ -851,8 +853,12 @@ def load_config(argv: list[str] | None = None, *, base: TrainConfig | None = Non
             if _flag_is_bool(key):
                 val = "true"
             else:
-                # Report unknown keys before complaining about the missing value.
-                _set_probe(cfg, key)
+                # Report unknown keys and sections before complaining about the missing value.
+                try:
+                    _set(copy.deepcopy(cfg), key, None)
+                except ConfigError as err:
+                    if "expected" not in str(err):
+                        raise
                 raise ConfigError(f"--{key}: expected a value")
         _set(cfg, key, _parse_scalar(val), raw=val)
     return validate(cfg)
@@ -863,14 +869,6 @@ def _flag_is_bool(key: str) -> bool:
         if k == key:
             return tp is bool
     return False
-
-
-def _set_probe(cfg: TrainConfig, key: str) -> None:
-    """Raise the unknown-key error for ``key`` if it is not a valid key."""
-    if key.startswith("objective.") and key.count(".") == 1:
-        return
-    if key not in _all_keys():
-        raise _unknown(key, cfg.objective.name)
 
 
 def config_help() -> str:

@@ -244,6 +244,7 @@ class ProgressBar:
     """A rich progress bar over training steps with live reward and ESS columns.
 
     Disabled (every method a no-op, nothing printed) when ``enabled=False`` or stderr is not a terminal.
+    ``console`` (a ``rich.console.Console``) replaces the default stderr console.
 
         with ProgressBar(cfg.steps) as bar:
             for step in range(1, cfg.steps + 1):
@@ -251,7 +252,15 @@ class ProgressBar:
                 bar.update(step, {"reward_mean": r, "ess": e})
     """
 
-    def __init__(self, total: int, *, enabled: bool = True, description: str = "train", start: int = 0) -> None:
+    def __init__(
+        self,
+        total: int,
+        *,
+        enabled: bool = True,
+        description: str = "train",
+        start: int = 0,
+        console: Any = None,
+    ) -> None:
         self.total = total
         self._progress = None
         self._task = None
@@ -259,7 +268,7 @@ class ProgressBar:
             return
         from rich.console import Console
 
-        console = Console(stderr=True)
+        console = console if console is not None else Console(stderr=True)
         if not console.is_terminal:
             return
         from rich.progress import (

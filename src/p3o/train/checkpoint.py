@@ -25,6 +25,7 @@ arbitrary Python objects (e.g. buffered ``Rollouts``); load only checkpoints you
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -32,6 +33,7 @@ import re
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,11 +142,29 @@ def save_policy(out_dir: str | Path, model: torch.nn.Module, tokenizer: Any = No
     return out_dir
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' "Writing model shards" bar, which would break the training progress bar."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - transformers is a core dependency
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _write_policy(out_dir: Path, model: torch.nn.Module, tokenizer: Any) -> None:
     model = _unwrap(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "save_pretrained"):
-        model.save_pretrained(out_dir, safe_serialization=True)
+        with _quiet_transformers():
+            model.save_pretrained(out_dir, safe_serialization=True)
     else:
         from safetensors.torch import save_model
 
