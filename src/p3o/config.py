@@ -124,7 +124,7 @@ class TrainerConfig:
 
     temperature: float = _f(1.0, "temperature the trainer applies to logits when computing log-probs", gt=0)
     chunk_size: int = _f(256, "vocabulary-projection chunk (tokens) for memory-lean log-probs", ge=1)
-    ref_model: bool = _f(False, "keep a frozen reference model and compute ref_logp (needed for ref_kl_coef > 0)")
+    ref_model: bool = _f(False, "keep a frozen reference model for ref_logp (added anyway when an objective needs it)")
     gradient_checkpointing: bool = _f(False, "enable gradient checkpointing on the policy")
 
 
@@ -623,8 +623,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             value = _check(key, value, tp)
             setattr(obj, f.name, value)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            if isinstance(value, float) and math.isnan(value):
-                raise ConfigError(f"{key}: must be a number, got nan")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{key}: must be a finite number, got {value}")
             md = f.metadata
             for op, bad, text in (
                 ("gt", lambda v, b: v <= b, ">"),
@@ -657,8 +657,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if defaults is not None:
         full = objective_hyper(cfg.objective)
         cfg.objective.hyper = {k: full[k] for k in cfg.objective.hyper}
-        if full.get("ref_kl_coef") and not cfg.train.ref_model:
-            raise ConfigError("objective.ref_kl_coef > 0 needs train.ref_model: true")
     return cfg
 
 
