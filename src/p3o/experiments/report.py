@@ -154,6 +154,8 @@ def plot_regime(summary: GridSummary, regime: str, path: Path) -> Path:
     for (key, title), ax in zip(panels, axes):
         drawn = False
         for i, arm in enumerate(exp.objectives):
+            if arm.label not in exp.objectives_in(regime):
+                continue
             curves = [r.curves for r in summary.cell(regime, arm.label)]
             drawn |= _plot_band(ax, curves, key, exp.analysis.smooth, arm.label, colors(i % 10))
         ax.set_title(title, fontsize=10)
@@ -219,6 +221,8 @@ def regime_table(summary: GridSummary, regime: str) -> str:
     )
     rows = [head]
     for arm in summary.exp.objectives:
+        if arm.label not in summary.exp.objectives_in(regime):
+            continue
         cell = summary.cell(regime, arm.label)
 
         def f(metric: str, digits: int = 3, _cell: list[RunSummary] = cell) -> str:
@@ -395,7 +399,11 @@ def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, com
     lines += _testbed(summary)
     lines += [
         "- Objectives: " + ", ".join(f"`{a.label}`" for a in exp.objectives),
-        "- Regimes: " + "; ".join(f"`{a.label}` ({_kv(a.overrides)})" for a in exp.regimes),
+        "- Regimes: "
+        + "; ".join(
+            f"`{a.label}` ({_kv(a.overrides)}" + (f"; only {', '.join(a.objectives)}" if a.objectives else "") + ")"
+            for a in exp.regimes
+        ),
         f"- Seeds: {', '.join(map(str, exp.seeds))}; runs with metrics: {len(finished)}/{len(summary.runs)}; "
         f"total training wall time {total_s / 60:.1f} min",
         f"- Final reward = mean of the last {exp.analysis.final_frac:.0%} of steps; curves smoothed over "

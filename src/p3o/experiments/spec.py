@@ -4,7 +4,8 @@
     name: quick
     base: {steps: 40, model.name: tiny}          # overrides shared by every run (nested maps are flattened)
     objectives: [p3o, grpo-0.2, {label: grpo-wide, overrides: {objective.name: grpo, objective.clip_eps: 0.6}}]
-    regimes: [on-policy, stale-4]                # names from p3o.experiments.regimes or {label, overrides}
+    regimes: [on-policy, {preset: stale-4, objectives: [p3o]}]   # names from p3o.experiments.regimes or
+                                                 # {label, overrides, preset, objectives (subset run there)}
     seeds: [0, 1, 2]                             # or a count: 3
     out_dir: runs/compare/quick
 
@@ -37,6 +38,8 @@ class Arm:
 
     label: str
     overrides: Overrides
+    objectives: list[str] | None = None
+    """Regimes only: the objective labels run in this regime (None = all of the experiment's objectives)."""
 
 
 @dataclass
@@ -105,6 +108,11 @@ class Experiment:
     claims: list[Claim] = field(default_factory=list)
     source: Path | None = None
 
+    def objectives_in(self, regime: str) -> list[str]:
+        """Labels of the objectives run in `regime`, in the experiment's objective order."""
+        arm = next(a for a in self.regimes if a.label == regime)
+        return [o.label for o in self.objectives if arm.objectives is None or o.label in arm.objectives]
+
 
 @dataclass
 class RunSpec:
@@ -133,7 +141,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> Overrides:
     return out
 
 
-def _arm(entry: Any, presets: dict[str, Overrides], where: str) -> Arm:
+def _arm(entry: Any, presets: dict[str, Overrides], where: str, subset: bool = False) -> Arm:
     if isinstance(entry, str):
         if entry not in presets:
             import difflib
@@ -143,9 +151,10 @@ def _arm(entry: Any, presets: dict[str, Overrides], where: str) -> Arm:
             raise ConfigError(f"{where}: unknown preset '{entry}'{hint}; known: {', '.join(presets)}")
         return Arm(entry, dict(presets[entry]))
     if isinstance(entry, dict):
-        unknown = set(entry) - {"label", "overrides", "preset"}
+        allowed = {"label", "overrides", "preset"} | ({"objectives"} if subset else set())
+        unknown = set(entry) - allowed
         if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; expected label, overrides, preset")
+            raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; expected {', '.join(sorted(allowed))}")
         overrides: Overrides = {}
         if "preset" in entry:
             overrides.update(_arm(str(entry["preset"]), presets, where).overrides)
@@ -156,14 +165,17 @@ def _arm(entry: Any, presets: dict[str, Overrides], where: str) -> Arm:
         label = entry.get("label", entry.get("preset"))
         if label is None:
             raise ConfigError(f"{where}: needs a 'label' (or a 'preset' to take it from)")
-        return Arm(str(label), overrides)
+        only = entry.get("objectives")
+        if only is not None and (not isinstance(only, list) or not only or not all(isinstance(o, str) for o in only)):
+            raise ConfigError(f"{where}.objectives: expected a non-empty list of objective labels")
+        return Arm(str(label), overrides, only)
     raise ConfigError(f"{where}: expected a preset name or {{label, overrides}}, got {entry!r}")
 
 
-def _arms(raw: Any, presets: dict[str, Overrides], where: str) -> list[Arm]:
+def _arms(raw: Any, presets: dict[str, Overrides], where: str, subset: bool = False) -> list[Arm]:
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{where}: expected a non-empty list")
-    arms = [_arm(e, presets, f"{where}[{i}]") for i, e in enumerate(raw)]
+    arms = [_arm(e, presets, f"{where}[{i}]", subset) for i, e in enumerate(raw)]
     labels = [a.label for a in arms]
     for i, label in enumerate(labels):
         if not _LABEL.match(label):
@@ -215,7 +227,7 @@ def parse_experiment(raw: Any, source: Path | None = None) -> Experiment:
     exp = Experiment(
         name=name,
         objectives=_arms(raw["objectives"], OBJECTIVE_PRESETS, f"{where}: objectives"),
-        regimes=_arms(raw["regimes"], REGIMES, f"{where}: regimes"),
+        regimes=_arms(raw["regimes"], REGIMES, f"{where}: regimes", subset=True),
         seeds=seeds,
         out_dir=Path(str(raw.get("out_dir", f"runs/compare/{name}"))),
         base=flatten(base),
@@ -228,6 +240,11 @@ def parse_experiment(raw: Any, source: Path | None = None) -> Experiment:
         raise ConfigError(f"{where}: eval: n_samples must be ≥ 0 and n_problems ≥ 1")
     if not 0.0 < exp.analysis.collapse_drop < 1.0 or exp.analysis.smooth < 1 or not 0 < exp.analysis.final_frac <= 1:
         raise ConfigError(f"{where}: analysis: need 0 < collapse_drop < 1, smooth ≥ 1, 0 < final_frac ≤ 1")
+    labels = {a.label for a in exp.objectives}
+    for i, arm in enumerate(exp.regimes):
+        for label in arm.objectives or []:
+            if label not in labels:
+                raise ConfigError(f"{where}: regimes[{i}].objectives: '{label}' is not one of the objectives")
     exp.claims = _claims(raw.get("claims") or [], exp, where)
     return exp
 
@@ -253,6 +270,10 @@ def _claims(raw: Any, exp: Experiment, where: str) -> list[Claim]:
         for label in claim.regimes:
             if label not in regimes:
                 raise ConfigError(f"{here}: regime '{label}' is not in this experiment's regimes")
+            ran = set(exp.objectives_in(label))
+            absent = [o for o in [*claim.objectives, *claim.reference] if o not in ran]
+            if absent:
+                raise ConfigError(f"{here}: objective(s) {absent} are not run in regime '{label}'")
         if claim.kind == "tracks" and len(claim.objectives) != 2:
             raise ConfigError(f"{here}: a 'tracks' claim compares exactly two objectives")
         out.append(claim)
@@ -276,6 +297,8 @@ def expand(exp: Experiment) -> list[RunSpec]:
     runs = []
     for regime in exp.regimes:
         for objective in exp.objectives:
+            if regime.objectives is not None and objective.label not in regime.objectives:
+                continue
             for seed in exp.seeds:
                 run_dir = exp.out_dir / "runs" / regime.label / objective.label / f"seed{seed}"
                 overrides = {**exp.base, **regime.overrides, **objective.overrides, "seed": seed}

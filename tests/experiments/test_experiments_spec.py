@@ -113,3 +113,32 @@ def test_shipped_experiments_parse_and_start_with_their_command(path: Path) -> N
     assert first.startswith("# p3o compare ") and str(path.relative_to(path.parents[2])) in first
     assert len(exp.seeds) >= 3
     assert expand(exp)
+
+
+def test_regime_may_run_a_subset_of_objectives() -> None:
+    raw = {
+        "name": "t",
+        "objectives": ["p3o", "grpo", "minpro"],
+        "regimes": ["on-policy", {"preset": "stale-4", "objectives": ["p3o", "minpro"]}],
+        "seeds": [0, 1, 2],
+        "claims": [{"id": "d", "title": "t", "kind": "rank", "regimes": ["stale-4"], "objectives": ["p3o", "minpro"]}],
+    }
+    exp = parse_experiment(raw)
+    assert exp.objectives_in("stale-4") == ["p3o", "minpro"] and exp.objectives_in("on-policy") == [
+        "p3o",
+        "grpo",
+        "minpro",
+    ]
+    runs = expand(exp)
+    assert len(runs) == 3 * 3 + 2 * 3
+    assert {r.objective for r in runs if r.regime == "stale-4"} == {"p3o", "minpro"}
+    raw["claims"][0]["objectives"] = ["p3o", "grpo"]
+    with pytest.raises(ConfigError, match=r"\['grpo'\] are not run in regime 'stale-4'"):
+        parse_experiment(raw)
+    raw["claims"] = []
+    raw["regimes"][1]["objectives"] = ["nope"]
+    with pytest.raises(ConfigError, match=r"regimes\[1\].objectives: 'nope'"):
+        parse_experiment(raw)
+    raw["objectives"] = [{"label": "x", "overrides": {}, "objectives": ["p3o"]}]
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_experiment(raw)
