@@ -263,6 +263,11 @@ def test_presets_load_and_start_with_their_command():
     assert load_config(["--config", "fp8-rollout"]).rollout.precision == "fp8"
     quick = load_config(["--config", "quick.yaml"])  # the .yaml suffix is optional
     assert quick.steps <= 3
+    for name in list_presets():  # presets of other components (e.g. smollm2-arithmetic) are valid configs too
+        path = preset_path(name)
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# ") and f"p3o train --config {name}" in first, path
+        load_config(["--config", name])
 
 
 def test_presets_resolve_from_any_cwd_and_packaged_copies_match(tmp_path, monkeypatch):

@@ -743,13 +743,10 @@ def _preset_dirs() -> list[Path | Any]:
 
 
 def list_presets() -> list[str]:
-    """Names accepted by ``--config NAME`` (configs/<name>.yaml; sub-folders as 'experiments/x')."""
+    """Training presets accepted by ``--config NAME``: the files configs/<name>.yaml (sub-folders are not presets)."""
     names: set[str] = set()
     for d in _preset_dirs():
-        if isinstance(d, Path):
-            names |= {p.relative_to(d).with_suffix("").as_posix() for p in d.rglob("*.yaml")}
-        else:
-            names |= {p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml")}
+        names |= {p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml") and p.is_file()}
     return sorted(names)
 
 
