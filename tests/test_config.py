@@ -170,6 +170,15 @@ def test_objective_hyper_parameters_are_flat_keys_checked_against_the_signature(
         load_config(["--objective.name", "grpo", "--objective.clip_eps", "wide"])
     with pytest.raises(ConfigError, match=r"objective.name: unknown objective 'grpoo' \(did you mean 'grpo'\?\)"):
         load_config(["--objective.name", "grpoo"])
+    # Types come from the objective's annotations; string options from the choice sets p3o.objectives exports.
+    with pytest.raises(ConfigError, match=r"objective.agg: expected one of token-mean, .*got 'tokenmean'"):
+        load_config(["--objective.agg", "tokenmean"])
+    with pytest.raises(ConfigError, match=r"objective.clip_eps_low: expected a float or null, got 'abc'"):
+        load_config(["--objective.name=grpo", "--objective.clip_eps_low=abc"])
+    assert load_config(["--objective.name=grpo", "--objective.dual_clip=null"]).objective.hyper == {"dual_clip": None}
+    assert load_config(["--objective.name=minpro", "--objective.include_one"]).objective.hyper == {"include_one": True}
+    with pytest.raises(ConfigError, match=r"--objective.clip_eps_low: expected a value"):
+        load_config(["--objective.clip_eps_low", "--objective.name=minpro"])
     # Keywords every objective accepts work with the default P3O too.
     assert load_config(["--objective.ref_kl_coef", "0.1"]).objective.hyper == {"ref_kl_coef": 0.1}
 

@@ -303,6 +303,41 @@ def _objective_defaults(name: str) -> dict[str, Any] | None:
     }
 
 
+# String hyper-parameters whose valid values p3o.objectives exports (checked at config time, not at the first step).
+_HYPER_CHOICES = {
+    "agg": "AGG_MODES",
+    "scope": "ESS_SCOPES",
+    "prefix_stat": "PREFIX_STATS",
+    "rollout_correction": "ROLLOUT_CORRECTIONS",
+}
+
+
+def _hyper_type(name: str, hyper: str, default: Any) -> Any:
+    """The type a hyper-parameter must have: its annotation (Literal for known choices), else its default's type."""
+    mod = _objectives_module()
+    tp: Any = None
+    try:
+        tp = typing.get_type_hints(mod.get_objective(name)).get(hyper)
+    except Exception:  # unresolvable annotations: fall back to the default's type
+        tp = None
+    choices = getattr(mod, _HYPER_CHOICES.get(hyper, ""), None)
+    if tp is str and isinstance(choices, tuple | list | set | frozenset) and choices:
+        return Literal[tuple(choices)]
+    if tp is not None:
+        return tp
+    if default is None:
+        return Any
+    if isinstance(default, bool):
+        return bool
+    if isinstance(default, float):
+        return float
+    if isinstance(default, int):
+        return int | float  # an int default still accepts a float (e.g. a cap of 2 given as 2.5)
+    if isinstance(default, str):
+        return str
+    return Any
+
+
 def _all_keys(objective_name: str | None = None) -> list[str]:
     """Every valid dotted key (leaf fields, plus objective.<hyper> when the objective module is available)."""
     keys = [k for k, _, _ in _leaf_fields() if k != "objective.hyper"]
@@ -480,20 +515,6 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
-def _coerce_hyper(key: str, value: Any, default: Any, raw: str | None) -> Any:
-    """Type-check an objective hyper-parameter against the type of its default (any type when None)."""
-    if default is None:
-        return value
-    if isinstance(default, bool):
-        return _check(key, value, bool, raw)
-    if isinstance(default, float | int):
-        # An int default still accepts floats (e.g. a cap of 2 given as 2.5); a float default makes ints float.
-        return _check(key, value, float if isinstance(default, float) else int | float, raw)
-    if isinstance(default, str):
-        return _check(key, value, str, raw)
-    return value
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Setting keys
 # --------------------------------------------------------------------------------------------------------------------
@@ -590,7 +611,7 @@ def objective_hyper(cfg: ObjectiveConfig) -> dict[str, Any]:
             raise ConfigError(
                 f"unknown key '{key}' for objective '{cfg.name}'{hint}{where}; its hyper-parameters: {known}"
             )
-        out[k] = _coerce_hyper(key, v, defaults[k], None)
+        out[k] = _check(key, v, _hyper_type(cfg.name, k, defaults[k]))
     return out
 
 
@@ -843,7 +864,15 @@ def load_config(argv: list[str] | None = None, *, base: TrainConfig | None = Non
         except ConfigError as err:
             msg = str(err)
             raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+    bare_hyper_flags: dict[str, str] = {}  # objective.<x> given without a value: true if <x> turns out to be a bool
     for key, val in overrides:
+        parts = key.split(".")
+        if len(parts) == 2 and parts[0] == "objective" and parts[1] not in {"name", "hyper"}:
+            if val is None:
+                bare_hyper_flags[parts[1]] = key
+                val = "true"
+            else:
+                bare_hyper_flags.pop(parts[1], None)
         if val is None:
             if _flag_is_bool(key):
                 val = "true"
@@ -856,6 +885,10 @@ def load_config(argv: list[str] | None = None, *, base: TrainConfig | None = Non
                         raise
                 raise ConfigError(f"--{key}: expected a value")
         _set(cfg, key, _parse_scalar(val), raw=val)
+    for hyper, key in bare_hyper_flags.items():
+        defaults = _objective_defaults(cfg.objective.name) or {}
+        if hyper in defaults and _hyper_type(cfg.objective.name, hyper, defaults[hyper]) is not bool:
+            raise ConfigError(f"--{key}: expected a value")
     return validate(cfg)
 
 
