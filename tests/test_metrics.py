@@ -6,6 +6,7 @@ import importlib.util
 import io
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -74,6 +75,45 @@ def test_wandb_auto_is_silent_and_true_names_the_extra(tmp_path):
         assert log.backends == ["jsonl"]
     with pytest.raises(P3OError, match=r"p3o\[wandb\]"):
         MetricsLogger(tmp_path / "w", tensorboard=False, wandb=True)
+
+
+class _FakeWandb:
+    """Stands in for the wandb module: records init kwargs and logged rows."""
+
+    def __init__(self):
+        self.inits, self.rows, self.finished = [], [], 0
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return self
+
+    def log(self, row, step):
+        self.rows.append((step, row))
+
+    def finish(self):
+        self.finished += 1
+
+
+def test_wandb_only_when_configured_and_never_prompting(tmp_path, monkeypatch):
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for var in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    with MetricsLogger(tmp_path / "a", tensorboard=False) as log:  # installed but not configured: off
+        assert log.backends == ["jsonl"]
+    assert fake.inits == []
+    with MetricsLogger(tmp_path / "b", tensorboard=False, wandb=True) as log:  # forced: offline, no login prompt
+        assert log.backends == ["jsonl", "wandb"]
+    assert fake.inits[-1]["mode"] == "offline"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with MetricsLogger(tmp_path / "c", {"seed": 1}, tensorboard=False, wandb_project="proj") as log:
+        assert log.backends == ["jsonl", "wandb"]
+        log.log(3, {"reward_mean": 0.5, "note": "text", "ess": math.nan})
+    assert "mode" not in fake.inits[-1] and fake.inits[-1]["project"] == "proj"
+    assert fake.inits[-1]["config"] == {"seed": 1}
+    assert fake.rows[-1] == (3, {"reward_mean": 0.5})  # numbers only; null (NaN) left out
+    assert fake.finished == 2
 
 
 def test_truncate_after_drops_steps_past_a_resumed_checkpoint(tmp_path):

@@ -530,7 +530,7 @@ def _set(cfg: TrainConfig, key: str, value: Any, *, raw: str | None = None) -> N
         if isinstance(obj, ObjectiveConfig) and part not in {"name", "hyper"}:
             if i != len(parts) - 1:
                 raise _unknown(key, cfg.objective.name)
-            obj.hyper[part] = value if raw is None else _parse_scalar(raw)
+            obj.hyper[part] = value  # typed against the objective's signature in validate()
             return
         if isinstance(obj, ObjectiveConfig) and part == "hyper" and i == len(parts) - 2:
             obj.hyper[parts[-1]] = value
