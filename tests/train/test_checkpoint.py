@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny_lm
 
 import p3o.train.checkpoint as ckpt_mod
 from p3o.errors import P3OError
@@ -22,9 +22,9 @@ from p3o.train.checkpoint import (
 )
 
 
-def _trained(seed: int = 0):
-    """A tiny LM plus AdamW and a LambdaLR scheduler after one optimizer step (so Adam has state)."""
-    model = make_tiny_lm(seed=seed).train()
+def _trained(model: torch.nn.Module):
+    """``model`` (the shared tiny LM) with AdamW and a LambdaLR scheduler after one step (so Adam has state)."""
+    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
     ids = torch.tensor([[1, 5, 7, 9, 2]])
@@ -34,12 +34,21 @@ def _trained(seed: int = 0):
     return model, opt, sched
 
 
+def _perturbed_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` with different weights (what a fresh process would build before loading)."""
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p))
+    return other
+
+
 def _draws():
     return random.random(), float(np.random.rand()), torch.rand(3)
 
 
-def test_round_trip_weights_optimizer_scheduler_rng_and_loop_state(tmp_path):
-    model, opt, sched = _trained()
+def test_round_trip_weights_optimizer_scheduler_rng_and_loop_state(tmp_path, tiny_lm):
+    model, opt, sched = _trained(tiny_lm)
     buffer = {"rollout_logp": torch.randn(2, 4), "versions": [3, 4], "engine_version": 4}
     path = save_checkpoint(tmp_path, 10, model=model, optimizer=opt, scheduler=sched, loop_state=buffer)
     assert path == tmp_path / "checkpoints" / "step_000010"
@@ -47,7 +56,7 @@ def test_round_trip_weights_optimizer_scheduler_rng_and_loop_state(tmp_path):
     assert (tmp_path / "checkpoints" / LATEST).read_text().strip() == "step_000010"
     expected = _draws()  # what the RNGs give right after the save
 
-    fresh, fresh_opt, fresh_sched = _trained(seed=1)
+    fresh, fresh_opt, fresh_sched = _trained(_perturbed_copy(model))
     fresh_sched.step()
     assert not torch.equal(fresh.model.embed_tokens.weight, model.model.embed_tokens.weight)
     state = load_checkpoint(tmp_path, model=fresh, optimizer=fresh_opt, scheduler=fresh_sched)
@@ -71,8 +80,7 @@ def test_round_trip_weights_optimizer_scheduler_rng_and_loop_state(tmp_path):
 
 
 def test_restore_rng_false_leaves_generators_alone(tmp_path):
-    model, _, _ = _trained()
-    save_checkpoint(tmp_path, 1, model=model)
+    save_checkpoint(tmp_path, 1, model=torch.nn.Linear(2, 2))
     torch.manual_seed(123)
     expected = torch.rand(2)
     torch.manual_seed(123)
@@ -174,10 +182,10 @@ def test_missing_and_empty(tmp_path):
         load_checkpoint(tmp_path / "nope")
 
 
-def test_save_policy_is_loadable_with_from_pretrained(tmp_path):
+def test_save_policy_is_loadable_with_from_pretrained(tmp_path, tiny_lm):
     from transformers import AutoModelForCausalLM
 
-    model, _, _ = _trained()
+    model, _, _ = _trained(tiny_lm)
     out = save_policy(tmp_path / "final", model)
     save_policy(tmp_path / "final", model)  # overwriting an existing final/ is fine
     again = AutoModelForCausalLM.from_pretrained(out)
