@@ -899,21 +899,55 @@ def _flag_is_bool(key: str) -> bool:
     return False
 
 
+def _metavar(tp: Any) -> str:
+    """Short type name for --help: INT, FLOAT, BOOL, STR, {a,b}, INT|null, [FLOAT,FLOAT]."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "{" + ",".join(str(c).lower() if isinstance(c, bool) else str(c) for c in typing.get_args(tp)) + "}"
+    if origin in (typing.Union, types.UnionType):
+        return "|".join("null" if a is type(None) else _metavar(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return "[" + ",".join(_metavar(a) for a in typing.get_args(tp)) + "]"
+    return {int: "INT", float: "FLOAT", bool: "BOOL", str: "STR"}.get(tp, "VALUE")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    return str(value)
+
+
 def config_help() -> str:
-    """Every option with its type, default and help (for ``p3o train --help``)."""
+    """Every option grouped by section, with its type, default and help (for ``p3o train --help``)."""
     default = TrainConfig()
-    lines = [
-        "options (dotted keys; --key value or --key=value):",
-        "  --config PATH_OR_PRESET   YAML file or preset: " + ", ".join(list_presets()),
-        "  --resume                  resume from the latest checkpoint in run_dir",
+    rows: list[tuple[str, str] | str] = [
+        "general:",
+        ("--config PATH_OR_PRESET", "YAML file or preset: " + ", ".join(list_presets())),
+        ("--resume", "resume from the latest checkpoint in run_dir (= --ckpt.resume true)"),
     ]
+    section = None
     for key, f, tp in _leaf_fields():
+        head = key.split(".")[0] if "." in key else None
+        if head != section:
+            section = head
+            if head is not None:
+                cls = _hints(TrainConfig)[head]
+                rows.append(f"{head}: {(cls.__doc__ or '').strip().splitlines()[0].replace('``', '')}")
         if key == "objective.hyper":
-            lines.append("  --objective.<hyper> VALUE  any keyword hyper-parameter of the chosen objective")
+            rows.append(("--objective.<hyper> VALUE", "any keyword hyper-parameter of the chosen objective"))
             continue
         obj: Any = default
         for part in key.split("."):
             obj = getattr(obj, part)
-        shown = list(obj) if isinstance(obj, tuple) else obj
-        lines.append(f"  --{key} ({_describe(tp)}; default {shown!r})  {f.metadata['help']}")
+        rows.append((f"--{key} {_metavar(tp)}", f"{f.metadata['help']} [default: {_shown(obj)}]"))
+    width = min(48, max(len(r[0]) for r in rows if isinstance(r, tuple)) + 2)
+    lines = ["options (--key value or --key=value; values are YAML scalars):"]
+    for r in rows:
+        if isinstance(r, str):
+            lines += ["", r]
+        else:
+            opt, text = r
+            lines.append(f"  {opt:<{width}}{text}" if len(opt) < width else f"  {opt}\n  {'':<{width}}{text}")
     return "\n".join(lines)
