@@ -50,6 +50,7 @@ __all__ = [
     "UpdateConfig",
     "apply_overrides",
     "config_help",
+    "default_preset_text",
     "from_dict",
     "list_presets",
     "load_config",
@@ -951,3 +952,21 @@ def config_help() -> str:
             opt, text = r
             lines.append(f"  {opt:<{width}}{text}" if len(opt) < width else f"  {opt}\n  {'':<{width}}{text}")
     return "\n".join(lines)
+
+
+def default_preset_text() -> str:
+    """The text of configs/default.yaml: every key of the embedded defaults under the preset header.
+
+    Regenerate both copies after changing a default:
+    ``python -m p3o.config > configs/default.yaml && cp configs/default.yaml src/p3o/configs/``
+    """
+    header = (
+        "# p3o train --config default\n"
+        "# The embedded default job (= `p3o train` with no arguments): P3O on the built-in arithmetic task with the\n"
+        "# built-in tiny model. Every key is listed; a preset only needs the keys it changes.\n"
+    )
+    return header + yaml.safe_dump(to_dict(TrainConfig()), sort_keys=False, default_flow_style=False)
+
+
+if __name__ == "__main__":
+    print(default_preset_text(), end="")
