@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from p3o.errors import ConfigError, P3OError
 from p3o.policy import position_ids_from_mask
+from p3o.rollout.fast import FastDecoder
 from p3o.rollout.quant import PRECISIONS, QuantLinear, quantize_model, requantize_
 from p3o.types import Rollouts
 
@@ -85,6 +86,8 @@ class HFEngine:
         pad_token_id: id written after a row stops (default: tokenizer / config pad id, else EOS, else 0).
         seed: seeds the engine's own generator, used when `generate` gets no seed.
         device: where the engine copy lives.
+        fast_decode: decode with `p3o.rollout.fast.FastDecoder` (static KV cache, fused q|k|v and gate|up);
+            None = whenever the architecture supports it (Llama / Qwen2 / Qwen3), False = transformers' forward.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class HFEngine:
         pad_token_id: int | None = None,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        fast_decode: bool | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise ConfigError(f"rollout.precision: unknown {precision!r}; choose from {', '.join(PRECISIONS)}")
@@ -134,6 +138,10 @@ class HFEngine:
         self.model = quantize_model(engine_model, precision)
         self.model.requires_grad_(False)
         self._cache_kw = _cache_kwarg(self.model)
+        supported = FastDecoder.supports(self.model)
+        if fast_decode and not supported:
+            raise ConfigError(f"fast_decode: not supported for {type(self.model).__name__}")
+        self._fast = FastDecoder(self.model) if (fast_decode is not False and supported) else None
 
         cfg = getattr(self.model, "config", None)
         gen_cfg = getattr(self.model, "generation_config", None)
@@ -181,6 +189,8 @@ class HFEngine:
             ):
                 head.weight.data.copy_(state_dict[emb_key].detach().to(self.device))
             requantize_(self.model)
+            if self._fast is not None:
+                self._fast.refresh()
             self.version = int(version)
 
     # ------------------------------------------------------------------ sampling
@@ -249,6 +259,8 @@ class HFEngine:
                 cache.batch_repeat_interleave(n)
                 logits = logits.repeat_interleave(n, dim=0)
                 attn = attn.repeat_interleave(n, dim=0)
+            if self._fast is not None:
+                self._fast.start(cache, attn[:, :p_len].bool(), t_max)
             num = b * n
             next_pos = pmask.long().sum(-1).repeat_interleave(n)  # (N,) position of the first response token
             tokens = torch.full((num, t_max), self.pad_token_id, dtype=torch.long, device=dev)
@@ -267,6 +279,9 @@ class HFEngine:
                 steps = t + 1
                 if t == t_max - 1 or bool(done.all()):
                     break
+                if self._fast is not None:
+                    logits = self._fast.step(tok, next_pos + t, t)
+                    continue
                 logits, cache = self._forward(
                     input_ids=tok[:, None],
                     attention_mask=attn[:, : p_len + t + 1],

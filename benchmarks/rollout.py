@@ -1,0 +1,130 @@
+"""Generated tokens/s of p3o's HFEngine vs transformers' model.generate, both returning per-token log-probs (CPU).
+
+    .venv/bin/python benchmarks/rollout.py                      # batch 32, 64 new tokens, 5M-parameter Qwen3
+    .venv/bin/python benchmarks/rollout.py --model tiny         # the built-in tiny policy, when p3o.models has it
+
+Both sample at temperature 1 with no top-k/top-p from the same fp32 model, with EOS disabled so that every row
+generates exactly `--new` tokens; the baseline's log-probs are log_softmax(output_logits) gathered at the sampled
+tokens (inside the timed region). Time is the median of `--repeats` runs after one warm-up. The CPU may be shared
+with other jobs: compare the ratio, not the absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def bench_model(name: str) -> tuple[torch.nn.Module, str]:
+    """The model to benchmark and a one-line description of it."""
+    if name != "random":
+        from p3o.models import load_policy
+
+        model, _ = load_policy(name)
+        return model.float().eval(), f"p3o.models.load_policy({name!r})"
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(
+        vocab_size=512,
+        hidden_size=256,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=768,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = Qwen3ForCausalLM(cfg).float().eval()
+    n = sum(p.numel() for p in model.parameters())
+    return model, f"random Qwen3 (hidden 256, 6 layers, vocab 512, {n / 1e6:.1f}M params)"
+
+
+def _prompts(batch: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, 25, (batch,), generator=g).tolist()
+    return [[1, *torch.randint(3, vocab, (n - 1,), generator=g).tolist()] for n in lengths]
+
+
+def run_generate(model: torch.nn.Module, prompts: list[list[int]], new: int, seed: int) -> torch.Tensor:
+    """transformers' generate + log-probs of the sampled tokens; returns (N, new) float32 log-probs."""
+    p = max(len(x) for x in prompts)
+    ids = torch.tensor([[0] * (p - len(x)) + x for x in prompts])
+    attn = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        logits = torch.stack(out.logits, dim=1).float()  # (N, new, V)
+        return F.log_softmax(logits, -1).gather(-1, out.sequences[:, p:, None]).squeeze(-1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="random", help="'random' (default) or a p3o.models.load_policy name")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--group", type=int, default=1, help="samples per prompt (batch = prompts x group)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from p3o.rollout import HFEngine
+
+    model, desc = bench_model(args.model)
+    model.generation_config.eos_token_id = None  # every row generates exactly --new tokens in both engines
+    model.config.eos_token_id = None
+    prompts = _prompts(args.batch // args.group, model.config.vocab_size)
+    engine = HFEngine(model, max_new_tokens=args.new, stop_token_ids=[], pad_token_id=0)
+    expanded = [p for p in prompts for _ in range(args.group)]
+
+    def time_it(fn) -> float:
+        fn(0)
+        ts = []
+        for r in range(args.repeats):
+            t0 = time.perf_counter()
+            fn(r + 1)
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    def ours(seed: int) -> None:
+        ro = engine.generate(prompts, n=args.group, seed=seed)
+        assert ro.num_tokens == args.batch * args.new, ro.num_tokens
+
+    def baseline(seed: int) -> None:
+        lp = run_generate(model, expanded, args.new, seed)
+        assert lp.shape == (args.batch, args.new), lp.shape
+
+    t_ours, t_base = time_it(ours), time_it(baseline)
+    tokens = args.batch * args.new
+    print(f"{desc}; batch {args.batch} ({args.batch // args.group} prompts x {args.group}), {args.new} new tokens, ")
+    print(f"temperature 1, fp32, {args.threads} threads, median of {args.repeats}\n")
+    print("| engine | time (s) | tokens/s |")
+    print("|---|---:|---:|")
+    print(f"| transformers generate + log-probs | {t_base:.2f} | {tokens / t_base:.0f} |")
+    print(f"| p3o HFEngine | {t_ours:.2f} | {tokens / t_ours:.0f} |")
+    print(f"\nspeed-up HFEngine / generate = {t_base / t_ours:.2f}x (target >= 1.5x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
