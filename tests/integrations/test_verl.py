@@ -1,0 +1,161 @@
+"""verl plug-in. Runs in the main .venv (which has no verl): the loss function itself (it needs no verl), its
+errors, the ESS all-reduce over two gloo ranks; then the checks against verl 0.9.1's own code
+(tests/integrations/verl_checks.py), run with .venv-verl/bin/python when scripts/verl_env.sh has created it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import p3o.integrations.verl as plugin
+from p3o.errors import ConfigError
+from p3o.objectives import ObjectiveInputs, effective_sample_size, get_objective
+
+ROOT = Path(__file__).resolve().parents[2]
+VERL_PYTHON = ROOT / ".venv-verl" / "bin" / "python"
+CHECKS_FILE = Path(__file__).with_name("verl_checks.py")
+VERL_CHECKS = [
+    "registered",
+    "objectives_match_p3o_library",
+    "p3o_off_policy_is_capped_by_the_ess",
+    "every_verl_agg_mode_matches_verl_agg_loss",
+    "rollout_is_weights_multiply_the_token_loss",
+    "verl_ppo_loss_call_site",
+    "verl_use_external_modules_imports_the_plugin",
+    "env_kwargs_reach_the_objective",
+]
+
+
+def batch(n: int = 4, t: int = 6, seed: int = 0, spread: float = 0.5) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(n, t, generator=g) * 3
+    logp = (old + spread * torch.randn(n, t, generator=g)).requires_grad_()
+    mask = torch.arange(t)[None, :] < torch.tensor([6, 2, 4, 5, 1, 3, 6, 2][:n])[:, None]
+    adv = torch.randn(n, generator=g)[:, None].expand(n, t).clone()
+    return {"old_log_prob": old, "log_prob": logp, "advantages": adv, "response_mask": mask}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("verl") is not None, reason="verl is installed in this environment")
+def test_imports_without_verl_and_register_says_which_extra():
+    assert "p3o" in plugin.LOSS_MODES and "minpro" in plugin.LOSS_MODES and "m2po" in plugin.LOSS_MODES
+    with pytest.raises(ImportError, match=r"p3o\[verl\]"):
+        plugin.register()
+
+
+@pytest.mark.parametrize("objective", ["p3o", "minpro", "m2po"])
+def test_loss_fn_equals_the_objective_token_mean(objective):
+    b = batch(seed=1)
+    loss, metrics = plugin.make_policy_loss(objective)(**b, loss_agg_mode="token-mean", config=None)
+    want, stats = get_objective(objective)(
+        ObjectiveInputs(b["log_prob"], b["old_log_prob"], b["response_mask"], b["advantages"])
+    )
+    torch.testing.assert_close(loss, want)
+    (g_got,) = torch.autograd.grad(loss, b["log_prob"])
+    (g_want,) = torch.autograd.grad(want, b["log_prob"])
+    torch.testing.assert_close(g_got, g_want)
+    assert metrics["actor/objective/ess"] == pytest.approx(stats["ess"].item())
+    assert set(metrics) >= {"actor/pg_clipfrac", "actor/ppo_kl"}
+    assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_token_mean_uses_verls_global_token_count_times_dp_size():
+    b = batch(seed=2)
+    info = {"dp_size": 4, "batch_num_tokens": 50, "global_batch_size": 16, "loss_scale_factor": None}
+    loss, _ = plugin.make_policy_loss("p3o")(**b, loss_agg_mode="token-mean", config={"global_batch_info": info})
+    local, _ = plugin.make_policy_loss("p3o")(**b, loss_agg_mode="token-mean", config=None)
+    n_local = b["response_mask"].sum().item()  # 18 tokens here
+    # verl: Σ ℓ / batch_num_tokens · dp_size = local mean · n_local / 50 · 4
+    torch.testing.assert_close(loss, local * n_local / 50 * 4)
+    with pytest.raises(ValueError, match="batch_num_tokens is required"):
+        plugin.make_policy_loss("p3o")(**b, config={"global_batch_info": {**info, "batch_num_tokens": None}})
+
+
+def test_bad_names_kwargs_and_env_fail_with_one_line(monkeypatch):
+    with pytest.raises(ConfigError, match="unknown objective 'p4o'"):
+        plugin.make_policy_loss("p4o")
+    with pytest.raises(ConfigError, match="objective_kwargs: unknown keyword 'eps'"):
+        plugin.make_policy_loss("minpro", eps=0.1)
+    with pytest.raises(ConfigError, match="loss_agg_mode"):
+        plugin.make_policy_loss("p3o", agg="token-mean")
+    with pytest.raises(ConfigError, match="rollout_correction"):
+        plugin.make_policy_loss("p3o", rollout_correction="token-tis")
+    with pytest.raises(ConfigError, match="loss_mode: unknown p3o loss 'gspo'"):
+        plugin.register(["gspo"])
+    monkeypatch.setenv(plugin.ENV_KWARGS, "{not json")
+    with pytest.raises(ConfigError, match="P3O_OBJECTIVE_KWARGS: not valid JSON"):
+        plugin.make_policy_loss("p3o")
+    monkeypatch.setenv(plugin.ENV_KWARGS, '{"clip_eps_high": 2}')
+    with pytest.raises(ConfigError, match="P3O_OBJECTIVE_KWARGS: unknown keyword 'clip_eps_high' for objective 'p3o'"):
+        plugin.make_policy_loss("p3o")
+    plugin.make_policy_loss("minpro")  # valid there
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_ess(rank: int, port: int, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        b = batch(n=8, seed=3, spread=0.8)
+        half = {k: v.detach()[rank * 4 : rank * 4 + 4] for k, v in b.items()}
+        half["log_prob"].requires_grad_()
+        _, metrics = plugin.make_policy_loss("p3o")(
+            **half,
+            loss_agg_mode="token-mean",
+            config={"global_batch_info": {"dp_size": 2, "batch_num_tokens": int(b["response_mask"].sum())}},
+        )
+        out[rank] = metrics["actor/objective/ess"]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ess_is_all_reduced_over_the_data_parallel_ranks():
+    """Two gloo ranks each hold half the micro-batch; both report the ESS of the whole (not of their half)."""
+    b = batch(n=8, seed=3, spread=0.8)
+    lr = (b["log_prob"] - b["old_log_prob"]).detach()
+    full = effective_sample_size(lr, b["response_mask"]).item()
+    halves = [effective_sample_size(lr[i : i + 4], b["response_mask"][i : i + 4]).item() for i in (0, 4)]
+    assert min(abs(full - h) for h in halves) > 1e-3  # the test can tell them apart
+    out = mp.Manager().dict()
+    mp.spawn(_rank_ess, args=(_free_port(), out), nprocs=2, join=True)
+    assert out[0] == pytest.approx(full, rel=1e-5) and out[1] == pytest.approx(full, rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def verl_check_results() -> dict[str, str]:
+    if not VERL_PYTHON.exists():
+        pytest.skip("no .venv-verl (verl 0.9.1 needs transformers<5.11): create it with `bash scripts/verl_env.sh`")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [str(VERL_PYTHON), str(CHECKS_FILE)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    results = {}
+    for line in proc.stdout.splitlines():
+        status, _, rest = line.partition(" ")
+        if status in ("PASS", "FAIL"):
+            name, _, detail = rest.partition(": ")
+            results[name] = status if status == "PASS" else f"FAIL: {detail}"
+    if not results:
+        pytest.fail(f"verl_checks.py ran no check (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return results
+
+
+@pytest.mark.parametrize("name", VERL_CHECKS)
+def test_in_verl_env(verl_check_results, name):
+    assert verl_check_results.get(name) == "PASS", verl_check_results.get(name, "not run")
+
+
+def test_every_verl_check_is_listed(verl_check_results):
+    assert sorted(verl_check_results) == sorted(VERL_CHECKS)
