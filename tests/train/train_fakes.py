@@ -56,8 +56,10 @@ def fake_components(seed: int = 0, n_prompts: int = 12, max_new_tokens: int = 6,
     from p3o.rollout import HFEngine
 
     g = torch.Generator().manual_seed(1234)
-    prompts = [torch.randint(3, VOCAB, (int(torch.randint(3, 7, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(n_prompts)]
+    prompts = [
+        torch.randint(3, VOCAB, (int(torch.randint(3, 7, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n_prompts)
+    ]
 
     def make_engine(model: torch.nn.Module) -> HFEngine:
         return HFEngine(model, None, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed, pad_token_id=0)
@@ -95,6 +97,39 @@ def fake_config(run_dir: str | Path, **overrides: Any) -> TrainConfig:
 
 def params_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def random_batch(
+    model: torch.nn.Module, n: int = 8, p: int = 5, t: int = 6, seed: int = 0, noise: float = 0.3, group: int = 4
+) -> Rollouts:
+    """A Rollouts of random tokens with ragged prompts / responses; rollout_logp = the model's own log-probs plus
+    noise (an off-policy batch); advantages standard normal; policy_version 0."""
+    from p3o.policy import token_logprobs
+
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(3, VOCAB, (n, p), generator=g)
+    prompt_len = torch.randint(2, p + 1, (n,), generator=g)
+    prompt_mask = torch.arange(p)[None, :] >= (p - prompt_len)[:, None]  # left-padded
+    prompt_ids = prompt_ids.masked_fill(~prompt_mask, 0)
+    response_ids = torch.randint(3, VOCAB, (n, t), generator=g)
+    resp_len = torch.randint(1, t + 1, (n,), generator=g)
+    mask = torch.arange(t)[None, :] < resp_len[:, None]
+    response_ids = response_ids.masked_fill(~mask, 0)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, prompt_ids, prompt_mask, response_ids, mask)
+    rollout_logp = torch.where(mask, logp + noise * torch.randn(n, t, generator=g), torch.zeros(()))
+    return Rollouts(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        mask=mask,
+        rollout_logp=rollout_logp,
+        policy_version=torch.where(mask, 0, -1).long(),
+        group_ids=torch.arange(n) // group,
+        rewards=torch.zeros(n),
+        truncated=torch.zeros(n, dtype=torch.bool),
+        advantages=torch.randn(n, generator=g),
+    )
 
 
 def _parse_value(text: str) -> Any:
@@ -144,3 +179,48 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---------------------------------------------------------------------------------------------- data parallel
+
+WS_ROWS = {1: [list(range(8))], 2: [[0, 1, 4, 5], [2, 3, 6, 7]]}
+"""Rows of the global batch each rank holds: rank r's micro-batch j is half of world-size-1 micro-batch j."""
+
+
+def dp_train(rank: int, world: int, init_file: str, out_dir: str, names: list[str]) -> None:
+    """One rank of the world-size test: per objective, 2 updates × 2 mini-batches on its rows of an 8-row
+    off-policy batch; rank 0 saves the parameters and stats to out_dir/ws{world}_{name}.pt."""
+    import torch.distributed as tdist
+
+    from p3o import dist
+    from p3o.objectives import get_objective
+    from p3o.train.step import objective_needs, update
+
+    torch.set_num_threads(1)
+    if world > 1:
+        tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        batch = random_batch(make_tiny_lm(seed=0), n=8, seed=3, noise=0.3).select(WS_ROWS[world][rank])
+        for name in names:
+            model = make_tiny_lm(seed=0)
+            opt = torch.optim.SGD(model.parameters(), lr=0.5)
+            stats = {}
+            for _ in range(2):
+                stats = update(
+                    model,
+                    opt,
+                    None,
+                    batch,
+                    get_objective(name),
+                    {},
+                    needs=objective_needs(name, {}),
+                    num_mini_batches=2,
+                    micro_batch_size=4 // world,
+                    grad_clip=1.0,
+                    group=dist.group(),
+                )
+            if rank == 0:
+                torch.save({"params": params_of(model), "stats": stats}, Path(out_dir) / f"ws{world}_{name}.pt")
+    finally:
+        if world > 1:
+            tdist.destroy_process_group()

@@ -1,0 +1,199 @@
+"""Batch sources: the FIFO delay is exactly n steps, async never exceeds max_lag, crashes surface fast."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from p3o.train.buffer import (
+    AsyncSource,
+    GeneratorCrashed,
+    ReuseSource,
+    StaleSource,
+    SyncSource,
+    make_source,
+    rollouts_to_state,
+    token_lag,
+)
+from p3o.types import Rollouts
+
+
+class VersionEngine:
+    """A model-free engine: every token carries the engine's weight version; optional random delay."""
+
+    def __init__(self, delay: float = 0.0, seed: int = 0) -> None:
+        self.version = 0
+        self.delay = delay
+        self.rng = random.Random(seed)
+        self.loaded: list[int] = []
+
+    def generate(self, index: int) -> Rollouts:
+        if self.delay:
+            time.sleep(self.rng.uniform(0, self.delay))
+        n, t = 4, 3
+        mask = torch.ones(n, t, dtype=torch.bool)
+        mask[0, 2] = False  # one padded position: its version must be ignored (-1)
+        return Rollouts(
+            prompt_ids=torch.full((n, 2), index),
+            prompt_mask=torch.ones(n, 2, dtype=torch.bool),
+            response_ids=torch.zeros(n, t, dtype=torch.long),
+            mask=mask,
+            rollout_logp=torch.zeros(n, t),
+            policy_version=torch.where(mask, self.version, -1).long(),
+            group_ids=torch.tensor([0, 0, 1, 1]),
+            rewards=torch.zeros(n),
+            truncated=torch.zeros(n, dtype=torch.bool),
+        )
+
+    def load_weights(self, state_dict, version: int) -> None:
+        self.version = version
+        self.loaded.append(version)
+
+
+def produce(index, engine):
+    return engine.generate(index), {"index": float(index), "version_at_production": float(engine.version)}
+
+
+def _drive(source, steps: int, train_delay: float = 0.0, seed: int = 0):
+    """The training loop's use of a source: get(s) → (train) → push version s + 1. Returns the infos."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(steps):
+        batch, info = source.get(s)
+        out.append((s, batch, info))
+        if train_delay:
+            time.sleep(rng.uniform(0, train_delay))
+        source.push_weights({}, s + 1)
+    source.close()
+    return out
+
+
+def test_sync_produces_on_policy():
+    for s, batch, info in _drive(SyncSource(produce, VersionEngine()), 5):
+        assert info["index"] == s and info["version_at_production"] == s
+        assert token_lag(batch, s).max() == 0
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_stale_delay_is_exactly_n(n):
+    calls = []
+
+    def recording(index, engine):
+        calls.append((index, engine.version))
+        return produce(index, engine)
+
+    src = StaleSource(recording, VersionEngine(), n)
+    consumed = _drive(src, 8)
+    for s, batch, info in consumed:
+        assert info["index"] == s
+        # batch s was generated while the trainer was at version max(0, s − n): exactly n steps late once warm
+        assert info["version_at_production"] == max(0, s - n)
+        lag = token_lag(batch, s)
+        assert lag.min() == lag.max() == min(s, n)
+    # the engine produced batch k + n at loop step k (version k), for every k
+    produced_at = {index: version for index, version in calls}
+    for k in range(8):
+        assert produced_at[k + n] == k
+
+
+def test_stale_state_round_trip_continues_identically():
+    a = StaleSource(produce, VersionEngine(), 2)
+    for s in range(3):
+        a.get(s)
+        a.push_weights({}, s + 1)
+    eng = VersionEngine()
+    eng.version = 3
+    b = StaleSource(produce, eng, 2, state=a.state())
+    for s in range(3, 6):
+        ba, ia = a.get(s)
+        bb, ib = b.get(s)
+        assert ia == ib and torch.equal(ba.policy_version, bb.policy_version)
+        a.push_weights({}, s + 1)
+        b.push_weights({}, s + 1)
+
+
+def test_reuse_trains_each_batch_epochs_times():
+    consumed = _drive(ReuseSource(produce, VersionEngine(), 3), 7)
+    assert [info["index"] for _, _, info in consumed] == [0, 0, 0, 1, 1, 1, 2]
+    assert [info["version_at_production"] for _, _, info in consumed] == [0, 0, 0, 3, 3, 3, 6]
+
+
+def test_async_lag0_is_sync():
+    consumed = _drive(AsyncSource(produce, VersionEngine(delay=0.01), 0), 6, train_delay=0.01)
+    for s, batch, info in consumed:
+        assert info["index"] == s and info["version_at_production"] == s
+        assert token_lag(batch, s).max() == 0
+
+
+@pytest.mark.parametrize("max_lag", [1, 3])
+def test_async_never_exceeds_max_lag(max_lag):
+    # generation is fast and jittery, training slow and jittery: the producer runs ahead as far as allowed
+    src = AsyncSource(produce, VersionEngine(delay=0.004, seed=max_lag), max_lag)
+    consumed = _drive(src, 25, train_delay=0.01, seed=max_lag)
+    lags = []
+    for s, batch, info in consumed:
+        lag = token_lag(batch, s)  # every valid token the trainer consumed at version s
+        assert lag.numel() == batch.mask.sum()
+        assert int(lag.max()) <= max_lag, (s, lag.max())
+        assert int(lag.min()) >= 0
+        lags.append(int(lag.max()))
+    assert max(lags) == max_lag  # the bound is reached (the test is not vacuous)
+    assert src.dropped_rows == 0
+
+
+def test_async_consumer_drops_rows_older_than_max_lag():
+    # a queue restored with a batch from version 0, consumed at version 5 with max_lag 1: dropped, next one used
+    old = VersionEngine()
+    state = {"queue": [(5, rollouts_to_state(old.generate(5)), {"index": 5.0})]}
+    src = AsyncSource(produce, VersionEngine(), 1, start_step=5, start_version=5, state=state)
+    src.engine.version = 5
+    batch, info = src.get(5)
+    assert src.dropped_rows == 4
+    assert info["index"] == 6 and token_lag(batch, 5).max() <= 1
+    src.close()
+
+
+def test_async_crash_surfaces_within_seconds():
+    crashed_at: list[float] = []
+
+    def crashing(index, engine):
+        if index == 2:
+            crashed_at.append(time.perf_counter())
+            raise RuntimeError("engine exploded")
+        return produce(index, engine)
+
+    src = AsyncSource(crashing, VersionEngine(), 1)
+    with pytest.raises(GeneratorCrashed, match="engine exploded") as info:
+        for s in range(10):  # fail fast: raised at the first get() after the crash, at step 1 or 2
+            src.get(s)
+            time.sleep(0.05)
+            src.push_weights({}, s + 1)
+    assert s <= 2
+    assert crashed_at and time.perf_counter() - crashed_at[0] < 5.0
+    assert isinstance(info.value.__cause__, RuntimeError)
+    src.close()
+
+
+def test_async_crash_while_trainer_waits():
+    started = threading.Event()
+
+    def slow_crash(index, engine):
+        started.set()
+        time.sleep(0.2)
+        raise ValueError("late failure")
+
+    src = AsyncSource(slow_crash, VersionEngine(), 2)
+    started.wait(5)
+    t0 = time.perf_counter()
+    with pytest.raises(GeneratorCrashed, match="late failure"):
+        src.get(0)
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_make_source_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="unknown loop mode 'turbo'"):
+        make_source("turbo", produce, VersionEngine())
