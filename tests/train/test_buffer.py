@@ -135,7 +135,7 @@ def test_async_never_exceeds_max_lag(max_lag):
     src = AsyncSource(produce, VersionEngine(delay=0.004, seed=max_lag), max_lag)
     consumed = _drive(src, 25, train_delay=0.01, seed=max_lag)
     lags = []
-    for s, batch, info in consumed:
+    for s, batch, _info in consumed:
         lag = token_lag(batch, s)  # every valid token the trainer consumed at version s
         assert lag.numel() == batch.mask.sum()
         assert int(lag.max()) <= max_lag, (s, lag.max())
