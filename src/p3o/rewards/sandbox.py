@@ -1,8 +1,10 @@
 """A long-lived helper process with a hard per-call time limit (for math-verify, whose sympy calls can hang).
 
-The worker (`p3o.rewards.mv_worker`) is started lazily on first use, talks JSON lines over pipes, and is killed
-and replaced when a call overruns its limit, so a hostile input costs at most `timeout_s` plus a restart. The
-child also dies with the parent (PR_SET_PDEATHSIG) and is killed at interpreter exit: no leaked processes.
+The worker (`p3o.rewards.mv_worker`) is started on first use, talks JSON lines over pipes, and is killed when a
+call overruns its limit. After the first kill a warm spare is kept, so the next call does not wait for a fresh
+interpreter to import sympy; a call never waits longer than its limit (only the very first start-up, a one-time
+cost of ~1–3 s, is bounded separately). Children die with the parent (PR_SET_PDEATHSIG) and are killed at
+interpreter exit: no leaked processes.
 
     worker = Worker()
     worker.call({"op": "equal", "pred": "1/2", "gold": "0.5"}, timeout_s=1.0)   # -> True, or None on timeout
@@ -25,48 +27,34 @@ from typing import Any
 _WORKERS: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
-class Worker:
-    """One child process running `module`; `call` sends a request and waits at most `timeout_s` for the reply.
+class _Child:
+    """One worker process and its stdout buffer."""
 
-    Thread-safe (a lock serialises calls). Startup time (imports) is bounded separately by `start_timeout_s`.
-    """
-
-    def __init__(self, module: str = "p3o.rewards.mv_worker", start_timeout_s: float = 60.0) -> None:
-        self.module = module
-        self.start_timeout_s = start_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
-        self._buf = b""
-        self._lock = threading.Lock()
-        _WORKERS.add(self)
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
-
-    def _spawn(self) -> None:
+    def __init__(self, module: str) -> None:
         env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[2])  # the dir holding the `p3o` package
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", self.module],
+            [sys.executable, "-u", "-m", module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,
             close_fds=True,
         )
-        self._buf = b""
-        ready = self._read_line(self.start_timeout_s)
-        if ready is None:
-            self.close()
-            raise RuntimeError(f"p3o.rewards: worker {self.module} did not start within {self.start_timeout_s:.0f}s")
+        self.buf = b""
+        self.ready = False
 
-    def _read_line(self, timeout_s: float) -> bytes | None:
-        assert self.proc is not None and self.proc.stdout is not None
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def read_line(self, timeout_s: float) -> bytes | None:
+        """The next stdout line, or None on timeout / EOF."""
+        assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buf:
+        while b"\n" not in self.buf:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -76,26 +64,94 @@ class Worker:
             chunk = os.read(fd, 65536)
             if not chunk:  # the worker died
                 return None
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
         return line
 
-    def call(self, request: dict[str, Any], timeout_s: float = 1.0) -> Any:
-        """The worker's `value` for `request`, or None if it failed, overran `timeout_s` (then it is restarted)."""
-        with self._lock:
-            if self.proc is None or self.proc.poll() is not None:
-                self._spawn()
-            assert self.proc is not None and self.proc.stdin is not None
+    def wait_ready(self, timeout_s: float) -> bool:
+        if not self.ready:
+            self.ready = self.read_line(timeout_s) is not None
+        return self.ready
+
+    def kill(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(timeout=5)
+        except Exception:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
             try:
-                self.proc.stdin.write((json.dumps(request) + "\n").encode())
-                self.proc.stdin.flush()
-            except (BrokenPipeError, OSError):
-                self.close()
+                if stream is not None:
+                    stream.close()
+            except Exception:
+                pass
+
+
+class Worker:
+    """Runs `module` in a child process; `call` sends a request and waits at most `timeout_s` for the reply.
+
+    Thread-safe (a lock serialises calls). `restarts` counts kills after overruns.
+    """
+
+    def __init__(self, module: str = "p3o.rewards.mv_worker", start_timeout_s: float = 60.0) -> None:
+        self.module = module
+        self.start_timeout_s = start_timeout_s
+        self.active: _Child | None = None
+        self.spare: _Child | None = None
+        self.started = False
+        self.restarts = 0
+        self._lock = threading.Lock()
+        _WORKERS.add(self)
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the worker that will serve the next call (None before the first call)."""
+        child = self.active if self.active is not None and self.active.alive else self.spare
+        return child.proc.pid if child is not None and child.alive else None
+
+    def _activate(self, deadline: float) -> _Child | None:
+        """A ready worker, or None if none got ready before `deadline` (the first start waits start_timeout_s)."""
+        if self.active is not None and not self.active.alive:
+            self.active.kill()
+            self.active = None
+        if self.active is None:
+            self.active, self.spare = (self.spare, None) if self.spare is not None else (_Child(self.module), None)
+        if not self.active.ready:
+            wait = self.start_timeout_s if not self.started else max(0.0, deadline - time.monotonic())
+            if not self.active.wait_ready(wait):
+                if not self.started:
+                    self.close()
+                    raise RuntimeError(f"p3o.rewards: worker {self.module} did not start in {wait:.0f}s")
                 return None
-            line = self._read_line(timeout_s)
+            self.started = True
+        return self.active
+
+    def call(self, request: dict[str, Any], timeout_s: float = 1.0) -> Any:
+        """The worker's `value` for `request`, or None if it errored or overran `timeout_s` (then it is killed)."""
+        with self._lock:
+            first = not self.started
+            deadline = time.monotonic() + timeout_s
+            child = self._activate(deadline)
+            if child is None:
+                return None
+            if first:  # the one-time start-up is not charged to this call
+                deadline = time.monotonic() + timeout_s
+            assert child.proc.stdin is not None
+            try:
+                child.proc.stdin.write((json.dumps(request) + "\n").encode())
+                child.proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                child.kill()
+                self.active = None
+                return None
+            line = child.read_line(max(0.0, deadline - time.monotonic()))
             if line is None:
-                self.close()
+                child.kill()
+                self.active = None
                 self.restarts += 1
+                if self.spare is None:
+                    self.spare = _Child(self.module)  # warm up a replacement while the caller moves on
                 return None
             try:
                 reply = json.loads(line)
@@ -104,22 +160,12 @@ class Worker:
             return reply.get("value") if reply.get("ok") else None
 
     def close(self) -> None:
-        """Kill the worker (if running) and reap it."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        try:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=5)
-        except Exception:
-            pass
-        for stream in (proc.stdin, proc.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except Exception:
-                pass
+        """Kill the worker and its spare (if any) and reap them."""
+        for child in (self.active, self.spare):
+            if child is not None:
+                child.kill()
+        self.active = self.spare = None
+        self.started = False
 
     def __del__(self) -> None:
         self.close()

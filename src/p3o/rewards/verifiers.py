@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import time
 from collections.abc import Callable, Sequence
 
 from p3o.rewards.extract import MAX_ANSWER_CHARS, hash_answer, last_boxed, parse_int, parse_number
@@ -30,8 +31,14 @@ _WORKER: Worker | None = None
 # Exponents with 4+ digits or nested powers, factorials of 3+ digit numbers, many-digit literals: sympy can spend
 # unbounded time on these, and no real answer needs them.
 _HOSTILE = re.compile(
-    r"\^\s*\{?\s*[-+]?\d{4,}|\^\s*\{[^{}]*\^|\*\*|\d{3,}\s*!|\\(?:fact|prod|sum|lim|int)\b|\d{41,}|__|\\def|\\newcommand"
+    r"\^\s*\{?\s*[-+]?\d{4,}|\^\s*\{[^{}]*\^|\d\s*\^\s*\{?\s*\d+\s*\}?\s*\^|\*\*|(?<!\\)!|\d[eE][-+]?\d{3,}|\\(?:fact|prod|sum|lim|int)(?![a-zA-Z])|\d{41,}|__|\\def|\\newcommand"
 )
+
+_EXPONENT = re.compile(r"\^\s*\{?\s*[-+]?(\d+)")
+_MATH_UNICODE = set("π√∞°±×÷≤≥≠·−∈∪∩ℝ")
+_BAD_CHARS = set('$#"@`?;')
+_COMMAND = re.compile(r"\\[a-zA-Z]+(?:\{[a-zA-Z* ]*\})?")  # \frac, \text{Monday}, \begin{pmatrix}
+_BARE_WORD = re.compile(r"[a-zA-Z]{4,}")  # words outside commands (lambda, eval, import) are not answers
 
 
 def _worker() -> Worker:
@@ -62,15 +69,27 @@ def _normalise(s: str) -> str:
 
 
 def safe_for_sympy(s: str) -> bool:
-    """False for inputs the pre-filter rejects (too long, control characters, huge powers, unbalanced braces)."""
+    """False for inputs the pre-filter rejects before sympy sees them.
+
+    Rejected: longer than MAX_ANSWER_CHARS; control characters or non-ASCII beyond a few math symbols; any of
+    `$#"@`?;`; bare words of 4+ letters outside LaTeX commands (`lambda`, `eval`, `import`); 4+ digit or
+    nested exponents, more than 4 powers, `**`, huge scientific notation; factorials (`!`);
+    sums/products/limits/integrals; 41+ digit literals; `__`; macro definitions; braces unbalanced or nested
+    deeper than 10.
+    """
     if len(s) > MAX_ANSWER_CHARS or _HOSTILE.search(s):
         return False
-    if any(ord(c) < 32 and c not in "\t\n" for c in s):
+    if any((ord(c) < 32 and c not in "\t\n") or (ord(c) > 126 and c not in _MATH_UNICODE) for c in s):
+        return False
+    if _BAD_CHARS.intersection(s) or _BARE_WORD.search(_COMMAND.sub(" ", s)):
+        return False
+    exponents = _EXPONENT.findall(s)
+    if s.count("^") > 4 or sum(len(e) for e in exponents) > 6:
         return False
     depth = 0
     for c in s:
         depth += (c == "{") - (c == "}")
-        if depth < 0 or depth > 16:
+        if depth < 0 or depth > 10:
             return False
     return depth == 0
 
@@ -110,12 +129,18 @@ def math_equal(pred: str, gold: str, timeout_s: float = 1.0) -> bool:
         return True
     if not (safe_for_sympy(pred) and safe_for_sympy(gold)):
         return False
-    value = _worker().call({"op": "equal", "pred": pred, "gold": gold, "seconds": 1}, timeout_s=timeout_s)
+    value = _worker().call(
+        {"op": "equal", "pred": pred, "gold": gold, "seconds": max(1, int(timeout_s))}, timeout_s=timeout_s
+    )
     return bool(value)
 
 
 def math_reward(completion: str, answer: str, timeout_s: float = 1.0) -> float:
-    """1.0 iff the last `\\boxed{}` (else `#### n`) of the completion is mathematically equal to `answer`."""
+    """1.0 iff the last `\\boxed{}` (else `#### n`) of the completion is mathematically equal to `answer`.
+
+    The call returns within `timeout_s` once the worker is up (its one-time start-up, ~1–3 s, is not counted).
+    """
+    t0 = time.perf_counter()
     try:
         if not isinstance(completion, str):
             return 0.0
@@ -127,7 +152,8 @@ def math_reward(completion: str, answer: str, timeout_s: float = 1.0) -> float:
             gold = last_boxed(gold) or gold
         if pred is None or not gold:
             return 0.0
-        return float(math_equal(pred, gold, timeout_s=timeout_s))
+        left = timeout_s - (time.perf_counter() - t0) - 0.05  # the whole call, extraction included, fits the limit
+        return float(math_equal(pred, gold, timeout_s=max(0.05, left)))
     except Exception:
         return 0.0
 

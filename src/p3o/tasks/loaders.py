@@ -323,7 +323,10 @@ def load_task(name: str, split: str = "train", *, seed: int = 0, n: int | None =
     preset_name, _, rest = name.partition(":")
     if preset_name in PRESETS:
         preset = PRESETS[preset_name]
-        path = Path(path_arg or rest) if (path_arg or rest) else data_root() / preset_name
+        explicit = path_arg or rest
+        path = Path(explicit) if explicit else data_root() / preset_name
+        if explicit and not path.exists():
+            raise DataError(f"{path}: no such file or directory")
         if not path.exists():
             raise DataError(
                 f"{preset_name}: no local data at {path} (offline: save the data set there, or pass path=... "

