@@ -1,0 +1,185 @@
+"""The training loop on tiny fakes: metrics, stale delay, bounded async lag, crashes, dynamic sampling, reuse."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+import torch
+import yaml
+from train_fakes import fake_components, fake_config
+
+import p3o.train.loop as loop_mod
+from p3o.train.buffer import GeneratorCrashed
+from p3o.train.checkpoint import latest_checkpoint, load_checkpoint
+from p3o.train.loop import PromptStream, run
+
+CONTRACT_KEYS = [
+    "step", "reward_mean", "accuracy", "ess", "kl_weight", "capped_frac", "clipfrac", "ratio_max", "approx_kl",
+    "entropy", "response_len_mean", "truncated_frac", "lag_min", "lag_mean", "lag_max", "zero_adv_groups",
+    "tokens_per_s", "time_gen_s", "time_train_s", "time_s",
+]  # fmt: skip
+
+
+def _metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_run_writes_metrics_config_checkpoints_and_final(tmp_path):
+    cfg = fake_config(tmp_path / "r", steps=4, **{"ckpt.every": 2, "log.plot": True})
+    run_dir = run(cfg, components=fake_components())
+    rows = _metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for key in CONTRACT_KEYS:
+        assert all(key in r for r in rows), key
+    assert all(r["lag_max"] == 0 for r in rows)  # sync: on-policy
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["steps"] == 4 and saved["objective"]["name"] == "p3o"
+    assert (run_dir / "final" / "model.safetensors").is_file() or any((run_dir / "final").glob("*.safetensors"))
+    assert (run_dir / "plot.png").stat().st_size > 0
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None and ckpt.name == "step_000002"  # step 4 is the end: final/ instead
+    state = load_checkpoint(ckpt, restore_rng=False)
+    assert state["step"] == 2 and state["loop_state"]["engine_version"] == 2
+
+
+def test_stale_lag_is_exactly_n(tmp_path):
+    cfg = fake_config(tmp_path / "stale", steps=6, **{"loop.mode": "stale", "loop.staleness": 2})
+    rows = _metrics(run(cfg, components=fake_components()))
+    # trained at step s (0-based) = generated from version max(0, s - 2): the first two steps drain the prefill
+    assert [(r["lag_min"], r["lag_max"]) for r in rows] == [(0, 0), (1, 1), (2, 2), (2, 2), (2, 2), (2, 2)]
+
+
+def test_reuse_trains_one_batch_for_several_steps(tmp_path):
+    cfg = fake_config(tmp_path / "reuse", steps=5, **{"loop.mode": "reuse", "loop.reuse_epochs": 2})
+    rows = _metrics(run(cfg, components=fake_components()))
+    assert [r["lag_max"] for r in rows] == [0, 1, 0, 1, 0]
+
+
+def test_async_random_delays_never_exceed_max_lag(tmp_path, monkeypatch):
+    max_lag = 2
+    comps = fake_components()
+    make_engine = comps.make_engine
+    rng = random.Random(0)
+
+    def slow_engine(model):
+        engine = make_engine(model)
+        generate = engine.generate
+
+        def jittery(*a, **kw):
+            time.sleep(rng.uniform(0.0, 0.05))
+            return generate(*a, **kw)
+
+        engine.generate = jittery
+        return engine
+
+    comps.make_engine = slow_engine
+    consumed = []
+    real_update = loop_mod.update
+
+    def checking_update(policy, optimizer, scheduler, batch, *a, **kw):
+        version = len(consumed)  # the trainer's version = updates done so far
+        tokens = batch.policy_version[batch.mask]
+        assert tokens.numel() > 0 and bool((tokens >= version - max_lag).all()), (version, tokens.min())
+        consumed.append(int(version - tokens.min()))
+        time.sleep(rng.uniform(0.0, 0.1))  # a slow, jittery trainer lets the generator run ahead
+        return real_update(policy, optimizer, scheduler, batch, *a, **kw)
+
+    monkeypatch.setattr(loop_mod, "update", checking_update)
+    cfg = fake_config(tmp_path / "async", steps=10, **{"loop.mode": "async", "loop.max_lag": max_lag})
+    rows = _metrics(run(cfg, components=comps))
+    assert len(consumed) == 10 and max(consumed) <= max_lag
+    assert max(consumed) > 0  # generation really ran ahead of training
+    assert all(0 <= r["lag_min"] <= r["lag_max"] <= max_lag for r in rows)
+    assert all(r["dropped_rows"] == 0 for r in rows)
+
+
+def test_async_generator_crash_surfaces_in_trainer(tmp_path):
+    comps = fake_components()
+    make_engine = comps.make_engine
+
+    def breaking_engine(model):
+        engine = make_engine(model)
+        calls = {"n": 0}
+        generate = engine.generate
+
+        def generate_then_break(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("rollout engine lost its GPU")
+            return generate(*a, **kw)
+
+        engine.generate = generate_then_break
+        return engine
+
+    comps.make_engine = breaking_engine
+    cfg = fake_config(tmp_path / "crash", steps=20, **{"loop.mode": "async", "loop.max_lag": 1})
+    t0 = time.perf_counter()
+    with pytest.raises(GeneratorCrashed, match="lost its GPU"):
+        run(cfg, components=comps)
+    assert time.perf_counter() - t0 < 30
+
+
+def test_dynamic_sampling_keeps_only_informative_groups(tmp_path, monkeypatch):
+    comps = fake_components()
+
+    def reward(r):  # prompts whose first token is odd (4 of 12): every completion scores 1 (zero advantage)
+        odd_prompt = r.prompt_ids[torch.arange(len(r)), r.prompt_mask.long().argmax(-1)] % 2 == 1
+        tok = ((r.response_ids % 2 == 0) & r.mask).sum(-1).float() / r.mask.sum(-1).clamp(min=1)
+        return torch.where(odd_prompt, torch.ones(len(r)), tok)
+
+    comps.reward_fn = reward
+    seen = []
+    real_update = loop_mod.update
+
+    def recording_update(policy, optimizer, scheduler, batch, *a, **kw):
+        seen.append(batch)
+        return real_update(policy, optimizer, scheduler, batch, *a, **kw)
+
+    monkeypatch.setattr(loop_mod, "update", recording_update)
+    cfg = fake_config(
+        tmp_path / "dyn", steps=4, **{"loop.dynamic_sampling": True, "loop.dynamic_sampling_max_tries": 4}
+    )
+    rows = _metrics(run(cfg, components=comps))
+    for batch in seen:
+        assert len(batch) <= 2 * 4  # never more than prompts_per_step × group_size
+        for gid in batch.group_ids.unique():
+            r = batch.rewards[batch.group_ids == gid]
+            assert (r != r[0]).any(), "a zero-variance group was trained on"
+    assert all(r["zero_adv_groups"] == 0 for r in rows)
+    assert all(r["generated"] >= 8 for r in rows)
+    assert any(r["gen_rounds"] > 1 for r in rows)  # some groups were dropped and refilled
+
+
+def test_overlong_penalty_lowers_reward_of_long_responses(tmp_path):
+    cfg = fake_config(
+        tmp_path / "ol",
+        steps=2,
+        **{"loop.overlong_penalty": True, "loop.overlong_buffer": 4, "loop.overlong_factor": 1.0},
+    )
+    rows = _metrics(run(cfg, components=fake_components()))
+    # responses of length 6 = max_new_tokens sit at the end of the 4-token buffer: penalty (2 - 6)/4 = -1
+    assert all(r["truncated_frac"] > 0 for r in rows)
+    assert all(r["reward_mean"] < r["score_mean"] for r in rows)
+
+
+def test_reference_kl_and_epochs_run(tmp_path):
+    cfg = fake_config(
+        tmp_path / "ref",
+        steps=2,
+        **{"train.ref_model": True, "objective.ref_kl_coef": 0.05, "update.epochs": 2, "update.num_mini_batches": 2},
+    )
+    rows = _metrics(run(cfg, components=fake_components()))
+    assert all(r["optimizer_steps"] == 4 for r in rows) and "ref_kl" in rows[-1]
+
+
+def test_prompt_stream_is_a_function_of_the_index():
+    a, b = PromptStream(10, 4, seed=3), PromptStream(10, 4, seed=3)
+    seq = [a.global_indices(i) for i in range(5)]
+    assert seq == [b.global_indices(i) for i in reversed(range(5))][::-1]  # order of queries does not matter
+    first_epoch = sorted(x for batch in seq[:2] for x in batch) + sorted(seq[2][:2])
+    assert sorted(first_epoch) == list(range(10))  # an epoch visits every prompt once
+    r0, r1 = PromptStream(10, 4, seed=3, rank=0, world_size=2), PromptStream(10, 4, seed=3, rank=1, world_size=2)
+    assert r0.indices(1)[0] + r1.indices(1)[0] == seq[1]

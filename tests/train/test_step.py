@@ -1,0 +1,131 @@
+"""The update step: schedules, what each objective needs, optimizer-step accounting, clipping, side inputs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from train_fakes import make_tiny_lm, params_of, random_batch
+
+from p3o.errors import ConfigError
+from p3o.objectives import get_objective
+from p3o.train.step import lr_factor, make_optimizer, make_scheduler, objective_needs, update
+
+
+def test_lr_factor_warmup_then_constant_or_cosine():
+    # warmup 4: 1/4, 2/4, 3/4, 4/4, then constant 1
+    assert [lr_factor(s, warmup_steps=4, total_steps=10, schedule="constant") for s in range(6)] == [
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        1.0,
+        1.0,
+    ]
+    # cosine from 1 at the end of warmup to min_factor at total_steps: midpoint = (1 + 0.1) / 2
+    cos = [lr_factor(s, warmup_steps=2, total_steps=12, schedule="cosine", min_factor=0.1) for s in range(13)]
+    assert cos[2] == pytest.approx(1.0) and cos[7] == pytest.approx(0.55) and cos[12] == pytest.approx(0.1)
+    assert all(a >= b for a, b in itertools.pairwise(cos[2:]))
+    with pytest.raises(ConfigError, match=r"optim\.schedule"):
+        make_scheduler(
+            torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0),
+            warmup_steps=0,
+            total_steps=1,
+            schedule="sawtooth",
+        )
+
+
+def test_objective_needs():
+    assert objective_needs("p3o", {}) == frozenset()
+    assert objective_needs("decoupled_ppo", {}) == {"prox_logp"}
+    assert objective_needs("p3o_two_anchor", {}) == {"prox_logp"}
+    assert objective_needs("grpo", {"rollout_correction": "token-tis"}) == {"old_logp"}
+    assert objective_needs("p3o", {"ref_kl_coef": 0.1, "entropy_coef": 0.01, "scope": "step"}) == {
+        "ref_logp",
+        "entropy",
+        "step_ess",
+    }
+    assert objective_needs("m2po", {}) == {"m2po_threshold"}
+
+
+def test_update_counts_optimizer_steps_and_reports_stats():
+    model = make_tiny_lm()
+    batch = random_batch(make_tiny_lm(), n=8)
+    opt = make_optimizer(model, 1e-3)
+    sched = make_scheduler(opt, warmup_steps=10, total_steps=100)
+    stats = update(
+        model, opt, sched, batch, get_objective("p3o"), {}, num_mini_batches=2, epochs=3, micro_batch_size=3
+    )
+    assert stats["optimizer_steps"] == 6  # 2 mini-batches × 3 epochs
+    assert sched.last_epoch == 6 and stats["lr"] == pytest.approx(1e-3 * 7 / 10)  # after 6 steps: factor 7/10
+    for key in ("loss", "grad_norm", "ess", "kl_weight", "capped_frac", "ratio_max", "ratio_min", "entropy"):
+        assert math.isfinite(stats[key]), key
+    assert 0 < stats["ess"] <= 1 and stats["ratio_min"] <= stats["ratio_max"]
+    assert stats["entropy"] > 0
+
+
+def test_gradient_clipping_bounds_the_step():
+    model = make_tiny_lm()
+    before = params_of(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    stats = update(model, opt, None, random_batch(make_tiny_lm(), n=8), get_objective("grpo"), {}, grad_clip=1e-3)
+    step = torch.cat([(v - before[k]).flatten() for k, v in params_of(model).items()])
+    assert stats["grad_norm"] > 1e-3  # the raw norm is reported (before clipping)
+    # tied embeddings appear twice in the state dict; the step is at most 2 × the clip norm
+    assert step.norm() <= 2e-3 * (1 + 1e-4)
+
+
+@pytest.mark.parametrize(
+    ("name", "hyper", "epochs"),
+    [
+        ("decoupled_ppo", {}, 2),
+        ("p3o_two_anchor", {}, 2),
+        ("grpo", {"rollout_correction": "seq-mis"}, 1),
+        ("p3o", {"scope": "step"}, 1),
+        ("m2po", {}, 1),
+        ("p3o", {"entropy_coef": 0.01}, 1),
+    ],
+)
+def test_side_inputs_are_supplied(name, hyper, epochs):
+    model = make_tiny_lm()
+    opt = make_optimizer(model, 1e-3)
+    stats = update(
+        model,
+        opt,
+        None,
+        random_batch(make_tiny_lm(), n=6),
+        get_objective(name),
+        hyper,
+        needs=objective_needs(name, hyper),
+        epochs=epochs,
+        micro_batch_size=4,
+    )
+    assert math.isfinite(stats["loss"])
+
+
+def test_reference_model_for_ref_kl():
+    model, ref = make_tiny_lm(seed=0), make_tiny_lm(seed=1)
+    opt = make_optimizer(model, 1e-3)
+    hyper = {"ref_kl_coef": 0.1}
+    batch = random_batch(make_tiny_lm(), n=4)
+    with pytest.raises(ValueError, match="ref_model"):
+        update(model, opt, None, batch, get_objective("p3o"), hyper, needs=objective_needs("p3o", hyper))
+    stats = update(
+        model, opt, None, batch, get_objective("p3o"), hyper, needs=objective_needs("p3o", hyper), ref_model=ref
+    )
+    assert stats["ref_kl"] > 0  # different random weights: a non-zero KL to the reference
+
+
+def test_update_needs_advantages_and_valid_sizes():
+    model = make_tiny_lm()
+    opt = make_optimizer(model, 1e-3)
+    batch = random_batch(make_tiny_lm(), n=4)
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        update(model, opt, None, batch, get_objective("p3o"), {}, micro_batch_size=0)
+    batch.advantages = None
+    with pytest.raises(ValueError, match="advantages"):
+        update(model, opt, None, batch, get_objective("p3o"), {})
+    with pytest.raises(ConfigError, match=r"optim\.lr"):
+        make_optimizer(model, 0.0)
