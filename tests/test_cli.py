@@ -1,0 +1,56 @@
+"""`p3o train` end to end: a few steps of the real entry point on the tiny model (offline), and bad options."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from p3o.cli import main as p3o_main
+
+
+def test_train_smoke_offline(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "p3o", "train", "--model.name", "tiny-random", "--steps", "2",
+        "--rollout.prompts_per_step", "2", "--rollout.group_size", "2", "--rollout.max_new_tokens", "8",
+        "--run_dir", str(run_dir), "--log.tensorboard", "false", "--log.progress", "false", "--ckpt.every", "1",
+    ]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in rows)
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "plot.png").is_file()
+    assert (run_dir / "final" / "config.json").is_file() and (run_dir / "final" / "tokenizer.json").is_file()
+    assert (run_dir / "checkpoints" / "step_000001").is_dir()
+    assert "reward_mean" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--optim.lr", "-1"], "optim.lr"),
+        (["--optim.lrr", "1e-3"], "did you mean 'optim.lr'"),
+        (["--loop.mode", "turbo"], "loop.mode"),
+        (["--objective.name", "p3oo"], "objective.name"),
+        (["--objective.clip_epss", "0.2", "--objective.name", "grpo"], "objective.clip_epss"),
+        (["--rollout.group_size", "many"], "rollout.group_size"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line(args, needle, capsys, tmp_path):
+    code = p3o_main(["train", "--run_dir", str(tmp_path / "never"), *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "never").exists()
+
+
+def test_help_lists_options(capsys):
+    assert p3o_main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--loop.max_lag" in out and "--objective.name" in out

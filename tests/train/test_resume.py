@@ -1,0 +1,104 @@
+"""Resume: a run killed with SIGKILL (at a random step, or in the middle of writing a checkpoint) and resumed ends
+with exactly the parameters of an uninterrupted run (CPU, same seed). Uses the stale loop (n = 2), so the FIFO
+of not-yet-trained batches must survive the restart too."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import train_fakes
+
+from p3o.train.checkpoint import latest_checkpoint
+
+RUNNER = Path(train_fakes.__file__)
+STEPS = 6
+ARGS = ["--steps", str(STEPS), "--set", "loop.mode=stale", "--set", "loop.staleness=2"]
+
+
+def _final(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "final_params.pt")
+
+
+def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _spawn(run_dir: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(RUNNER), str(run_dir), *ARGS, *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    train_fakes.main([str(run_dir), *ARGS])
+    return _final(run_dir)
+
+
+@pytest.fixture
+def resumed_from(monkeypatch) -> list[int]:
+    """Records the step each in-process resume really continued from (so a silent restart from 0 fails)."""
+    from p3o.train import checkpoint
+
+    steps: list[int] = []
+    real = checkpoint.load_checkpoint
+
+    def recording(*a, **kw):
+        out = real(*a, **kw)
+        steps.append(out["step"] if out else 0)
+        return out
+
+    monkeypatch.setattr(checkpoint, "load_checkpoint", recording)
+    return steps
+
+
+def _lines(path: Path) -> int:
+    try:
+        return len(path.read_text().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+def test_sigkill_at_random_step_then_resume(tmp_path, reference, resumed_from):
+    kill_after = random.Random().randint(2, STEPS - 2)  # a random step, different on every run
+    proc = _spawn(tmp_path)
+    deadline = time.monotonic() + 120
+    while _lines(tmp_path / "metrics.jsonl") < kill_after and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert not (tmp_path / "final_params.pt").exists()
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None, "the run was killed before its first checkpoint"
+    train_fakes.main([str(tmp_path), *ARGS, "--resume"])
+    assert resumed_from == [int(ckpt.name.split("_")[1])] and resumed_from[0] >= kill_after - 1
+    _assert_identical(_final(tmp_path), reference)
+    steps = [int(line.split(",")[0].split(":")[1]) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, STEPS + 1))  # no duplicated or missing metrics lines after the resume
+
+
+def test_killed_while_writing_checkpoint_resumes_from_previous(tmp_path, reference, resumed_from):
+    proc = _spawn(tmp_path, "--kill-in-checkpoint", "3")  # dies inside the step-3 checkpoint
+    proc.wait(120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert latest_checkpoint(tmp_path).name == "step_000002"
+    assert any(p.name.startswith(".tmp-step_000003") for p in (tmp_path / "checkpoints").iterdir())
+    train_fakes.main([str(tmp_path), *ARGS, "--resume"])
+    assert resumed_from == [2]
+    _assert_identical(_final(tmp_path), reference)
