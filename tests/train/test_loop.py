@@ -28,21 +28,26 @@ def _metrics(run_dir) -> list[dict]:
 
 
 def test_run_writes_metrics_config_checkpoints_and_final(tmp_path):
-    cfg = fake_config(tmp_path / "r", steps=4, **{"ckpt.every": 2, "log.plot": True})
+    cfg = fake_config(tmp_path / "r", steps=5, **{"ckpt.every": 2, "log.plot": True})
     run_dir = run(cfg, components=fake_components())
     rows = _metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     for key in CONTRACT_KEYS:
         assert all(key in r for r in rows), key
     assert all(r["lag_max"] == 0 for r in rows)  # sync: on-policy
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["steps"] == 4 and saved["objective"]["name"] == "p3o"
+    assert saved["steps"] == 5 and saved["objective"]["name"] == "p3o"
     assert (run_dir / "final" / "model.safetensors").is_file() or any((run_dir / "final").glob("*.safetensors"))
     assert (run_dir / "plot.png").stat().st_size > 0
     ckpt = latest_checkpoint(run_dir)
-    assert ckpt is not None and ckpt.name == "step_000002"  # step 4 is the end: final/ instead
+    assert ckpt is not None and ckpt.name == "step_000005"  # every 2 steps and at the end; keep_last 2
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000004", "step_000005"]
     state = load_checkpoint(ckpt, restore_rng=False)
-    assert state["step"] == 2 and state["loop_state"]["engine_version"] == 2
+    assert state["step"] == 5 and state["loop_state"]["engine_version"] == 5
+    # resuming a finished run has nothing to redo
+    before = (run_dir / "metrics.jsonl").read_text()
+    run(fake_config(tmp_path / "r", steps=5, **{"ckpt.every": 2, "ckpt.resume": True}), components=fake_components())
+    assert (run_dir / "metrics.jsonl").read_text() == before
 
 
 def test_stale_lag_is_exactly_n(tmp_path):

@@ -469,7 +469,8 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
             bar.update(step + 1, row)
             if (step + 1) % cfg.log.every == 0 or step + 1 == cfg.steps:
                 logger.log(step + 1, row)  # `step` in metrics.jsonl = completed steps (1-based), as in checkpoints
-            if cfg.ckpt.every and (step + 1) % cfg.ckpt.every == 0 and step + 1 < cfg.steps:
+            # also at the last step, so `--resume` on a finished run has nothing left to redo
+            if cfg.ckpt.every and ((step + 1) % cfg.ckpt.every == 0 or step + 1 == cfg.steps):
                 _checkpoint(cfg, run_dir, step + 1, comps, optimizer, scheduler, source, save_checkpoint)
     finally:
         source.close()
