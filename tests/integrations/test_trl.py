@@ -3,7 +3,9 @@ TRL's own ``dapo`` loss, the choice of the ratio's denominator, the logged stats
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +23,7 @@ from p3o.objectives import ObjectiveInputs, get_objective
 PROMPTS = ["1+1=", "2+3=", "4+4=", "3+5=", "7+1=", "6+2="]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
+def build_tokenizer():
     """A byte-level BPE tokenizer trained here on a few arithmetic strings (no downloads)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -41,6 +42,11 @@ def tokenizer():
     )
     assert (hf.pad_token_id, hf.eos_token_id) == (0, 2)  # the ids make_tiny_lm's config uses
     return hf
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
 
 
 def digit_reward(completions: list[str], **_: object) -> list[float]:
@@ -192,3 +198,23 @@ def test_bad_objective_and_options_fail_with_one_line(tokenizer, tmp_path):
         make_trainer(tokenizer, tmp_path, entropy_coef=0.01)
     with pytest.raises(ConfigError, match="ref_kl_coef"):
         make_trainer(tokenizer, tmp_path, objective_kwargs={"ref_kl_coef": 0.1})
+
+
+def test_ess_is_reduced_over_accelerate_processes(tmp_path):
+    """Two CPU processes (torchrun, gloo), each with half of an off-policy micro-batch: both log the ESS of the
+    whole batch, not of their half."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = Path(__file__).with_name("trl_ddp_worker.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    proc = subprocess.run([*cmd, str(worker), str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r in ranks:
+        assert r["ess"] == pytest.approx(r["ref_full"], rel=1e-5)
+        assert abs(r["ref_half"] - r["ref_full"]) > 1e-3  # the halves' own ESS differ: the test can tell
