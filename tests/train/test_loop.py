@@ -28,9 +28,13 @@ def _metrics(run_dir) -> list[dict]:
 
 
 def test_run_writes_metrics_config_checkpoints_and_final(tmp_path):
-    cfg = fake_config(tmp_path / "r", steps=5, **{"ckpt.every": 2, "log.plot": True})
-    run_dir = run(cfg, components=fake_components())
+    cfg = fake_config(tmp_path / "r", steps=5, **{"ckpt.every": 2, "log.plot": True, "log.eval_every": 2})
+    comps = fake_components()
+    comps.eval_prompts, comps.eval_answers = comps.prompts[:5], comps.answers[:5]
+    run_dir = run(cfg, components=comps)
     rows = _metrics(run_dir)
+    assert [("eval_accuracy" in r) for r in rows] == [False, True, False, True, True]  # every 2 steps + the end
+    assert 0.0 <= rows[-1]["eval_accuracy"] <= 1.0
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     for key in CONTRACT_KEYS:
         assert all(key in r for r in rows), key

@@ -70,6 +70,7 @@ class Components:
         make_engine: builds a RolloutEngine holding its OWN copy of a model: `make_engine(policy) -> engine`.
         ref_model: frozen reference policy (for ref_kl_coef), or None.
         pad_id: pad token id used when concatenating batches.
+        eval_prompts, eval_answers: held-out prompts for `eval_accuracy` (empty: no evaluation).
     """
 
     policy: nn.Module
@@ -80,7 +81,8 @@ class Components:
     make_engine: Callable[[nn.Module], Any]
     ref_model: nn.Module | None = None
     pad_id: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    eval_prompts: list[list[int]] = field(default_factory=list)
+    eval_answers: list[str] = field(default_factory=list)
 
 
 def _device(cfg_device: str) -> torch.device:
@@ -107,9 +109,15 @@ def build_components(cfg: Any) -> Components:
     problems = load_task(cfg.task.name, "train", seed=cfg.seed, n=cfg.task.n_train, **task_kwargs)
     if not problems:
         raise ConfigError(f"task.name: task '{cfg.task.name}' has no training problems")
-    texts = [format_prompt(p, tokenizer, cfg.task.template) for p in problems]
-    prompts = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-    answers = [p.answer for p in problems]
+
+    def encode(probs: list[Any]) -> list[list[int]]:
+        texts = [format_prompt(p, tokenizer, cfg.task.template) for p in probs]
+        return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    prompts, answers = encode(problems), [p.answer for p in problems]
+    eval_problems = []
+    if cfg.task.n_eval > 0:
+        eval_problems = load_task(cfg.task.name, cfg.task.eval_split, seed=cfg.seed, n=cfg.task.n_eval, **task_kwargs)
     verifier_name = cfg.task.verifier or _default_verifier(cfg.task.name, problems)
     verifier = get_verifier(verifier_name)
     timeout = cfg.task.reward_timeout_s
@@ -137,7 +145,18 @@ def build_components(cfg: Any) -> Components:
     if cfg.train.ref_model:
         ref = copy.deepcopy(policy).eval().requires_grad_(False)
     pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else 0
-    return Components(policy, tokenizer, prompts, answers, reward_fn, make_engine, ref, int(pad))
+    return Components(
+        policy,
+        tokenizer,
+        prompts,
+        answers,
+        reward_fn,
+        make_engine,
+        ref,
+        int(pad),
+        eval_prompts=encode(eval_problems) if eval_problems else [],
+        eval_answers=[p.answer for p in eval_problems],
+    )
 
 
 def _default_verifier(task: str, problems: list[Any]) -> str:
@@ -286,6 +305,28 @@ def _informative_rows(rewards: Tensor, group_ids: Tensor) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------ the loop
+
+
+def evaluate(comps: Components, seed: int, batch_size: int = 64) -> dict[str, float]:
+    """pass@1 on the held-out prompts: one sample each from a fresh engine copy of the current policy (fixed seed).
+
+    Returns {"eval_accuracy": fraction with score > 0.5, "eval_score": mean score} ({} without eval prompts).
+    """
+    if not comps.eval_prompts:
+        return {}
+    engine = comps.make_engine(comps.policy)
+    scores = []
+    for i in range(0, len(comps.eval_prompts), batch_size):
+        r = engine.generate(
+            comps.eval_prompts[i : i + batch_size],
+            1,
+            seed=stream_seed(seed, i, 99991),
+            answers=comps.eval_answers[i : i + batch_size],
+        )
+        scores.append(comps.reward_fn(r).float())
+    s = torch.cat(scores)
+    acc, mean = torch.stack([(s > 0.5).float().mean(), s.mean()]).tolist()
+    return {"eval_accuracy": acc, "eval_score": mean}
 
 
 def _seed_everything(seed: int) -> None:
@@ -466,6 +507,11 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
             )
             if lp.mode != "async":  # sync-style sources generate inside get(); async overlaps it
                 row["time_gen_s"] = t_wait
+            every = cfg.log.eval_every
+            if main and ((every and (step + 1) % every == 0) or step + 1 == cfg.steps):
+                t_eval = time.perf_counter()
+                row.update(evaluate(comps, cfg.seed))
+                row["time_eval_s"] = time.perf_counter() - t_eval
             bar.update(step + 1, row)
             if (step + 1) % cfg.log.every == 0 or step + 1 == cfg.steps:
                 logger.log(step + 1, row)  # `step` in metrics.jsonl = completed steps (1-based), as in checkpoints
