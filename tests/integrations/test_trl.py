@@ -156,6 +156,52 @@ def test_on_policy_gradient_equals_trl_dapo(tokenizer, tmp_path):
     assert trainer._metrics["train"]["objective/ess"][-1] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize(
+    ("loss_type", "trl_eps", "objective", "hyper", "spread"),
+    [
+        ("dapo", {"epsilon": 0.2, "epsilon_high": 0.28}, "dapo", {}, 0.4),
+        ("cispo", {"epsilon_high": 5.0}, "cispo", {"clip_eps_high": 4.0}, 2.0),
+        ("grpo", {"epsilon": 0.2}, "grpo", {"clip_eps": 0.2}, 0.4),
+        ("dr_grpo", {"epsilon": 0.2}, "grpo", {"clip_eps": 0.2, "agg": "seq-mean-token-sum-norm"}, 0.4),
+    ],
+)
+def test_off_policy_loss_and_gradient_equal_trls_own_loss_types(
+    tokenizer, tmp_path, loss_type, trl_eps, objective, hyper, spread
+):
+    """Off-policy (TRL's old_per_token_logps ≠ current), with gradient accumulation: p3o's baselines through the
+    plug-in give TRL's own loss value and gradient for the matching loss_type (same normaliser, same ratios)."""
+    torch.set_num_threads(1)
+    trainer = make_trainer(
+        tokenizer,
+        tmp_path,
+        objective=objective,
+        objective_kwargs=hyper,
+        loss_type=loss_type,
+        gradient_accumulation_steps=2,
+        max_completion_length=8,  # >= the fake batch's width (TRL's dr_grpo divides by it)
+        **trl_eps,
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2
+    inputs = fake_batch(tokenizer, seed=3)
+    with torch.no_grad():
+        logp, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            inputs["completion_ids"].shape[1],
+        )
+    noise = torch.randn(logp.shape, generator=torch.Generator().manual_seed(4))
+    inputs["old_per_token_logps"] = logp + spread * noise
+    loss_p3o, g_p3o = grads_of(trainer, trainer._compute_loss, inputs)
+    loss_trl, g_trl = grads_of(trainer, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x), inputs)
+    torch.testing.assert_close(loss_p3o, loss_trl, rtol=1e-5, atol=1e-7)
+    assert sum(g.abs().sum() for g in g_trl) > 0
+    for a, b in zip(g_p3o, g_trl):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    assert trainer._metrics["train"]["objective/clipfrac"][-1] > 0  # the clip / cap is active somewhere
+
+
 def test_ratio_uses_engine_logprobs_then_old_logprobs(tokenizer, tmp_path):
     """rollout_logp = sampling_per_token_logps (NaN → old_per_token_logps), and the loss is the objective's."""
     torch.set_num_threads(1)
