@@ -159,3 +159,22 @@ def test_in_verl_env(verl_check_results, name):
 
 def test_every_verl_check_is_listed(verl_check_results):
     assert sorted(verl_check_results) == sorted(VERL_CHECKS)
+
+
+def test_data_parallel_group_prefers_megatrons(monkeypatch):
+    import types
+
+    assert plugin.data_parallel_group() is None  # no torch.distributed: single process
+    sentinel = object()
+    fake = types.SimpleNamespace(
+        model_parallel_is_initialized=lambda: True,
+        get_data_parallel_group=lambda with_context_parallel=False: (sentinel, with_context_parallel),
+    )
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        assert plugin.data_parallel_group() is dist.group.WORLD
+        monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", fake)
+        assert plugin.data_parallel_group() == (sentinel, True)
+    finally:
+        dist.destroy_process_group()

@@ -42,6 +42,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -90,14 +91,9 @@ def data_parallel_group() -> Any:
     """
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    if importlib.util.find_spec("megatron") is not None:
-        try:
-            from megatron.core import parallel_state
-
-            if parallel_state.model_parallel_is_initialized():
-                return parallel_state.get_data_parallel_group(with_context_parallel=True)
-        except (ImportError, AttributeError, AssertionError):
-            pass
+    parallel_state = sys.modules.get("megatron.core.parallel_state")  # imported by verl's Megatron engine only
+    if parallel_state is not None and parallel_state.model_parallel_is_initialized():
+        return parallel_state.get_data_parallel_group(with_context_parallel=True)
     return default_group()
 
 
