@@ -8,6 +8,7 @@ import importlib.util
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
