@@ -90,13 +90,19 @@ def test_bad_names_kwargs_and_env_fail_with_one_line(monkeypatch):
         plugin.make_policy_loss("p3o", rollout_correction="token-tis")
     with pytest.raises(ConfigError, match="loss_mode: unknown p3o loss 'gspo'"):
         plugin.register(["gspo"])
+    b = batch(seed=5)
     monkeypatch.setenv(plugin.ENV_KWARGS, "{not json")
     with pytest.raises(ConfigError, match="P3O_OBJECTIVE_KWARGS: not valid JSON"):
-        plugin.make_policy_loss("p3o")
+        plugin.make_policy_loss("p3o")(**b)
+    # checked when a loss is called, not when all are registered: minpro's keyword must not break loss_mode=p3o
     monkeypatch.setenv(plugin.ENV_KWARGS, '{"clip_eps_high": 2}')
+    p3o_loss = plugin.make_policy_loss("p3o")
     with pytest.raises(ConfigError, match="P3O_OBJECTIVE_KWARGS: unknown keyword 'clip_eps_high' for objective 'p3o'"):
-        plugin.make_policy_loss("p3o")
-    plugin.make_policy_loss("minpro")  # valid there
+        p3o_loss(**b)
+    plugin.make_policy_loss("minpro")(**b)  # valid there
+    monkeypatch.setenv(plugin.ENV_KWARGS, '{"agg": "token-mean"}')
+    with pytest.raises(ConfigError, match="loss_agg_mode"):
+        plugin.make_policy_loss("minpro")(**b)
 
 
 def _free_port() -> int:

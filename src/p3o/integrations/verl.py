@@ -108,9 +108,16 @@ def _parse_env_kwargs(raw: str) -> dict[str, Any]:
     return value
 
 
-def _env_kwargs() -> dict[str, Any]:
+@functools.lru_cache(maxsize=32)
+def _checked_env_kwargs(objective: str, raw: str) -> tuple[tuple[str, Any], ...]:
+    return tuple(_check_hyper(objective, _parse_env_kwargs(raw), ENV_KWARGS).items())
+
+
+def _env_kwargs(objective: str) -> dict[str, Any]:
+    """``$P3O_OBJECTIVE_KWARGS`` checked against ``objective`` (at call time: the variable holds the keywords of
+    the one loss a run selects, which other registered losses may not accept)."""
     raw = os.environ.get(ENV_KWARGS, "").strip()
-    return dict(_parse_env_kwargs(raw)) if raw else {}
+    return dict(_checked_env_kwargs(objective, raw)) if raw else {}
 
 
 def _check_hyper(objective: str, hyper: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -175,8 +182,6 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
     """
     fn, _ = resolve_objective(objective, None)
     base = _check_hyper(objective, objective_kwargs, "objective_kwargs")
-    if os.environ.get(ENV_KWARGS, "").strip():
-        _check_hyper(objective, {**base, **_env_kwargs()}, ENV_KWARGS)  # fail early, in the process that registers
 
     def policy_loss(
         old_log_prob: torch.Tensor,
@@ -190,7 +195,7 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         assert log_prob.shape == response_mask.shape == old_log_prob.shape, (log_prob.shape, response_mask.shape)
         mask = response_mask.bool()
-        hyper = {**base, **_env_kwargs()}
+        hyper = {**base, **_env_kwargs(objective)}
         info = dict(_cfg_get(config, "global_batch_info", {}) or {})
         agg, num_tokens, num_seqs, scale = _aggregation(loss_agg_mode, mask, info)
         old_logp = None
