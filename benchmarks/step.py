@@ -137,6 +137,16 @@ def run_trl(args: argparse.Namespace, comps0: Any, texts: list[str], steps: int)
             processing_class=comps0.tokenizer,
             callbacks=[clock],
         )
+        gen_times: list[float] = []
+        generate_and_score = trainer._generate_and_score_completions
+
+        def timed_generate_and_score(*a: Any, **k: Any) -> Any:  # TRL's generate + reward + advantage phase
+            t0 = time.perf_counter()
+            out = generate_and_score(*a, **k)
+            gen_times.append(time.perf_counter() - t0)
+            return out
+
+        trainer._generate_and_score_completions = timed_generate_and_score
         clock.marks = [time.perf_counter()]
         trainer.train()
     times = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
@@ -144,6 +154,8 @@ def run_trl(args: argparse.Namespace, comps0: Any, texts: list[str], steps: int)
     return {
         "times": times[args.warmup :],
         "lengths": [h["completions/mean_length"] for h in logs[args.warmup :]],
+        "gen": gen_times[args.warmup :],
+        "train": [t - g for t, g in zip(times[args.warmup :], gen_times[args.warmup :])],
         "reward": [h["reward"] for h in logs],
     }
 
@@ -202,10 +214,10 @@ def main() -> None:
         print(
             f"{name:<22}{med:>9.3f}{rate[name]:>15.1f}{rate[name] * mean_len:>10.0f}{mean_len:>10.1f}{len(times):>7}"
         )
-    p3o_runs = results[f"p3o ({args.objective})"]
-    gen = statistics.median([t for res in p3o_runs for t in res["gen"]])
-    train = statistics.median([t for res in p3o_runs for t in res["train"]])
-    print(f"p3o split (median): generate+verify+score {gen:.3f} s, update {train:.3f} s")
+    for name, runs in results.items():
+        gen = statistics.median([t for res in runs for t in res["gen"]])
+        rest = statistics.median([t for res in runs for t in res["train"]])
+        print(f"{name} split (median s): generate+verify+score {gen:.3f}, update and the rest {rest:.3f}")
     trl_rate, p3o_rate = rate["TRL GRPOTrainer"], rate[f"p3o ({args.objective})"]
     print(f"\nspeed-up p3o / TRL (completions/s): {p3o_rate / trl_rate:.2f}x  (target >= 2x)")
 
