@@ -30,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import random
+import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -427,6 +429,12 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
             if rng is not None:
                 torch.set_rng_state(rng)
     if dist.is_main():
+        old_ckpts = run_dir / "checkpoints"
+        if start == 0 and old_ckpts.is_dir():
+            # a fresh run owns its directory (metrics.jsonl is restarted too): an earlier run's checkpoints would
+            # otherwise be picked up by a later --resume
+            print(f"p3o train: starting fresh in {run_dir}: removing the previous run's checkpoints", file=sys.stderr)
+            shutil.rmtree(old_ckpts)
         save_config(cfg, run_dir / "config.yaml")
 
     stream = PromptStream(len(comps.prompts), cfg.rollout.prompts_per_step, cfg.seed, dist.rank(), dist.world_size())
