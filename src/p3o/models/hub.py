@@ -60,6 +60,7 @@ def atomic_build(target: Path, build: Any, force: bool = False) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
             build(tmp)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache entry should read like any other dir
             if target.exists():
                 old = target.with_name(f".{target.name}.old-{os.getpid()}")
                 target.rename(old)
@@ -133,6 +134,7 @@ def ensure_tokenizer(
             tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
             try:
                 build_tokenizer(task, vocab_size=vocab_size, seed=seed).save_pretrained(tmp)
+                os.chmod(tmp, 0o755)
                 tmp.rename(target)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)

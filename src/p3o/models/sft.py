@@ -23,7 +23,7 @@ import torch
 
 from p3o.errors import ConfigError
 
-VERSION = 1  # bump when the recipe changes: cached bases are keyed by it
+VERSION = 2  # bump when the recipe changes: cached bases are keyed by it
 
 
 @dataclass
@@ -33,7 +33,10 @@ class SFTConfig:
     Attributes:
         size: model size, one of p3o.models.configs.SIZES ("1m", "5m", "30m").
         task: the built-in task ("arithmetic").
-        difficulty: task difficulty the base is trained and evaluated on.
+        difficulty: task difficulty the base is evaluated on (and keyed by in the cache).
+        train_levels: comma-separated difficulty levels mixed uniformly in the SFT data ("" = `difficulty` only).
+            Easier levels teach the single steps that harder chains compose, and keep the base from memorising
+            whole chains of a small level.
         seed: seed for data, init and sampling.
         steps: optimiser steps (the early stop that keeps the base imperfect).
         batch_size: sequences per step.
@@ -50,6 +53,7 @@ class SFTConfig:
     size: str = "5m"
     task: str = "arithmetic"
     difficulty: int = 2
+    train_levels: str = "1,2"
     seed: int = 0
     steps: int = 300
     batch_size: int = 32
@@ -177,7 +181,12 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, log: bool = True) -> dict[st
     model = Qwen3ForCausalLM(qwen3_config(cfg.size, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id))
     model.train()
     n_train = cfg.steps * cfg.batch_size
-    problems = load_task(cfg.task, "train", seed=cfg.seed, n=n_train, difficulty=cfg.difficulty)
+    levels = [int(x) for x in cfg.train_levels.split(",") if x.strip()] or [cfg.difficulty]
+    problems = []
+    for level in levels:
+        problems += load_task(cfg.task, "train", seed=cfg.seed, n=n_train // len(levels) + 1, difficulty=level)
+    random.Random(cfg.seed).shuffle(problems)
+    problems = problems[:n_train]
     examples = encode_examples(tok, [format_prompt(p, tok) for p in problems], [p.solution for p in problems])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     loss_val = float("nan")
@@ -250,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--size: unknown model size {cfg.size!r}; known: {', '.join(SIZES)}")
     if cfg.steps < 1 or cfg.batch_size < 1:
         raise ConfigError("--steps and --batch-size must be >= 1")
+    from p3o.tasks.arithmetic import LEVELS
+
+    for part in cfg.train_levels.split(","):
+        if part.strip() and (not part.strip().isdigit() or int(part) not in LEVELS):
+            raise ConfigError(f"--train-levels: {part.strip()!r} is not a level; known: {', '.join(map(str, LEVELS))}")
     if args.out:
         stats = warm_start(cfg, args.out)
         path = Path(args.out)

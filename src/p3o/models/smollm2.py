@@ -51,6 +51,17 @@ def convert(out_dir: str | Path, gguf_path: str | Path | None = None) -> dict[st
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    # The weights are already de-quantised to float32, but the model still carries the GGUF "quantizer", which
+    # refuses to save: copy them into a plain model built from the same config without it.
+    cfg_dict = model.config.to_dict()
+    cfg_dict.pop("quantization_config", None)
+    plain = AutoModelForCausalLM.from_config(type(model.config).from_dict(cfg_dict), dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and plain.config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise P3OError(f"{gguf_path}: unexpected GGUF tensors (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    plain.generation_config = model.generation_config
+    model = plain.eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model.generation_config.pad_token_id = tok.pad_token_id
