@@ -57,6 +57,21 @@ def process_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, 
     return z
 
 
+def _sample_categorical(probs: Tensor, generator: torch.Generator) -> Tensor:
+    """One draw per row by inverse CDF: the first v with cdf_v > u · cdf_V, u ~ U[0, 1) (zero-mass tokens never win).
+
+    Same distribution as torch.multinomial(probs, 1) but one uniform per row instead of V exponentials.
+
+    Args:
+        probs: (N, V) float32, rows sum to ~1.
+    Returns:
+        (N, 1) long.
+    """
+    cdf = probs.cumsum(-1)  # (N, V)
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
+
+
 def _cache_kwarg(model: nn.Module) -> str:
     """KV-cache keyword of a transformers forward: `cache` in transformers 5, `past_key_values` before."""
     params = inspect.signature(model.forward).parameters
@@ -204,7 +219,7 @@ class HFEngine:
             return tok, F.log_softmax(raw, -1).gather(-1, tok[:, None]).squeeze(-1)
         z = process_logits(raw, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
         logq = F.log_softmax(z, dim=-1)  # (N, V)
-        tok = torch.multinomial(logq.exp(), 1, generator=generator)  # (N, 1)
+        tok = _sample_categorical(logq.exp(), generator)  # (N, 1)
         if self.logprob_mode == "processed":
             lp = logq.gather(-1, tok)
         else:
