@@ -246,3 +246,24 @@ def test_fast_decode_matches_transformers_forward(tiny_lm, precision):
     same = (a.response_ids == b.response_ids).all(-1)
     assert same.float().mean() >= (1.0 if precision != "bf16" else 0.5)
     torch.testing.assert_close(a.rollout_logp[same], b.rollout_logp[same], atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fast_decode_other_architectures(arch):
+    import transformers
+
+    kw = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=(arch == "llama"),
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    if arch == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw)).eval()
+    else:  # Qwen2 has biases on q/k/v: the fused matmul must carry them
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw)).eval()
+    fast, slow = HFEngine(model, max_new_tokens=8), HFEngine(model, max_new_tokens=8, fast_decode=False)
+    assert fast._fast is not None
+    a, b = fast.generate(PROMPTS, n=2, seed=1), slow.generate(PROMPTS, n=2, seed=1)
+    assert torch.equal(a.response_ids, b.response_ids)
+    torch.testing.assert_close(a.rollout_logp, b.rollout_logp, atol=1e-5, rtol=0)
+    lp, _ = token_logprobs(model, a.prompt_ids, a.prompt_mask, a.response_ids, a.mask)
+    torch.testing.assert_close(a.rollout_logp, lp.detach(), atol=1e-5, rtol=0)
