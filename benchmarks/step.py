@@ -1,7 +1,7 @@
 """Completions/s of one full RL iteration (generate, verify, score, update): p3o's trainer vs TRL's GRPOTrainer (CPU).
 
     .venv/bin/python benchmarks/step.py                          # 8 prompts x 4 samples x 32 new tokens, 5M Qwen3
-    .venv/bin/python benchmarks/step.py --steps 8 --rounds 3 --model tiny-random
+    .venv/bin/python benchmarks/step.py --steps 8 --rounds 3 --model tiny-1m-random
 
 Both sides start from the same weights (``p3o.models.load_policy(--model)``, the built-in ~5M-parameter Qwen3 and its
 tokenizer), the same arithmetic prompts (chat-formatted by ``p3o.tasks.format_prompt``) and the same verifier
@@ -162,7 +162,7 @@ def run_trl(args: argparse.Namespace, comps0: Any, texts: list[str], steps: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-random", help="p3o.models.load_policy name (~5M-parameter Qwen3)")
+    ap.add_argument("--model", default="tiny-5m-random", help="p3o.models.load_policy name (~5M-parameter Qwen3)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--new", type=int, default=32, help="max new tokens")
