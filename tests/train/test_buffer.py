@@ -148,12 +148,13 @@ def test_async_never_exceeds_max_lag(max_lag):
 def test_async_consumer_drops_rows_older_than_max_lag():
     # a queue restored with a batch from version 0, consumed at version 5 with max_lag 1: dropped, next one used
     old = VersionEngine()
-    state = {"queue": [(5, rollouts_to_state(old.generate(5)), {"index": 5.0})]}
-    src = AsyncSource(produce, VersionEngine(), 1, start_step=5, start_version=5, state=state)
-    src.engine.version = 5
-    batch, info = src.get(5)
-    assert src.dropped_rows == 4
-    assert info["index"] == 6 and token_lag(batch, 5).max() <= 1
+    state = {"queue": [(i, rollouts_to_state(old.generate(i)), {"index": float(i)}) for i in (5, 6)]}
+    engine = VersionEngine()
+    engine.version = 5
+    src = AsyncSource(produce, engine, 1, start_step=5, start_version=5, state=state)
+    batch, info = src.get(5)  # both restored batches are too old: dropped whole, then a fresh one is produced
+    assert src.dropped_rows == 8
+    assert info["index"] == 7 and token_lag(batch, 5).max() <= 1
     src.close()
 
 

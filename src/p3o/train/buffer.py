@@ -149,11 +149,15 @@ class GeneratorCrashed(RuntimeError):
 class AsyncSource:
     """Bounded-lag asynchronous generation: a daemon thread owns `engine` and produces batches ahead.
 
-    Producer rule: batch b is produced only once the trainer has pushed version ≥ b − max_lag, so the
-    trainer (at version b when it consumes batch b) is at most max_lag versions ahead of every token.
-    The queue therefore never holds more than max_lag + 1 batches. Consumer rule: rows holding a token
-    older than max_lag versions are dropped (never happens with the producer rule; counted in
-    `dropped_rows`).
+    Producer rule: the next batch will be trained on at step s = (the step the trainer asks for next) +
+    (batches already queued); it is produced only once the trainer has pushed version ≥ s − max_lag, so
+    the trainer (at version s when it consumes it, or earlier if rows ahead of it get dropped) is at most
+    max_lag versions ahead of every token. The queue therefore never holds more than max_lag + 1 batches.
+    Consumer rule: rows holding a token older than max_lag versions are dropped (never happens under the
+    producer rule, only with a restored queue; counted in `dropped_rows`); a batch dropped whole frees its
+    slot, so the producer can never wait for a version the trainer cannot reach.
+
+    The data index passed to `produce` counts produced batches (it equals the step when nothing is dropped).
     """
 
     def __init__(
@@ -175,6 +179,7 @@ class AsyncSource:
         for item in (state or {}).get("queue", []):
             self.queue.append(_batch_from_state(item))
         self.next_index = max([start_step] + [idx + 1 for idx, _ in self.queue])
+        self.want = start_step  # the step the trainer will ask for next
         self.latest_version = start_version
         self.pending: tuple[dict[str, torch.Tensor], int] | None = None
         self.error: BaseException | None = None
@@ -188,14 +193,12 @@ class AsyncSource:
         try:
             while True:
                 with self.cond:
-                    idx = self.next_index
-                    # wait for weights fresh enough for batch idx, and for room in the queue
-                    while not self.stop and (
-                        self.latest_version < idx - self.max_lag or len(self.queue) > self.max_lag
-                    ):
+                    # wait until the weights are fresh enough for the step that will consume the next batch
+                    while not self.stop and self.latest_version < self.want + len(self.queue) - self.max_lag:
                         self.cond.wait(self.poll_s)
                     if self.stop:
                         return
+                    idx = self.next_index
                     pending, self.pending = self.pending, None
                 if pending is not None:
                     self.engine.load_weights(pending[0], pending[1])
@@ -212,6 +215,8 @@ class AsyncSource:
     # -- consumer (trainer) ----------------------------------------------------------------------
     def get(self, step: int) -> Batch:
         with self.cond:
+            self.want = step
+            self.cond.notify_all()
             while True:
                 if self.error is not None:
                     raise GeneratorCrashed(f"rollout generator thread crashed: {self.error!r}") from self.error
@@ -219,11 +224,13 @@ class AsyncSource:
                     _, (batch, info) = self.queue.popleft()
                     self.cond.notify_all()
                     keep = self._fresh_rows(batch, step)
-                    if len(keep) == len(batch):
-                        return batch, info
-                    self.dropped_rows += len(batch) - len(keep)
-                    if keep:
-                        return batch.select(keep), info
+                    if len(keep) < len(batch):
+                        self.dropped_rows += len(batch) - len(keep)
+                        if not keep:
+                            continue
+                        batch = batch.select(keep)
+                    self.want = step + 1
+                    return batch, info
                 if not self.thread.is_alive() and self.error is None:
                     raise GeneratorCrashed("rollout generator thread stopped without producing a batch")
                 self.cond.wait(self.poll_s)
