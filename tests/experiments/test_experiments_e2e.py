@@ -36,7 +36,7 @@ def test_tiny_compare_end_to_end(tmp_path: Path, capsys) -> None:
     path.write_text(yaml.safe_dump(raw))
     assert p3o_main(["compare", str(path), "--in-process"]) == 0, capsys.readouterr()
     out = capsys.readouterr().out
-    assert "[2/2] on-policy/grpo-0.2/seed0: done" in out and "eval on-policy/p3o/seed0: pass@1" in out
+    assert "[1/2] on-policy/p3o/seed0: done in " in out and "; eval pass@1 " in out and "[2/2]" in out
     for objective in ("p3o", "grpo-0.2"):
         run = tmp_path / "out" / "runs" / "on-policy" / objective / "seed0"
         assert (run / "DONE").is_file() and (run / "final").is_dir()

@@ -154,3 +154,21 @@ def test_in_process_runs_call_the_train_cli_main(tmp_path: Path, monkeypatch: py
     assert "boom: objective exploded" in bad.log_path.read_text()
     with pytest.raises(ValueError, match="jobs=1"):
         run_grid(expand(exp), log_root=exp.out_dir / "logs", in_process=True, jobs=2)
+
+
+def test_after_hook_runs_per_finished_run_and_its_errors_do_not_fail_it(tmp_path: Path) -> None:
+    exp = parse_experiment(experiment(tmp_path, ["p3o", {"label": "boom", "overrides": {"objective.name": "boom"}}]))
+    seen: list[tuple] = []
+
+    def after(spec) -> str:
+        seen.append(spec.key)
+        if spec.seed == 1:
+            raise RuntimeError("eval broke")
+        return "pass@1 0.5"
+
+    outcomes = run_grid(expand(exp), log_root=exp.out_dir / "logs", jobs=2, train_cmd=FAKE, after=after)
+    by_key = {o.spec.key: o for o in outcomes}
+    assert sorted(seen) == sorted(k for k, o in by_key.items() if o.spec.objective == "p3o")  # not after failures
+    assert by_key[("on-policy", "p3o", 0)].message == "pass@1 0.5"
+    ok = by_key[("stale-2", "p3o", 1)]
+    assert ok.status == "done" and ok.message == "after-run step failed: RuntimeError: eval broke"

@@ -58,7 +58,10 @@ def print_table(result_dict: dict) -> None:
     from rich.table import Table
 
     r = result_dict
-    table = Table(title=f"{r['model']} on {r['task']}/{r['split']}: {r['n_problems']} problems × {r['n_samples']}")
+    table = Table(
+        title=f"{r['task']}/{r['split']}: {r['n_problems']} problems × {r['n_samples']} samples",
+        caption=f"model: {r['model']}",
+    )
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in r["pass_at_k"].items():

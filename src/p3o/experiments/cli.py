@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -108,10 +109,17 @@ def main(argv: list[str]) -> int:
             msg = f"[{count[0]}/{total}] {s.regime}/{s.objective}/seed{s.seed}: {o.status}"
             if o.status == "done":
                 msg += f" in {o.seconds:.0f} s"
-            if o.message:
+            if o.status == "failed":
                 msg += f" ({o.message}; log {o.log_path})"
+            elif o.message and o.message != "skipped":
+                msg += f"; eval {o.message}"
             print(msg, flush=True)
 
+        evaluate = exp.eval.n_samples > 0 and not args.no_eval
+        if evaluate and args.jobs > 1:
+            import torch
+
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.jobs))  # evaluations share the CPU too
         outcomes = run_grid(
             runs,
             log_root=exp.out_dir / "logs",
@@ -120,14 +128,9 @@ def main(argv: list[str]) -> int:
             timeout_s=args.timeout,
             in_process=args.in_process,
             on_outcome=show,
+            after=(lambda spec: _eval_run(spec, exp)) if evaluate else None,
         )
         failed = [o for o in outcomes if o.status == "failed"]
-        if exp.eval.n_samples > 0 and not args.no_eval:
-            for spec in runs:
-                if (spec.run_dir / "DONE").is_file() or (spec.run_dir / "final").is_dir():
-                    status = _eval_run(spec, exp)
-                    if status != "skipped":
-                        print(f"eval {spec.regime}/{spec.objective}/seed{spec.seed}: {status}", flush=True)
     report = args.report or exp.out_dir / "report.md"
     command = "p3o compare " + shlex.join([a for a in argv if a])
     write_report(collect(exp), report, figure_dir=args.figures, command=command)

@@ -152,8 +152,13 @@ def run_grid(
     timeout_s: float | None = None,
     in_process: bool = False,
     on_outcome: Callable[[RunOutcome], None] | None = None,
+    after: Callable[[RunSpec], str | None] | None = None,
 ) -> list[RunOutcome]:
     """Run every unfinished run, `jobs` processes at a time; a failed run is reported and the others go on.
+
+    `after(spec)` runs in the same worker once a run is finished (trained now or skipped), e.g. its evaluation, so
+    it overlaps with the other workers' training; its return value goes into the outcome's message and an exception
+    from it is reported there without failing the run.
 
     Each process gets OMP_NUM_THREADS = threads_per_job (default: the machine's cores divided by `jobs`), so
     parallel jobs do not oversubscribe the CPU. Outcomes come back in the order of `runs`.
@@ -173,6 +178,11 @@ def run_grid(
         outcome = run_one(
             spec, log_root=log_root, train_cmd=train_cmd, env=env, timeout_s=timeout_s, in_process=in_process
         )
+        if after is not None and outcome.status != "failed":
+            try:
+                outcome.message = after(spec) or ""
+            except Exception as err:  # an evaluation problem must not lose the finished run
+                outcome.message = f"after-run step failed: {type(err).__name__}: {err}"
         if on_outcome is not None:
             with lock:
                 on_outcome(outcome)
