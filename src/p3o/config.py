@@ -92,7 +92,7 @@ class TaskConfig:
     """The prompts and the verifier that scores completions (``p3o.tasks.load_task``, ``p3o.rewards``)."""
 
     name: str = _f("arithmetic", "task: 'arithmetic' (built-in, offline), a preset such as 'gsm8k', or a data path")
-    difficulty: int | str = _f(1, "difficulty of the built-in arithmetic task (passed to load_task)")
+    difficulty: int | str = _f(2, "difficulty of the built-in arithmetic task (passed to load_task)")
     verifier: str | None = _f(None, "verifier name for p3o.rewards.get_verifier (None: the task's own default)")
     template: str = _f("default", "prompt template for p3o.tasks.format_prompt")
     n_train: int | None = _f(None, "number of training problems (None: all the task provides)", ge=1)
@@ -105,8 +105,8 @@ class TaskConfig:
 class RolloutConfig:
     """Sampling: how many completions per step and how the rollout engine generates and records log-probs."""
 
-    prompts_per_step: int = _f(8, "prompts sampled per training step", ge=1)
-    group_size: int = _f(8, "completions per prompt (G); advantages are relative within the group", ge=1)
+    prompts_per_step: int = _f(16, "prompts sampled per training step", ge=1)
+    group_size: int = _f(4, "completions per prompt (G); advantages are relative within the group", ge=1)
     max_new_tokens: int = _f(48, "maximum response length T (longer responses are truncated)", ge=1)
     temperature: float = _f(1.0, "sampling temperature of the rollout engine", gt=0)
     top_p: float = _f(1.0, "nucleus sampling mass (1: off)", gt=0, le=1)
@@ -142,7 +142,7 @@ class UpdateConfig:
 class OptimConfig:
     """AdamW and its learning-rate schedule."""
 
-    lr: float = _f(1e-4, "peak learning rate", gt=0)
+    lr: float = _f(2e-4, "peak learning rate", gt=0)
     weight_decay: float = _f(0.0, "AdamW weight decay", ge=0)
     betas: tuple[float, float] = _f((0.9, 0.999), "AdamW betas (beta1, beta2)")
     eps: float = _f(1e-8, "AdamW epsilon", gt=0)
@@ -205,7 +205,7 @@ class LogConfig:
     wandb: bool | Literal["auto"] = _f("auto", "Weights & Biases: auto (installed and configured), true, false")
     wandb_project: str = _f("p3o", "W&B project name")
     progress: bool = _f(True, "rich progress bar with live reward and ESS (only on a terminal)")
-    eval_every: int = _f(0, "evaluate on the eval split every this many steps (0: only at the end)", ge=0)
+    eval_every: int = _f(20, "evaluate on the eval split every this many steps (0: only at the end)", ge=0)
     plot: bool = _f(True, "draw plot.png in the run directory at the end")
 
 
