@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p3o.experiments.analysis import aggregate_seeds, detect_collapse, final_value, read_metrics, smooth
+from p3o.experiments.analysis import aggregate_seeds, batch_noise, detect_collapse, final_value, read_metrics, smooth
 
 
 def rise(n: int = 60, top: float = 0.8) -> np.ndarray:
@@ -107,3 +107,25 @@ def test_aggregate_seeds_aligns_on_steps() -> None:
     np.testing.assert_array_equal(agg.n, [1, 2, 2, 1])
     np.testing.assert_allclose(agg.low, [0.0, 1.0, 2.0, 5.0])
     assert aggregate_seeds([a], "missing") is None
+
+
+def test_fall_within_batch_noise_is_not_a_collapse_but_a_large_one_is() -> None:
+    rng = np.random.default_rng(1)
+    # A flat 0.5 level with per-step noise σ = 0.12 (a small batch): its smoothed maximum sits ~0.1 above the level,
+    # so the level itself is > 20% below the peak; with drop = 0.15 only the noise test keeps it from counting.
+    flat = np.clip(0.5 + rng.normal(0, 0.12, 30), 0, 1)
+    info = detect_collapse(flat, drop=0.15, window=5, noise_z=3.0)
+    assert info.drop > 0.15 and not info.collapsed
+    assert detect_collapse(flat, drop=0.15, window=5, noise_z=0.0).collapsed  # the plain rule would flag it
+    # The same noise on top of a real fall from 0.6 to 0.1 is a collapse.
+    fall = np.concatenate([np.full(15, 0.6), np.full(15, 0.1)]) + rng.normal(0, 0.12, 30)
+    assert detect_collapse(fall, drop=0.15, window=5, noise_z=3.0).collapsed
+
+
+def test_batch_noise_estimates_sigma_and_ignores_a_jump() -> None:
+    rng = np.random.default_rng(0)
+    y = rng.normal(0, 0.1, 4000)
+    assert batch_noise(y) == pytest.approx(0.1, rel=0.05)
+    y[2000:] -= 5.0  # one jump barely moves the robust estimate
+    assert batch_noise(y) == pytest.approx(0.1, rel=0.05)
+    assert batch_noise(np.array([1.0, 2.0])) == 0.0

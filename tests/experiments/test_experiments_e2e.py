@@ -1,5 +1,5 @@
 """`p3o compare` end to end with the real trainer: 2 objectives × 1 regime × 1 seed × 2 steps on the tiny random
-model, trained in-process, evaluated on the test split, aggregated into a report."""
+model, two `p3o train` processes at once, each run evaluated on the test split as it finishes, one report."""
 
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ def test_tiny_compare_end_to_end(tmp_path: Path, capsys) -> None:
     }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(raw))
-    assert p3o_main(["compare", str(path), "--in-process"]) == 0, capsys.readouterr()
+    assert p3o_main(["compare", str(path), "--jobs", "2"]) == 0, capsys.readouterr()
     out = capsys.readouterr().out
-    assert "[1/2] on-policy/p3o/seed0: done in " in out and "; eval pass@1 " in out and "[2/2]" in out
+    # Both evaluations ran (they are serialised: concurrent transformers loading is not thread-safe).
+    assert out.count("; eval pass@1 ") == 2 and "[2/2]" in out, out
     for objective in ("p3o", "grpo-0.2"):
         run = tmp_path / "out" / "runs" / "on-policy" / objective / "seed0"
         assert (run / "DONE").is_file() and (run / "final").is_dir()

@@ -102,20 +102,42 @@ class CollapseInfo:
     """The smoothed curve went below the threshold after the peak at some point (recovered or not)."""
 
 
+def batch_noise(y: NDArray[np.float64]) -> float:
+    """Robust per-step noise σ of a curve: 1.4826 · MAD(y_t − y_{t−1}) / √2 over finite neighbours (0 if < 3 points).
+
+    First differences remove a slow trend; the MAD ignores a few genuine jumps, so a real collapse does not inflate
+    its own noise estimate.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    d = np.diff(y)
+    d = d[np.isfinite(d)]
+    if d.size < 2:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2.0))
+
+
 def detect_collapse(
-    rewards: NDArray[np.float64], *, drop: float = 0.3, window: int = 5, min_peak: float = 0.05
+    rewards: NDArray[np.float64],
+    *,
+    drop: float = 0.3,
+    window: int = 5,
+    min_peak: float = 0.05,
+    noise_z: float = 3.0,
 ) -> CollapseInfo:
-    """Did the reward fall more than `drop` × peak below its peak and stay there to the end of the run?
+    """Did the reward fall more than `drop` × peak below its peak, beyond batch noise, and stay there to the end?
 
     The curve is smoothed with a trailing mean of `window` points (so single noisy points neither make nor
-    break a collapse); threshold τ = (1 − drop) · peak. Collapsed ⇔ peak ≥ min_peak and the smoothed curve
-    is below τ from some point after the peak through its last point (a dip that comes back above τ is a
-    recovery, not a collapse).
+    break a collapse); threshold τ = (1 − drop) · peak, lowered further to peak − noise_z · σ · √(2 / window) when
+    the per-step noise σ (`batch_noise`) is large, so that a smoothed fall must exceed noise_z standard errors of a
+    difference of two window means — the maximum of a noisy curve sits well above its level, and a fall from it to
+    an ordinary value is not a collapse. Collapsed ⇔ peak ≥ min_peak and the smoothed curve is below τ from some
+    point after the peak through its last point (a dip that comes back above τ is a recovery, not a collapse).
 
     Args:
         rewards: (S,) the run's per-step mean reward, in step order (NaN allowed).
     """
-    s = smooth(np.asarray(rewards, dtype=np.float64), window)
+    raw = np.asarray(rewards, dtype=np.float64)
+    s = smooth(raw, window)
     finite = np.isfinite(s)
     if not finite.any():
         return CollapseInfo(False, math.nan, -1, math.nan, 0.0, None, False)
@@ -126,7 +148,7 @@ def detect_collapse(
     rel_drop = (peak - final) / peak if peak > 0 else 0.0
     if peak < min_peak:
         return CollapseInfo(False, peak, peak_index, final, rel_drop, None, False)
-    threshold = (1.0 - drop) * peak
+    threshold = min((1.0 - drop) * peak, peak - noise_z * batch_noise(raw) * math.sqrt(2.0 / window))
     after = s[peak_index + 1 : last + 1]
     below = np.where(np.isfinite(after), after < threshold, True)  # NaN gaps neither start nor end a fall
     dipped = bool((np.isfinite(after) & (after < threshold)).any())

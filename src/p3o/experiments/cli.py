@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -77,6 +78,13 @@ def _eval_run(spec: RunSpec, exp: Experiment) -> str:
     return f"pass@1 {result.pass_at_k.get(1, float('nan')):.3f}"
 
 
+def _eval_locked(spec: RunSpec, exp: Experiment, lock: threading.Lock) -> str:
+    """One evaluation at a time: transformers' model loading is not thread-safe (meta-device initialisation), and
+    evaluations still overlap with the other workers' training subprocesses."""
+    with lock:
+        return _eval_run(spec, exp)
+
+
 def main(argv: list[str]) -> int:
     """Run `p3o compare`; exit 0 when every run finished, 1 when some failed (the report is written anyway)."""
     args = build_parser().parse_args(argv)
@@ -116,6 +124,7 @@ def main(argv: list[str]) -> int:
             print(msg, flush=True)
 
         evaluate = exp.eval.n_samples > 0 and not args.no_eval
+        eval_lock = threading.Lock()
         if evaluate and args.jobs > 1:
             import torch
 
@@ -128,7 +137,7 @@ def main(argv: list[str]) -> int:
             timeout_s=args.timeout,
             in_process=args.in_process,
             on_outcome=show,
-            after=(lambda spec: _eval_run(spec, exp)) if evaluate else None,
+            after=(lambda spec: _eval_locked(spec, exp, eval_lock)) if evaluate else None,
         )
         failed = [o for o in outcomes if o.status == "failed"]
     report = args.report or exp.out_dir / "report.md"

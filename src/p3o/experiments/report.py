@@ -104,7 +104,9 @@ def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
     m["steps"] = float(curves["step"].size)
     if REWARD_KEY in curves:
         reward = curves[REWARD_KEY]
-        summary.collapse = detect_collapse(reward, drop=a.collapse_drop, window=a.smooth, min_peak=a.min_peak)
+        summary.collapse = detect_collapse(
+            reward, drop=a.collapse_drop, window=a.smooth, min_peak=a.min_peak, noise_z=a.noise_z
+        )
         m["final_reward"] = final_value(reward, a.final_frac)
         m["first_reward"] = float(smooth(reward, a.smooth)[min(a.smooth, reward.size) - 1])
         m["peak_reward"] = summary.collapse.peak
@@ -321,7 +323,7 @@ def claim_verdict(summary: GridSummary, claim: Claim) -> list[str]:
                 parts.append(f"{o} {k}/{len(runs)}")
             out.append(
                 f"**{regime}**: runs that collapsed (fell > {summary.exp.analysis.collapse_drop:.0%} below their "
-                f"peak and stayed there): " + ", ".join(parts) + "."
+                f"peak, beyond batch noise, and stayed there): " + ", ".join(parts) + "."
             )
         elif claim.kind == "rank":
             order = sorted(claim.objectives, key=lambda o: -stats[o][0] if math.isfinite(stats[o][0]) else math.inf)
@@ -408,7 +410,8 @@ def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, com
         f"total training wall time {total_s / 60:.1f} min",
         f"- Final reward = mean of the last {exp.analysis.final_frac:.0%} of steps; curves smoothed over "
         f"{exp.analysis.smooth} steps; a *collapse* is a fall of more than {exp.analysis.collapse_drop:.0%} below "
-        f"the run's smoothed peak that lasts to the end (peaks below {exp.analysis.min_peak} are not counted).",
+        f"the run's smoothed peak, and more than {exp.analysis.noise_z:g} standard errors of its step-to-step batch "
+        f"noise, that lasts to the end (peaks below {exp.analysis.min_peak} are not counted).",
         "",
     ]
     missing = [r.spec for r in summary.runs if not r.curves]

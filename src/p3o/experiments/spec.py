@@ -68,6 +68,8 @@ class AnalysisSpec:
     """A collapse is a fall of more than this fraction below the run's smoothed peak reward, lasting to the end."""
     min_peak: float = 0.05
     """Peaks below this reward are too small to call a fall from them a collapse."""
+    noise_z: float = 3.0
+    """A collapse must also exceed this many standard errors of the per-step batch noise (see detect_collapse)."""
     final_frac: float = 0.2
     """'Final' reward = mean over this last fraction of the steps."""
 
