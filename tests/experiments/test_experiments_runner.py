@@ -172,3 +172,16 @@ def test_after_hook_runs_per_finished_run_and_its_errors_do_not_fail_it(tmp_path
     assert by_key[("on-policy", "p3o", 0)].message == "pass@1 0.5"
     ok = by_key[("stale-2", "p3o", 1)]
     assert ok.status == "done" and ok.message == "after-run step failed: RuntimeError: eval broke"
+
+
+def test_finished_run_with_other_settings_is_reported_not_reused(tmp_path: Path) -> None:
+    raw = experiment(tmp_path, ["p3o"], seeds=1)
+    raw["regimes"] = ["on-policy"]
+    exp = parse_experiment(raw)
+    [first] = run_grid(expand(exp), log_root=exp.out_dir / "logs", train_cmd=FAKE)
+    assert first.status == "done"
+    raw["base"]["steps"] = 20  # the grid changed after the run finished
+    exp = parse_experiment(raw)
+    [again] = run_grid(expand(exp), log_root=exp.out_dir / "logs", train_cmd=FAKE)
+    assert again.status == "failed" and "finished with other settings (--steps)" in again.message
+    assert len((first.spec.run_dir / "metrics.jsonl").read_text().splitlines()) == 12  # left as it was

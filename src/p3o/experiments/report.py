@@ -407,7 +407,7 @@ def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, com
             for a in exp.regimes
         ),
         f"- Seeds: {', '.join(map(str, exp.seeds))}; runs with metrics: {len(finished)}/{len(summary.runs)}; "
-        f"total training wall time {total_s / 60:.1f} min",
+        f"training time summed over runs {total_s / 60:.1f} min",
         f"- Final reward = mean of the last {exp.analysis.final_frac:.0%} of steps; curves smoothed over "
         f"{exp.analysis.smooth} steps; a *collapse* is a fall of more than {exp.analysis.collapse_drop:.0%} below "
         f"the run's smoothed peak, and more than {exp.analysis.noise_z:g} standard errors of its step-to-step batch "

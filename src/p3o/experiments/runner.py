@@ -3,8 +3,10 @@
 Each run is a subprocess `python -m p3o train --key value ...` (the same overrides a user would type), or with
 `in_process=True` a call of `p3o.train.cli.main` with the same arguments in this process (no interpreter start-up
 per run; one run at a time). Its output goes to `out_dir/logs/<regime>/<objective>/seed<k>.log`. A run whose
-directory holds a `DONE` marker (written here on success) or a `final/` checkpoint is finished and is never re-run;
-a run that was started by the grid but did not finish is started again from scratch.
+directory holds a `DONE` marker (written here on success) or a `final/` checkpoint is finished and is never re-run
+(if its DONE records other settings than the grid now asks for, the run is reported as failed instead: results of
+different settings are never mixed, nor deleted); a run that was started by the grid but did not finish is started
+again from scratch.
 
 Usage:
 
@@ -68,6 +70,18 @@ def train_argv(spec: RunSpec, train_cmd: Sequence[str] = DEFAULT_TRAIN_CMD) -> l
     return argv
 
 
+def _read_done(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        done = json.loads((run_dir / "DONE").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return done if isinstance(done, dict) else None
+
+
+def _pairs(args: Sequence[str]) -> dict[str, str]:
+    return {args[i]: args[i + 1] for i in range(0, len(args) - 1, 2)}
+
+
 def _log_path(log_root: Path, spec: RunSpec) -> Path:
     return log_root / spec.regime / spec.objective / f"seed{spec.seed}.log"
 
@@ -94,7 +108,15 @@ def run_one(
     in_process: call `p3o.train.cli.main(argv)` here instead of a subprocess (`train_cmd` and `timeout_s` unused).
     """
     log_path = _log_path(log_root, spec)
+    args = train_argv(spec, ())
     if is_finished(spec.run_dir):
+        done = _read_done(spec.run_dir)
+        if done is not None and "args" in done and done["args"] != args:
+            # Never mix results of other settings into a grid, and never delete them silently.
+            changed = sorted(set(_pairs(done["args"]).items()) ^ set(_pairs(args).items()))
+            keys = sorted({k for k, _ in changed})
+            why = f"{spec.run_dir} finished with other settings ({', '.join(keys)}): remove it or use another out_dir"
+            return RunOutcome(spec, "failed", log_path=log_path, message=why)
         return RunOutcome(spec, "skipped", log_path=log_path)
     if spec.run_dir.exists() and log_path.exists():
         # Started by an earlier invocation of this grid and interrupted: start it again from scratch.
@@ -121,7 +143,8 @@ def run_one(
         why = f"timed out after {timeout_s:.0f} s" if rc is None else f"exit {rc}: {_last_line(log_path)}"
         return RunOutcome(spec, "failed", seconds, rc, log_path, why)
     spec.run_dir.mkdir(parents=True, exist_ok=True)
-    (spec.run_dir / "DONE").write_text(json.dumps({"seconds": round(seconds, 2), "argv": argv}) + "\n")
+    done = {"seconds": round(seconds, 2), "argv": argv, "args": args}
+    (spec.run_dir / "DONE").write_text(json.dumps(done) + "\n")
     return RunOutcome(spec, "done", seconds, rc, log_path)
 
 
