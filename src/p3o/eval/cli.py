@@ -58,10 +58,7 @@ def print_table(result_dict: dict) -> None:
     from rich.table import Table
 
     r = result_dict
-    table = Table(
-        title=f"{r['task']}/{r['split']}: {r['n_problems']} problems × {r['n_samples']} samples",
-        caption=f"model: {r['model']}",
-    )
+    table = Table(title=f"{r['task']}/{r['split']}: {r['n_problems']} problems × {r['n_samples']} samples")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in r["pass_at_k"].items():
@@ -70,7 +67,9 @@ def print_table(result_dict: dict) -> None:
     table.add_row("mean response length (tokens)", f"{r['mean_response_len']:.1f}")
     table.add_row("truncation rate", f"{r['truncation_rate']:.3f}")
     table.add_row("wall time (s)", f"{r['seconds']:.1f}")
-    Console().print(table)
+    console = Console()
+    console.print(f"model: {r['model']}", soft_wrap=True)
+    console.print(table)
 
 
 def main(argv: list[str]) -> int:
