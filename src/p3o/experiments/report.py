@@ -176,8 +176,8 @@ def plot_regime(summary: GridSummary, regime: str, path: Path) -> Path:
     return path
 
 
-def plot_overview(summary: GridSummary, path: Path, metric: str = "final_reward") -> Path:
-    """Grouped bars: `metric` (mean over seeds, error bar = sample std) per regime and objective."""
+def plot_overview(summary: GridSummary, path: Path, metrics: tuple[str, ...] = ("final_reward", "pass@1")) -> Path:
+    """Grouped bars, one panel per metric: mean over seeds (error bar = sample std) per regime and objective."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,19 +186,22 @@ def plot_overview(summary: GridSummary, path: Path, metric: str = "final_reward"
     exp = summary.exp
     regimes, objectives = [a.label for a in exp.regimes], [a.label for a in exp.objectives]
     width = 0.8 / len(objectives)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(regimes) * max(1, len(objectives)) ** 0.5 + 3), 3.8))
+    panel_w = max(5.0, 0.9 * len(regimes) * max(1, len(objectives)) ** 0.5 + 2)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(panel_w * len(metrics), 3.8), squeeze=False)
     colors = plt.get_cmap("tab10")
     x = np.arange(len(regimes))
-    for j, obj in enumerate(objectives):
-        stats = [summary.stat(reg, obj, metric) for reg in regimes]
-        means = [s[0] for s in stats]
-        stds = [s[1] if s[2] > 1 else 0.0 for s in stats]
-        ax.bar(x + (j - (len(objectives) - 1) / 2) * width, means, width, yerr=stds, label=obj, color=colors(j % 10))
-    ax.set_xticks(x, regimes)
-    ax.set_ylabel(METRIC_LABELS.get(metric, metric))
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, ncol=min(4, len(objectives)))
-    ax.set_title(f"{exp.name}: {METRIC_LABELS.get(metric, metric)} (mean ± sd over {len(exp.seeds)} seeds)")
+    for metric, ax in zip(metrics, axes[0]):
+        for j, obj in enumerate(objectives):
+            stats = [summary.stat(reg, obj, metric) for reg in regimes]
+            means = [s[0] for s in stats]
+            stds = [s[1] if s[2] > 1 else 0.0 for s in stats]
+            offset = (j - (len(objectives) - 1) / 2) * width
+            ax.bar(x + offset, means, width, yerr=stds, label=obj, color=colors(j % 10))
+        ax.set_xticks(x, regimes)
+        ax.set_title(f"{METRIC_LABELS.get(metric, metric)} (mean ± sd over {len(exp.seeds)} seeds)", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=8, ncol=min(4, len(objectives)))
+    fig.suptitle(exp.name)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -432,7 +435,7 @@ def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, com
             lines += [f"- {s}" for s in claim_verdict(summary, claim)]
             lines += [""]
     overview = plot_overview(summary, figure_dir / f"{exp.name}-overview.png")
-    lines += ["## Overview", "", f"![final reward per regime]({rel / overview.name})", ""]
+    lines += ["## Overview", "", f"![final reward and pass@1 per regime]({rel / overview.name})", ""]
     lines += ["## Results per regime", ""]
     for arm in exp.regimes:
         fig = plot_regime(summary, arm.label, figure_dir / f"{exp.name}-{arm.label}.png")
