@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_tiny_lm
+from tiny_lm import make_tiny_lm
 
 from p3o.policy import Policy, chunked_head_logprobs, naive_token_logprobs, position_ids_from_mask, token_logprobs
 from p3o.types import Rollouts

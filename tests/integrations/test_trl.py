@@ -12,8 +12,8 @@ import torch
 
 pytest.importorskip("trl")
 
-from conftest import make_tiny_lm
 from datasets import Dataset
+from tiny_lm import make_tiny_lm
 from trl import GRPOConfig, GRPOTrainer
 
 from p3o.errors import ConfigError

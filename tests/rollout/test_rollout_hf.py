@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_tiny_lm
+from tiny_lm import make_tiny_lm
 
 from p3o.errors import ConfigError, P3OError
 from p3o.policy import token_logprobs

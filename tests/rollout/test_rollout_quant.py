@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_tiny_lm
+from tiny_lm import make_tiny_lm
 from torch import nn
 
 from p3o.errors import ConfigError
