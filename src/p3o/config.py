@@ -97,7 +97,7 @@ class TaskConfig:
     template: str = _f("default", "prompt template for p3o.tasks.format_prompt")
     n_train: int | None = _f(None, "number of training problems (None: all the task provides)", ge=1)
     eval_split: str = _f("test", "split used for evaluation during and after training")
-    n_eval: int = _f(64, "number of evaluation problems (0: no evaluation)", ge=0)
+    n_eval: int = _f(128, "number of evaluation problems (0: no evaluation)", ge=0)
     reward_timeout_s: float = _f(1.0, "time limit of one verifier call, in seconds", gt=0)
 
 
@@ -205,7 +205,7 @@ class LogConfig:
     wandb: bool | Literal["auto"] = _f("auto", "Weights & Biases: auto (installed and configured), true, false")
     wandb_project: str = _f("p3o", "W&B project name")
     progress: bool = _f(True, "rich progress bar with live reward and ESS (only on a terminal)")
-    eval_every: int = _f(20, "evaluate on the eval split every this many steps (0: only at the end)", ge=0)
+    eval_every: int = _f(15, "evaluate on the eval split every this many steps (0: only at the end)", ge=0)
     plot: bool = _f(True, "draw plot.png in the run directory at the end")
 
 

@@ -516,7 +516,8 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
             if lp.mode != "async":  # sync-style sources generate inside get(); async overlaps it
                 row["time_gen_s"] = t_wait
             every = cfg.log.eval_every
-            if main and ((every and (step + 1) % every == 0) or step + 1 == cfg.steps):
+            # after the first update (≈ the starting policy), every `every` steps, and at the end
+            if main and ((step == 0 and every) or (every and (step + 1) % every == 0) or step + 1 == cfg.steps):
                 t_eval = time.perf_counter()
                 row.update(evaluate(comps, cfg.seed))
                 row["time_eval_s"] = time.perf_counter() - t_eval
