@@ -51,6 +51,8 @@ def make_config(args: argparse.Namespace, run_dir: str, steps: int) -> Any:
         "model.device": "cpu",
         "task.name": "arithmetic",
         "task.n_train": 256,
+        "task.n_eval": 0,  # no held-out evaluation inside the timed loop
+        "log.eval_every": 0,
         "rollout.prompts_per_step": args.prompts,
         "rollout.group_size": args.group,
         "rollout.max_new_tokens": args.new,
