@@ -213,3 +213,11 @@ def test_progress_bar_disabled_off_terminal_and_live_on_one():
 def test_format_metrics():
     line = format_metrics(3, {"reward_mean": 0.41234, "n": 2, "name": "x"}, keys=["reward_mean", "n", "missing"])
     assert line == "step 3 reward_mean=0.4123 n=2"
+
+
+def test_moving_average_centred_and_skips_nan():
+    from p3o.metrics import moving_average
+
+    # window 3: (1+2)/2, (1+2+3)/3, (2+3+4)/3, (3+4)/2 ; a NaN in the window is skipped
+    assert moving_average([1.0, 2.0, 3.0, 4.0], 3) == [1.5, 2.0, 3.0, 3.5]
+    assert moving_average([1.0, math.nan, 3.0], 3) == [1.0, 2.0, 3.0]

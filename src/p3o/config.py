@@ -205,7 +205,7 @@ class LogConfig:
     wandb: bool | Literal["auto"] = _f("auto", "Weights & Biases: auto (installed and configured), true, false")
     wandb_project: str = _f("p3o", "W&B project name")
     progress: bool = _f(True, "rich progress bar with live reward and ESS (only on a terminal)")
-    eval_every: int = _f(15, "evaluate on the eval split every this many steps (0: only at the end)", ge=0)
+    eval_every: int = _f(50, "evaluate on the eval split every this many steps (0: only at the end)", ge=0)
     plot: bool = _f(True, "draw plot.png in the run directory at the end")
 
 
@@ -227,7 +227,7 @@ class TrainConfig:
 
     run_dir: str = _f("runs/default", "output directory (config.yaml, metrics.jsonl, checkpoints/, final/, plot.png)")
     seed: int = _f(0, "random seed (python, numpy, torch, sampling)")
-    steps: int = _f(60, "training steps (one rollout batch each)", ge=1)
+    steps: int = _f(150, "training steps (one rollout batch each)", ge=1)
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "policy model"})
     task: TaskConfig = field(default_factory=TaskConfig, metadata={"help": "task and verifier"})
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "sampling"})

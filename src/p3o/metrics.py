@@ -332,6 +332,19 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
 ]
 
 
+SMOOTHED = {"reward_mean", "accuracy"}
+
+
+def moving_average(ys: list[float], window: int) -> list[float]:
+    """Centred moving average over ``window`` points (shorter at the ends), NaN entries skipped."""
+    half = window // 2
+    out = []
+    for i in range(len(ys)):
+        vals = [y for y in ys[max(0, i - half) : i + half + 1] if math.isfinite(y)]
+        out.append(sum(vals) / len(vals) if vals else math.nan)
+    return out
+
+
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]] | None:
     """(steps, values) of ``key``; None values become NaN (gaps). None when the key never has a number."""
     xs, ys = [], []
@@ -379,8 +392,15 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             (xs, lo), (_, hi) = series["lag_min"][1], series["lag_max"][1]
             ax.fill_between(xs, lo, hi, alpha=0.25, label="min–max")
             series = {k: v for k, v in series.items() if k not in {"lag_min", "lag_max"}}
-        for _key, (label, (xs, ys)) in series.items():
-            ax.plot(xs, ys, marker="." if len(xs) <= 50 else None, label=label)
+        if "reward_mean" in series and "accuracy" in series and series["reward_mean"][1] == series["accuracy"][1]:
+            series = {k: v for k, v in series.items() if k != "accuracy"}  # 0/1 rewards: the same curve twice
+        for key, (label, (xs, ys)) in series.items():
+            if key in SMOOTHED and len(xs) > 20:
+                # Per-step rewards of a small batch are noisy: draw them faint, with a centred moving average on top.
+                (line,) = ax.plot(xs, ys, alpha=0.3, linewidth=0.8)
+                ax.plot(xs, moving_average(ys, max(5, len(ys) // 15)), color=line.get_color(), label=f"{label} (avg)")
+            else:
+                ax.plot(xs, ys, marker="." if len(xs) <= 50 else None, label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

@@ -408,3 +408,24 @@ def test_bad_option_values(name: str, hp: dict, match: str) -> None:
 def test_missing_prox_logp_is_named() -> None:
     with pytest.raises(ObjectiveError, match="prox_logp"):
         get_objective("decoupled_ppo")(_inp([[0.0]], [[0.0]], [1.0]))
+
+
+def test_p3o_capped_frac_ignores_float_noise_on_policy():
+    import torch
+
+    from p3o.objectives import ObjectiveInputs, get_objective
+
+    # ratios within ±1e-7 of 1 (fp32 engine vs trainer): e_B ≈ 1 - 1e-14; no token is really above the cap
+    torch.manual_seed(0)
+    rollout = torch.randn(4, 8)
+    logp = (rollout + 1e-7 * torch.randn(4, 8)).requires_grad_()
+    _, stats = get_objective("p3o")(ObjectiveInputs(logp, rollout, torch.ones(4, 8, dtype=torch.bool), torch.ones(4)))
+    assert stats["capped_frac"] == 0.0
+    # a real excursion is still counted: one token with ρ = e^0.5 pulls e_B below 1, so every token (ρ ≥ 1 > e_B)
+    # is capped; with that token at ρ = e^-0.5 instead, only the 31 tokens at ρ = 1 are above e_B
+    mask = torch.ones(4, 8, dtype=torch.bool)
+    up, down = rollout.clone(), rollout.clone()
+    up[0, 0] += 0.5
+    down[0, 0] -= 0.5
+    assert get_objective("p3o")(ObjectiveInputs(up, rollout, mask, torch.ones(4)))[1]["capped_frac"] == 1.0
+    assert get_objective("p3o")(ObjectiveInputs(down, rollout, mask, torch.ones(4)))[1]["capped_frac"] == 31 / 32

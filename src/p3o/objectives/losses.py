@@ -29,6 +29,8 @@ from p3o.objectives.core import (
 Stats = dict[str, torch.Tensor]
 RATIO_LOG_CLAMP = 80.0  # lr bound inside exp(lr) where ρ carries gradient: e^80 ~ 5.5e34 keeps ρ·A finite in float32
 PREFIX_STATS = ("min", "mean", "geomean", "prod")
+# capped_frac counts ρ_t > e_B beyond float noise: on-policy, fp32 ratios sit ~1e-7 either side of an ESS of 1.
+CAP_TOL = 1e-5
 
 
 def _common(agg: str, ref_kl_coef: float, entropy_coef: float, rollout_correction: str, cap: float) -> dict:
@@ -118,7 +120,7 @@ def p3o(
         stats.update(
             ess=ess_mean,
             kl_weight=1.0 - ess_mean,
-            capped_frac=masked_mean((lr_d > torch.log(ess)).float(), mask),
+            capped_frac=masked_mean((lr_d > torch.log(ess) + CAP_TOL).float(), mask),
             kl_behavior=stats["approx_kl"],
             kl_clamped=(mask & (lr_d.abs() > kl_clamp)).sum().float(),
             ess_degenerate=degenerate.float(),
@@ -176,7 +178,7 @@ def p3o_two_anchor(
             ess_behavior=e_b,
             ess_prox=e_p,
             kl_weight=1 - e_mix,
-            capped_frac=masked_mean((lr_d > torch.log(e_mix)).float(), mask),
+            capped_frac=masked_mean((lr_d > torch.log(e_mix) + CAP_TOL).float(), mask),
             kl_behavior=stats["approx_kl"],
             kl_prox=masked_mean(k3(lr_p.detach()), mask),
             ess_degenerate=(bad_b | bad_p).float(),
