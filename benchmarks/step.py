@@ -16,7 +16,8 @@ tokenizer), the same arithmetic prompts (chat-formatted by ``p3o.tasks.format_pr
 An iteration's time is the wall time between the ends of two consecutive iterations (p3o: the ``time_s`` column of
 metrics.jsonl; TRL: a ``TrainerCallback.on_step_end`` clock), so it includes everything the trainer does per step.
 The first ``--warmup`` iterations of each run are dropped; the sides alternate ``--rounds`` times and the median
-iteration time of each side is reported. The CPU may be shared with other jobs: compare the ratio.
+iteration time of each side is reported. OMP_WAIT_POLICY defaults to PASSIVE for both sides. The CPU may be
+shared with other jobs: compare the ratio.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Before torch starts its OpenMP pool: spin-waiting threads collapse when a shared CPU is busy (as `p3o train` does).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch
 
 
 def make_config(args: argparse.Namespace, run_dir: str, steps: int) -> Any:
