@@ -187,3 +187,15 @@ def test_data_parallel_group_prefers_megatrons(monkeypatch):
         assert plugin.data_parallel_group() == (sentinel, True)
     finally:
         dist.destroy_process_group()
+
+
+def test_verl_loads_the_plugin_through_its_entry_point():
+    """`import verl` discovers p3o via the "verl.plugins" entry point: no VERL_USE_EXTERNAL_MODULES needed."""
+    if not VERL_PYTHON.exists():
+        pytest.skip("no .venv-verl (verl 0.9.1 needs transformers<5.11): create it with `bash scripts/verl_env.sh`")
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
+    code = "import verl\nfrom verl.trainer.ppo.core_algos import get_policy_loss_fn\nprint(get_policy_loss_fn('p3o'))"
+    proc = subprocess.run(
+        [str(VERL_PYTHON), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and "policy_loss" in proc.stdout, proc.stderr[-2000:]
