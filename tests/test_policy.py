@@ -7,7 +7,14 @@ import torch
 import torch.nn.functional as F
 from tiny_lm import make_tiny_lm
 
-from p3o.policy import Policy, chunked_head_logprobs, naive_token_logprobs, position_ids_from_mask, token_logprobs
+from p3o.policy import (
+    Policy,
+    chunked_head_logprobs,
+    naive_token_logprobs,
+    position_ids_from_mask,
+    prompt_groups,
+    token_logprobs,
+)
 from p3o.types import Rollouts
 
 
@@ -122,3 +129,112 @@ def test_policy_wrapper_on_rollouts():
     ref, ref_ent = naive_token_logprobs(model, p_ids, p_mask, r_ids, mask, temperature=0.9, with_entropy=True)
     torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
+
+
+def _grouped_batch(prompt_lens, group: int, t: int = 6, p: int = 6, seed: int = 1, vocab: int = 64):
+    """`group` consecutive rows per prompt (left-padded to `p`, lengths `prompt_lens`); right-padded responses of
+    random lengths 1..t (one row per prompt has the full length t)."""
+    g = torch.Generator().manual_seed(seed)
+    ids, masks = [], []
+    for length in prompt_lens:
+        m = torch.arange(p) >= p - length
+        row = torch.randint(3, vocab, (p,), generator=g).masked_fill(~m, 0)
+        ids += [row] * group
+        masks += [m] * group
+    prompt_ids, prompt_mask = torch.stack(ids), torch.stack(masks)
+    n = prompt_ids.shape[0]
+    lens = torch.randint(1, t + 1, (n,), generator=g)
+    lens[::group] = t
+    mask = torch.arange(t)[None] < lens[:, None]
+    response_ids = torch.randint(3, vocab, (n, t), generator=g).masked_fill(~mask, 0)
+    return prompt_ids, prompt_mask, response_ids, mask
+
+
+class _TokenCounter:
+    """Counts backbone calls and the tokens they process (forward pre-hook on the decoder)."""
+
+    def __init__(self, model):
+        self.calls, self.tokens = 0, 0
+        self.handle = model.get_decoder().register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        self.calls += 1
+        self.tokens += kwargs["input_ids"].numel()
+
+
+def _values_and_grads(model, batch, temperature, share):
+    lp, ent = token_logprobs(
+        model, *batch, temperature=temperature, chunk_size=5, with_entropy=True, share_prompts=share
+    )
+    w = torch.linspace(-1.0, 2.0, lp.numel()).view_as(lp)
+    ((lp * w).sum() + (ent * w.flip(-1)).sum()).backward()
+    return lp.detach(), ent.detach(), {k: v.grad.clone() for k, v in model.named_parameters()}
+
+
+def test_prompt_groups():
+    ids = torch.tensor([[0, 5], [0, 5], [6, 5], [0, 5], [0, 5]])
+    m = ids != 0
+    m2 = m.clone()
+    m2[4] = True  # same ids as row 3 but a different mask: a new run
+    first, inverse = prompt_groups(ids, m2)
+    assert first.tolist() == [0, 2, 3, 4] and inverse.tolist() == [0, 0, 1, 2, 3]
+    first, inverse = prompt_groups(ids[:1], m[:1])
+    assert first.tolist() == [0] and inverse.tolist() == [0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize(("prompt_lens", "group"), [((6, 3, 1), 4), ((4, 2, 5, 5), 1), ((2, 6, 6, 3), 2)])
+def test_shared_prompts_match_unshared_values_and_gradients(temperature, prompt_lens, group):
+    """Groups of 4 identical left-padded prompts of different lengths, no sharing at all, and mixed runs (pairs, one
+    of which is split into two single rows) give the plain path's values and parameter gradients."""
+    batch = _grouped_batch(prompt_lens, group)
+    if group == 2:  # mixed: make rows 2..3 a run of 1 + 1 by changing one prompt token of row 3
+        batch[0][3, -1] = (batch[0][3, -1] + 1) % 60 + 3
+    model_a, model_b = make_tiny_lm(), make_tiny_lm()
+    counter = _TokenCounter(model_a)
+    lp_a, ent_a, g_a = _values_and_grads(model_a, batch, temperature, share=True)
+    lp_b, ent_b, g_b = _values_and_grads(model_b, batch, temperature, share=False)
+    torch.testing.assert_close(lp_a, lp_b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_a, ent_b, atol=1e-5, rtol=1e-5)
+    for name, g in g_a.items():
+        torch.testing.assert_close(g, g_b[name], atol=1e-5, rtol=1e-4, msg=name)
+    ref, _ = naive_token_logprobs(model_b, *batch, temperature=temperature)
+    torch.testing.assert_close(lp_a, ref, atol=1e-5, rtol=1e-5)
+
+    n, p = batch[0].shape
+    t = batch[2].shape[1]
+    u = prompt_groups(batch[0], batch[1])[0].numel()
+    if u < n:  # shared path: the unique prompts once, then the responses on the cache
+        assert counter.calls == 2 and counter.tokens == u * p + n * (t - 1)
+    else:
+        assert counter.calls == 1 and counter.tokens == n * (p + t)
+
+
+def test_shared_prompts_single_response_token_and_no_grad():
+    batch = _grouped_batch((3, 5), 3, t=1)
+    model = make_tiny_lm()
+    counter = _TokenCounter(model)
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, *batch)
+    assert counter.calls == 1 and counter.tokens == 2 * 6  # only the two unique prompts
+    ref, _ = token_logprobs(model, *batch, share_prompts=False)
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prompts_fall_back_under_gradient_checkpointing():
+    """Checkpointed layers drop the KV cache in transformers: the plain path must be taken (and give its values)."""
+    batch = _grouped_batch((4, 2), 3)
+    model = make_tiny_lm()
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+    enable()
+    model.train()
+    counter = _TokenCounter(model)
+    lp, _ = token_logprobs(model, *batch)
+    lp.sum().backward()
+    assert counter.calls == 1
+    disable()
+    model.eval()
+    with torch.no_grad():
+        ref, _ = naive_token_logprobs(model, *batch)
+    torch.testing.assert_close(lp.detach(), ref, atol=1e-5, rtol=1e-5)

@@ -7,19 +7,25 @@ projection z = h Wᵀ / τ is done in chunks of tokens inside a custom autograd 
 recomputes each chunk's logits in the backward pass (the trick of Liger's fused linear cross-entropy; here the
 upstream gradient is a per-token vector, so the weight gradient must be recomputed rather than pre-accumulated).
 
+Prompt sharing: the G samples of a GRPO group are consecutive rows with the same prompt. Runs of identical
+(prompt_ids, prompt_mask) rows are detected; the backbone then runs once over the U unique prompts with a KV cache
+(gradients enabled, so each prompt's gradient is the sum over its group's rows), the cache is expanded to the N rows
+and the responses run on top of it: U·P + N·(T − 1) tokens through the backbone instead of N·(P + T).
+
     logp, entropy = token_logprobs(model, prompt_ids, prompt_mask, response_ids, mask, temperature=1.0,
                                    with_entropy=True)
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Policy", "naive_token_logprobs", "position_ids_from_mask", "token_logprobs"]
+__all__ = ["Policy", "naive_token_logprobs", "position_ids_from_mask", "prompt_groups", "token_logprobs"]
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -193,6 +199,107 @@ def _response_hidden(
     return hidden[:, p - 1 : p - 1 + t]  # (N, T, H)
 
 
+def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Runs of consecutive rows with identical (prompt_ids, prompt_mask).
+
+    Args:
+        prompt_ids: (N, P) long; prompt_mask: (N, P) bool.
+    Returns:
+        first (U,) long: the first row of each run; inverse (N,) long: the run index of every row
+        (so row i has the prompt of row first[inverse[i]]).
+    """
+    n = prompt_ids.shape[0]
+    starts = torch.ones(n, dtype=torch.bool, device=prompt_ids.device)
+    if n > 1:
+        same = (prompt_ids[1:] == prompt_ids[:-1]).all(-1) & (prompt_mask[1:] == prompt_mask[:-1]).all(-1)
+        starts[1:] = ~same
+    return starts.nonzero().squeeze(-1), starts.long().cumsum(0) - 1
+
+
+_NO_SHARED_PATH: set[type] = set()
+"""Backbone classes on which the prompt-sharing path failed once (they always take the plain path afterwards)."""
+
+
+def _cache_kwarg(backbone: nn.Module) -> str | None:
+    """Name of the backbone's KV-cache argument (`cache` in transformers ≥ 5.x, `past_key_values` before), or None."""
+    try:
+        params = inspect.signature(backbone.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return None
+
+
+def _checkpointing(model: nn.Module) -> bool:
+    """Whether activation checkpointing is on (transformers then drops the KV cache inside checkpointed layers)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+def _out_hidden_and_cache(out) -> tuple[Tensor, object]:
+    if isinstance(out, tuple):
+        return out[0], (out[1] if len(out) > 1 else None)
+    cache = getattr(out, "cache", None)
+    if cache is None:
+        cache = getattr(out, "past_key_values", None)
+    return out.last_hidden_state, cache
+
+
+def _shared_response_hidden(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    first: Tensor,
+    inverse: Tensor,
+) -> Tensor | None:
+    """`_response_hidden` computed with each unique prompt run once; None where the backbone cannot do it.
+
+    Pass 1: the U unique left-padded prompts (U, P) with use_cache=True → hidden (U, P, H) and a KV cache, which is
+    expanded to the N rows by index_select(inverse) (differentiable, so each prompt's gradient sums its rows').
+    Pass 2: response tokens 0..T−2 (N, T−1) on that cache with attention mask [prompt_mask | response_mask[:, :T−1]]
+    and positions continuing each row's prompt positions (those of `position_ids_from_mask` on the full sequence).
+    Response token 0 is predicted by the last prompt column (pass 1), token t ≥ 1 by pass-2 column t − 1.
+    """
+    backbone = _backbone(model)
+    kw = _cache_kwarg(backbone)
+    if kw is None or _checkpointing(model) or type(backbone) in _NO_SHARED_PATH:
+        return None
+    p, t = prompt_ids.shape[1], response_ids.shape[1]
+    try:
+        up_mask = prompt_mask.index_select(0, first).long()
+        out = backbone(
+            input_ids=prompt_ids.index_select(0, first),
+            attention_mask=up_mask,
+            position_ids=position_ids_from_mask(up_mask),
+            use_cache=True,
+        )
+        h_prompt, cache = _out_hidden_and_cache(out)  # (U, P, H)
+        if cache is None or not hasattr(cache, "reorder_cache") or cache.get_seq_length() != p:
+            raise TypeError("no usable KV cache")
+        h_first = h_prompt[:, p - 1 : p].index_select(0, inverse)  # (N, 1, H)
+        if t == 1:
+            return h_first
+        cache.reorder_cache(inverse)  # (U, …) → (N, …) per layer, by index_select
+        attn = torch.cat([prompt_mask, response_mask[:, : t - 1]], dim=1).long()  # (N, P + T − 1)
+        pos = position_ids_from_mask(attn)[:, p:]  # (N, T − 1)
+        out = backbone(
+            input_ids=response_ids[:, : t - 1], attention_mask=attn, position_ids=pos, use_cache=True, **{kw: cache}
+        )
+        h_resp, cache = _out_hidden_and_cache(out)  # (N, T − 1, H)
+        if cache is None or cache.get_seq_length() != p + t - 1:
+            raise TypeError("the KV cache was not used")
+    except (TypeError, AttributeError, NotImplementedError):
+        _NO_SHARED_PATH.add(type(backbone))
+        return None
+    return torch.cat([h_first, h_resp], dim=1)  # (N, T, H)
+
+
 def token_logprobs(
     model: nn.Module,
     prompt_ids: Tensor,
@@ -203,12 +310,19 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 256,
     with_entropy: bool = False,
+    share_prompts: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """log π_θ(y_t | x, y_<t) of every response token under `model` with logits divided by `temperature`.
 
     Runs the backbone once over [prompt | response], then projects only the valid response positions to the vocab in
     chunks of `chunk_size` tokens (see `chunked_head_logprobs`): the (N, T, V) log-softmax is never materialised and
     its gradient is recomputed chunk by chunk. Differentiable w.r.t. the model's parameters.
+
+    With `share_prompts`, consecutive rows with identical (prompt_ids, prompt_mask) (a GRPO group) have their prompt
+    computed once: the backbone runs over the U unique prompts with a KV cache, then over the N responses on the
+    expanded cache (U·P + N·(T − 1) tokens instead of N·(P + T)). Same values and gradients up to float rounding; the
+    plain path is taken when no rows share a prompt, under gradient checkpointing, or when the backbone has no usable
+    KV cache.
 
     Args:
         model: an HF causal LM (`get_decoder()` / `.model` backbone + `get_output_embeddings()` linear head).
@@ -217,6 +331,7 @@ def token_logprobs(
         temperature: τ > 0; log-probs are log softmax(z / τ).
         chunk_size: tokens per vocabulary projection chunk.
         with_entropy: also return the per-token entropy of softmax(z / τ).
+        share_prompts: compute each run of identical consecutive prompts once (see above).
     Returns:
         logp (N, T) float32 (0 where masked) and entropy (N, T) float32 (0 where masked) or None.
     """
@@ -226,7 +341,14 @@ def token_logprobs(
         raise TypeError(f"token_logprobs needs an nn.Linear output head, got {type(head).__name__}")
     n, t = response_ids.shape
     mask = response_mask.bool()
-    hidden = _response_hidden(model, prompt_ids, prompt_mask.bool(), response_ids, mask)  # (N, T, H)
+    pmask = prompt_mask.bool()
+    hidden = None
+    if share_prompts:
+        first, inverse = prompt_groups(prompt_ids, pmask)
+        if first.numel() < n:
+            hidden = _shared_response_hidden(model, prompt_ids, pmask, response_ids, mask, first, inverse)
+    if hidden is None:
+        hidden = _response_hidden(model, prompt_ids, pmask, response_ids, mask)  # (N, T, H)
     flat = mask.reshape(-1).nonzero().squeeze(-1)  # (M,) valid token indices
     h = hidden.reshape(n * t, -1).index_select(0, flat)  # (M, H)
     y = response_ids.reshape(-1).index_select(0, flat)  # (M,)
@@ -286,6 +408,8 @@ class Policy:
     """Trainer-side τ: log-probs are log softmax(z / τ); match the engine's sampling τ for on-policy ratios of 1."""
     chunk_size: int = 256
     """Tokens per vocabulary-projection chunk (peak extra memory ≈ 3 · chunk_size · V float32)."""
+    share_prompts: bool = True
+    """Compute each run of identical consecutive prompts (a GRPO group) once; see `token_logprobs`."""
 
     def token_logprobs(self, rollouts, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """`token_logprobs` of a `p3o.types.Rollouts` batch (its prompt/response ids and mask)."""
@@ -298,4 +422,5 @@ class Policy:
             temperature=self.temperature,
             chunk_size=self.chunk_size,
             with_entropy=with_entropy,
+            share_prompts=self.share_prompts,
         )
