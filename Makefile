@@ -28,4 +28,4 @@ test: setup .venv-verl/.ok
 	$(BIN)/python -m pytest tests
 
 lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check src tests benchmarks
