@@ -66,31 +66,28 @@ def group() -> Any | None:
     return dist.group.WORLD if is_initialized() and dist.get_world_size() > 1 else None
 
 
-def all_reduce_sum(x: Tensor) -> Tensor:
-    """Σ over ranks (a new tensor; the input is not modified). Identity at world size 1."""
+def _all_reduce(x: Tensor, op: Any) -> Tensor:
+    """``op`` over ranks into a new tensor (the input is not modified). Identity at world size 1."""
     if world_size() == 1:
         return x
     y = x.clone()
-    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    dist.all_reduce(y, op=op)
     return y
+
+
+def all_reduce_sum(x: Tensor) -> Tensor:
+    """Σ over ranks (a new tensor; the input is not modified). Identity at world size 1."""
+    return _all_reduce(x, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(x: Tensor) -> Tensor:
     """max over ranks (a new tensor). Identity at world size 1."""
-    if world_size() == 1:
-        return x
-    y = x.clone()
-    dist.all_reduce(y, op=dist.ReduceOp.MAX)
-    return y
+    return _all_reduce(x, dist.ReduceOp.MAX)
 
 
 def all_reduce_min(x: Tensor) -> Tensor:
     """min over ranks (a new tensor). Identity at world size 1."""
-    if world_size() == 1:
-        return x
-    y = x.clone()
-    dist.all_reduce(y, op=dist.ReduceOp.MIN)
-    return y
+    return _all_reduce(x, dist.ReduceOp.MIN)
 
 
 def all_reduce_mean(x: Tensor) -> Tensor:
