@@ -24,12 +24,12 @@ def test_gsm8k_jsonl(tmp_path: Path) -> None:
             {"question": "Big sum?", "answer": "It is large.\n#### 1,234"},
         ],
     )
-    ps = load_task("gsm8k", "test", path=str(f))
+    ps = load_task("gsm8k", "all", path=str(f))  # a single file: "all" = every row ("test" = the held-out rows)
     assert [p.answer for p in ps] == ["7", "1234"]
     assert ps[0].solution.endswith("#### 7") and ps[0].meta["verifier"] == "gsm8k"
     assert ps[0].meta["answer_format"] == "####"
     # the preset:path shorthand and the $P3O_DATA layout give the same problems
-    assert [p.answer for p in load_task(f"gsm8k:{f}", "test")] == ["7", "1234"]
+    assert [p.answer for p in load_task(f"gsm8k:{f}", "all")] == ["7", "1234"]
 
 
 def test_preset_default_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,7 +58,7 @@ def test_math_parquet_and_boxed_fallback(tmp_path: Path) -> None:
     f = tmp_path / "test.parquet"
     pq.write_table(table, f)
     for preset in ("math", "deepscaler", "math500"):
-        ps = load_task(preset, "test", path=str(f))
+        ps = load_task(preset, "all", path=str(f))
         assert [p.answer for p in ps] == ["\\frac{3}{4}", "2x"]  # the missing answer comes from the last \boxed{}
         assert ps[0].meta["verifier"] == "math" and ps[0].meta["answer_format"] == "boxed"
         assert ps[1].solution == "It is \\boxed{2x}."
@@ -82,15 +82,15 @@ def test_dapo_layout(tmp_path: Path) -> None:
             }
         ],
     )
-    (p,) = load_task("dapo-math", "train", path=str(f))
+    (p,) = load_task("dapo-math", "all", path=str(f))
     assert p.prompt == "Find 2+2." and p.answer == "4" and p.meta["raw_prompt"] == wrapped
 
 
 def test_aime_amc_numeric_answers(tmp_path: Path) -> None:
     f = _jsonl(tmp_path / "aime.jsonl", [{"ID": "2024-I-1", "Problem": "Find n.", "Answer": 204, "Solution": "..."}])
-    assert load_task("aime", "test", path=str(f))[0].answer == "204"
+    assert load_task("aime", "all", path=str(f))[0].answer == "204"
     g = _jsonl(tmp_path / "amc.jsonl", [{"problem": "Find m.", "answer": 142.0, "url": "x"}])
-    assert load_task("amc", "test", path=str(g))[0].answer == "142"
+    assert load_task("amc", "all", path=str(g))[0].answer == "142"
 
 
 def test_saved_hf_dataset_dirs(tmp_path: Path) -> None:
@@ -98,7 +98,7 @@ def test_saved_hf_dataset_dirs(tmp_path: Path) -> None:
 
     ds = datasets.Dataset.from_dict({"question": ["a?", "b?"], "answer": ["#### 1", "#### 2"]})
     ds.save_to_disk(str(tmp_path / "flat"))
-    assert [p.answer for p in load_task("gsm8k", "test", path=str(tmp_path / "flat"))] == ["1", "2"]
+    assert [p.answer for p in load_task("gsm8k", "all", path=str(tmp_path / "flat"))] == ["1", "2"]
     dd = datasets.DatasetDict({"train": ds, "test": ds.select([1])})
     dd.save_to_disk(str(tmp_path / "dict"))
     assert [p.answer for p in load_task("gsm8k", "test", path=str(tmp_path / "dict"))] == ["2"]
@@ -108,13 +108,13 @@ def test_saved_hf_dataset_dirs(tmp_path: Path) -> None:
 
 def test_generic_path_field_mapping_shuffle(tmp_path: Path) -> None:
     f = _jsonl(tmp_path / "mine.jsonl", [{"q": f"Q{i}", "a": str(i)} for i in range(10)])
-    ps = load_task(str(f), fields={"prompt": "q", "answer": "a"})
+    ps = load_task(str(f), "all", fields={"prompt": "q", "answer": "a"})
     assert [p.answer for p in ps] == [str(i) for i in range(10)]
-    a = load_task(str(f), fields={"prompt": "q", "answer": "a"}, shuffle=True, seed=1, n=5)
-    b = load_task(str(f), fields={"prompt": "q", "answer": "a"}, shuffle=True, seed=1, n=5)
+    a = load_task(str(f), "all", fields={"prompt": "q", "answer": "a"}, shuffle=True, seed=1, n=5)
+    b = load_task(str(f), "all", fields={"prompt": "q", "answer": "a"}, shuffle=True, seed=1, n=5)
     assert [p.answer for p in a] == [p.answer for p in b] and len(a) == 5
     g = _jsonl(tmp_path / "auto.jsonl", [{"question": "x?", "answer": "work\n#### 9"}])
-    (p,) = load_task(str(g))  # auto-detected GSM8K style
+    (p,) = load_task(str(g), "all")  # auto-detected GSM8K style
     assert p.answer == "9" and p.meta["verifier"] == "gsm8k"
 
 

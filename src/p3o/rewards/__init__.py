@@ -2,11 +2,13 @@
 
 score(completions, answers, "gsm8k")            # -> list[float]
 get_verifier("math")("... \\boxed{2}", "2")     # -> 1.0
+get_verifier("my_rewards:score")               # your own fn(completion, answer) -> float, time-limited
 """
 
 from p3o.rewards.extract import hash_answer, last_boxed, parse_int, parse_number
 from p3o.rewards.verifiers import (
     VERIFIERS,
+    VerifierError,
     exact_int,
     format_reward,
     get_verifier,
@@ -19,6 +21,7 @@ from p3o.rewards.verifiers import (
 
 __all__ = [
     "VERIFIERS",
+    "VerifierError",
     "exact_int",
     "format_reward",
     "get_verifier",

@@ -30,12 +30,12 @@ _WORKERS: weakref.WeakSet[Worker] = weakref.WeakSet()
 class _Child:
     """One worker process and its stdout buffer."""
 
-    def __init__(self, module: str) -> None:
+    def __init__(self, module: str, args: tuple[str, ...] = ()) -> None:
         env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[2])  # the dir holding the `p3o` package
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", module],
+            [sys.executable, "-u", "-m", module, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -89,13 +89,16 @@ class _Child:
 
 
 class Worker:
-    """Runs `module` in a child process; `call` sends a request and waits at most `timeout_s` for the reply.
+    """Runs `python -m module *args` in a child process; `call` sends a request, waits at most `timeout_s`.
 
     Thread-safe (a lock serialises calls). `restarts` counts kills after overruns.
     """
 
-    def __init__(self, module: str = "p3o.rewards.mv_worker", start_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, module: str = "p3o.rewards.mv_worker", start_timeout_s: float = 60.0, args: tuple[str, ...] = ()
+    ) -> None:
         self.module = module
+        self.args = tuple(args)
         self.start_timeout_s = start_timeout_s
         self.active: _Child | None = None
         self.spare: _Child | None = None
@@ -116,7 +119,9 @@ class Worker:
             self.active.kill()
             self.active = None
         if self.active is None:
-            self.active, self.spare = (self.spare, None) if self.spare is not None else (_Child(self.module), None)
+            self.active, self.spare = (
+                (self.spare, None) if self.spare is not None else (_Child(self.module, self.args), None)
+            )
         if not self.active.ready:
             wait = self.start_timeout_s if not self.started else max(0.0, deadline - time.monotonic())
             if not self.active.wait_ready(wait):
@@ -129,12 +134,17 @@ class Worker:
 
     def call(self, request: dict[str, Any], timeout_s: float = 1.0) -> Any:
         """The worker's `value` for `request`, or None if it errored or overran `timeout_s` (then it is killed)."""
+        status, value = self.request(request, timeout_s)
+        return value if status == "ok" else None
+
+    def request(self, request: dict[str, Any], timeout_s: float = 1.0) -> tuple[str, Any]:
+        """(status, value): ("ok", value), ("error", message) or ("timeout", None) — killed after `timeout_s`."""
         with self._lock:
             first = not self.started
             deadline = time.monotonic() + timeout_s
             child = self._activate(deadline)
             if child is None:
-                return None
+                return "timeout", None
             if first:  # the one-time start-up is not charged to this call
                 deadline = time.monotonic() + timeout_s
             assert child.proc.stdin is not None
@@ -144,20 +154,23 @@ class Worker:
             except (BrokenPipeError, OSError):
                 child.kill()
                 self.active = None
-                return None
+                return "error", "the worker process died"
             line = child.read_line(max(0.0, deadline - time.monotonic()))
             if line is None:
+                died = time.monotonic() < deadline  # read_line returns early only at EOF: the worker exited
                 child.kill()
                 self.active = None
                 self.restarts += 1
                 if self.spare is None:
-                    self.spare = _Child(self.module)  # warm up a replacement while the caller moves on
-                return None
+                    self.spare = _Child(self.module, self.args)  # warm up a replacement while the caller moves on
+                return ("error", "the worker process died") if died else ("timeout", None)
             try:
                 reply = json.loads(line)
             except json.JSONDecodeError:
-                return None
-            return reply.get("value") if reply.get("ok") else None
+                return "error", "unreadable reply from the worker"
+            if reply.get("ok"):
+                return "ok", reply.get("value")
+            return "error", str(reply.get("error", "unknown error"))
 
     def close(self) -> None:
         """Kill the worker and its spare (if any) and reap them."""

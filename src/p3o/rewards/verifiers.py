@@ -22,10 +22,16 @@ import re
 import time
 from collections.abc import Callable, Sequence
 
+from p3o.errors import ConfigError
 from p3o.rewards.extract import MAX_ANSWER_CHARS, hash_answer, last_boxed, parse_int, parse_number
 from p3o.rewards.sandbox import Worker
 
 Verifier = Callable[[str, str], float]
+
+
+class VerifierError(ConfigError, ValueError):
+    """An unknown verifier name or a custom `module:function` that cannot be used (one line; the CLI exits 2)."""
+
 
 _WORKER: Worker | None = None
 # Exponents with 4+ digits or nested powers, factorials of 3+ digit numbers, many-digit literals: sympy can spend
@@ -175,11 +181,26 @@ VERIFIERS: dict[str, Verifier] = {
 
 
 def get_verifier(name: str) -> Verifier:
-    """The verifier called `name`; "<name>+format" adds 0.1 × the format reward. Unknown names -> ValueError."""
+    """The verifier called `name`; "<name>+format" adds 0.1 × the format reward.
+
+    `name` is a built-in (exact-int, gsm8k, math, format) or a user function `package.module:function` /
+    `path/to/file.py:function` (`p3o.rewards.custom.CustomVerifier`: a worker process, time-limited per call).
+    Unknown or unusable names raise VerifierError (a ValueError and a ConfigError).
+    """
     base, plus, extra = name.partition("+")
-    if base not in VERIFIERS or (plus and extra != "format"):
-        raise ValueError(f"unknown verifier {name!r}; known: {', '.join(VERIFIERS)} (optionally '<name>+format')")
-    fn = VERIFIERS[base]
+    if plus and extra != "format":
+        raise VerifierError(f"unknown verifier {name!r}; only '+format' may follow a verifier name")
+    if ":" in base:
+        from p3o.rewards.custom import CustomVerifier
+
+        fn: Verifier = CustomVerifier(base)
+    elif base in VERIFIERS:
+        fn = VERIFIERS[base]
+    else:
+        raise VerifierError(
+            f"unknown verifier {name!r}; known: {', '.join(VERIFIERS)} (optionally '<name>+format'), "
+            "or your own 'package.module:function'"
+        )
     if not plus:
         return fn
 
@@ -204,7 +225,8 @@ def score(
     """Rewards for a batch: `verifier(completions[i], answers[i])` for each i, each call time-limited.
 
     Built-in verifiers are bounded by construction (short scans) and `math` gives sympy at most `timeout_s` in a
-    worker process. A custom callable runs in-process; an exception from it scores 0.0.
+    worker process; so does a `module:function` name (`CustomVerifier`). A callable passed directly runs
+    in-process, without a time limit; an exception from it scores 0.0.
     """
     assert len(completions) == len(answers), (len(completions), len(answers))
     fn = get_verifier(verifier) if isinstance(verifier, str) else verifier

@@ -1,11 +1,23 @@
-"""Tasks: the built-in arithmetic task, loaders for real math data sets, and prompt templates.
+"""Tasks: the built-in arithmetic task, loaders for local data (presets or your own files), and prompt templates.
 
 problems = load_task("arithmetic", "train", seed=0, n=512, difficulty=2)
-text = format_prompt(problems[0], tokenizer)
+held_out = load_task("tests/data/own_task.jsonl", "test", fields={"prompt": "q", "answer": "a"})
+text = format_prompt(problems[0], tokenizer, template="hash", system="You are a careful calculator.")
 """
 
 from p3o.tasks.base import Problem
-from p3o.tasks.loaders import PRESETS, load_task, read_rows
+from p3o.tasks.loaders import PRESETS, in_test_split, load_task, read_rows
 from p3o.tasks.prompts import TEMPLATES, format_prompt
+from p3o.tasks.sources import load_eval_problems, load_train_problems
 
-__all__ = ["PRESETS", "TEMPLATES", "Problem", "format_prompt", "load_task", "read_rows"]
+__all__ = [
+    "PRESETS",
+    "TEMPLATES",
+    "Problem",
+    "format_prompt",
+    "in_test_split",
+    "load_eval_problems",
+    "load_task",
+    "load_train_problems",
+    "read_rows",
+]

@@ -3,10 +3,14 @@
 Offline by design: nothing is downloaded. A preset names which fields hold the question, the reference answer and
 the worked solution, and which verifier fits:
 
-    load_task("gsm8k", "test", path="data/gsm8k/test.jsonl")      # question / answer with "#### 72"
-    load_task("math500:data/math500.parquet", "test")            # preset:path shorthand (config-friendly)
-    load_task("data/mine.jsonl", fields={"prompt": "q", "answer": "a"})
+    load_task("gsm8k", "test", path="data/gsm8k/")                # a folder with train.jsonl / test.jsonl
+    load_task("math500:data/math500.parquet", "all")             # preset:path shorthand; "all": every row
+    load_task("data/mine.jsonl", "train", fields={"prompt": "q", "answer": "a"})  # rows not held out
+    load_task("data/mine.jsonl", "test", test_fraction=0.1)       # the held-out rows (hash of the question)
     load_task("arithmetic", "train", seed=0, n=512, difficulty=2)  # the built-in task
+
+A single source (one file, or a saved Dataset without splits) is split by a hash of each question
+(`in_test_split`): "train" and "test" never share a question, whatever the row order or seed.
 
 Without `path`, a preset looks under `$P3O_DATA/<preset>/` (default `<cache>/data/<preset>/`) for
 `<split>.jsonl`, `<split>.json`, `<split>.parquet`, `<split>-*.parquet` or a saved dataset dir `<split>/`.
@@ -15,6 +19,7 @@ Bad rows raise DataError naming the file, the row and the field.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -74,6 +79,8 @@ _DAPO_WRAPPER = re.compile(
     re.S,
 )
 _SUFFIXES = ("jsonl", "json", "parquet")
+DEFAULT_TEST_FRACTION = 0.1  # held-out share of a single data file (task.test_fraction)
+SINGLE_SPLITS = ("train", "test", "all")
 
 
 def data_root() -> Path:
@@ -229,7 +236,8 @@ def problems_from_rows(
         p_name, p_val = _pick(row, cands["prompt"])
         if p_name is None:
             raise DataError(
-                f"{where}: missing field '{cands['prompt'][0]}' (looked for: {', '.join(cands['prompt'])})"
+                f"{where}: missing field '{cands['prompt'][0]}' (looked for: {', '.join(cands['prompt'])}; "
+                f"task.question_key names it)"
             )
         prompt = _prompt_text(p_val, where, p_name)
         meta: dict[str, Any] = {
@@ -251,7 +259,8 @@ def problems_from_rows(
                 a_name, a_val = s_name, last_boxed(solution)
             else:
                 raise DataError(
-                    f"{where}: missing field '{cands['answer'][0]}' (looked for: {', '.join(cands['answer'])})"
+                    f"{where}: missing field '{cands['answer'][0]}' (looked for: {', '.join(cands['answer'])}; "
+                    f"task.answer_key names it)"
                 )
         answer = _as_text(a_val, where, a_name, allow_number=True).strip()
         if preset.hash_answer or (preset is _AUTO and "####" in answer):
@@ -301,44 +310,93 @@ def _rows_for(path: Path, split: str) -> Iterator[tuple[str, dict[str, Any]]]:
     yield from read_rows(path, split)
 
 
+def holdout_key(question: str) -> str:
+    """The split key of a question: lower-cased, whitespace collapsed (so trivially re-typed copies share a split)."""
+    return " ".join(question.lower().split())
+
+
+def in_test_split(question: str, test_fraction: float = DEFAULT_TEST_FRACTION) -> bool:
+    """Is `question` held out? True iff u < test_fraction, u = sha256("p3o-holdout|" + holdout_key(question)) / 2^256.
+
+    A pure function of the question text: the same question is in the same split in every run, on every machine,
+    whatever the row order, seed or file name; identical questions can never land on both sides.
+    """
+    digest = hashlib.sha256(("p3o-holdout|" + holdout_key(question)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") < test_fraction * 2.0**64
+
+
+def is_single_source(path: str | Path) -> bool:
+    """True for data without splits of its own: one file, or a saved `datasets.Dataset` (not a DatasetDict)."""
+    path = Path(path)
+    if path.is_file():
+        return True
+    return _is_saved_dataset(path) and not (path / "dataset_dict.json").exists()
+
+
+def resolve_source(name: str, path: str | Path | None = None) -> tuple[Preset, Path]:
+    """(preset, data path) of a task name that is not "arithmetic" (preset, "preset:path" or a path).
+
+    Raises DataError / ConfigError when the path does not exist or the name is unknown.
+    """
+    preset_name, _, rest = name.partition(":")
+    if preset_name in PRESETS:
+        explicit = path or rest
+        where = Path(explicit).expanduser() if explicit else data_root() / preset_name
+        if explicit and not where.exists():
+            raise DataError(f"{where}: no such file or directory")
+        if not where.exists():
+            raise DataError(
+                f"{preset_name}: no local data at {where} (offline: save the data set there, or pass path=... "
+                f"to a .jsonl/.parquet file or a datasets.save_to_disk dir)"
+            )
+        return PRESETS[preset_name], where
+    where = Path(path or name).expanduser()
+    if not where.exists():
+        known = ", ".join(["arithmetic", *PRESETS])
+        raise ConfigError(f"task.name: {name!r} is neither a known task ({known}) nor an existing path")
+    return _AUTO, where
+
+
 def load_task(name: str, split: str = "train", *, seed: int = 0, n: int | None = None, **kwargs: Any) -> list[Problem]:
     """Problems of a task.
 
     Args:
         name: "arithmetic" (built-in; kwargs `difficulty`, `kind`, `steps`, `digits`, `ops`), a preset
             (gsm8k, math, deepscaler, dapo-math, aime, amc, math500), "preset:path", or a path to a data file/dir.
-        split: "train" / "test" (for files: which split file or saved-dataset split to read).
+        split: a folder or DatasetDict: the split file / split to read ("train", "test", ...). A single source
+            (one file, or a saved Dataset without splits): "train" = the rows not held out, "test" = the held-out
+            rows (`in_test_split` of the question, fraction `test_fraction`), "all" = every row.
         seed: the arithmetic generator's seed; for files, the shuffle seed when `shuffle=True`.
-        n: keep the first `n` problems (after the optional shuffle); None = all (arithmetic: 1000).
+        n: keep the first `n` problems (after the split and the optional shuffle); None = all (arithmetic: 1000).
         kwargs (files): `path` (file or dir; overrides the preset's default location), `fields`
-            ({"prompt"|"answer"|"solution": column}), `shuffle` (bool).
+            ({"prompt"|"answer"|"solution": column}), `shuffle` (bool), `test_fraction` (held-out share of a
+            single source, default 0.1; 0 puts every row in "train").
     """
     if name == "arithmetic":
         return load_arithmetic(split, seed=seed, n=n, **kwargs)
     path_arg = kwargs.pop("path", None)
     fields = kwargs.pop("fields", None)
     shuffle = bool(kwargs.pop("shuffle", False))
+    test_fraction = float(kwargs.pop("test_fraction", DEFAULT_TEST_FRACTION))
     if kwargs:
-        raise ConfigError(f"task {name!r}: unknown option(s) {sorted(kwargs)}; known: path, fields, shuffle")
-    preset_name, _, rest = name.partition(":")
-    if preset_name in PRESETS:
-        preset = PRESETS[preset_name]
-        explicit = path_arg or rest
-        path = Path(explicit) if explicit else data_root() / preset_name
-        if explicit and not path.exists():
-            raise DataError(f"{path}: no such file or directory")
-        if not path.exists():
-            raise DataError(
-                f"{preset_name}: no local data at {path} (offline: save the data set there, or pass path=... "
-                f"to a .jsonl/.parquet file or a datasets.save_to_disk dir)"
+        raise ConfigError(
+            f"task {name!r}: unknown option(s) {sorted(kwargs)}; known: path, fields, shuffle, test_fraction"
+        )
+    if not 0.0 <= test_fraction < 1.0:
+        raise ConfigError(f"task.test_fraction: must be in [0, 1), got {test_fraction}")
+    preset, path = resolve_source(name, path_arg)
+    if is_single_source(path):
+        if split not in SINGLE_SPLITS:
+            raise ConfigError(
+                f"{path}: a single data source has the splits {', '.join(SINGLE_SPLITS)} (held out by a hash of "
+                f"the question), not {split!r}; use a folder with {split}.jsonl for named splits"
             )
+        problems = problems_from_rows(_rows_for(path, split), str(path), preset, fields)
+        if split != "all":
+            want_test = split == "test"
+            problems = [p for p in problems if in_test_split(p.prompt, test_fraction) == want_test]
     else:
-        preset = _AUTO
-        path = Path(path_arg or name)
-        if not path.exists():
-            known = ", ".join(["arithmetic", *PRESETS])
-            raise ConfigError(f"task.name: {name!r} is neither a known task ({known}) nor an existing path")
-    problems = problems_from_rows(_rows_for(path, split), str(path), preset, fields)
+        problems = problems_from_rows(_rows_for(path, split), str(path), preset, fields)
     if shuffle:
         random.Random(seed).shuffle(problems)
     return problems if n is None else problems[: int(n)]
