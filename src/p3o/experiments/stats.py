@@ -1,0 +1,254 @@
+"""Paired statistics that decide a claim: paired t and bootstrap intervals, TOST equivalence, Holm's correction.
+
+Every comparison in an experiment is *paired by seed*: run ``seed k`` of objective A and run ``seed k`` of
+objective B share the base policy, the prompt stream and the sampling seed, so the unit of analysis is the per-seed
+difference ``d_k = m_A(k) − m_B(k)`` of the primary metric ``m``. With ``n`` pairs, mean ``d̄`` and sample standard
+deviation ``s``:
+
+    t = d̄ / (s / √n),   df = n − 1                                   (paired t)
+    CI_{1−α} = d̄ ± t_{1−α/2, df} · s / √n
+    p_diff = 2 · (1 − F_t(|t|; df))                                   (H0: E d = 0)
+    p_equiv = max(p_lower, p_upper)                                   (TOST, H0: |E d| ≥ δ)
+      p_lower = 1 − F_t((d̄ + δ) / (s/√n); df),  p_upper = F_t((d̄ − δ) / (s/√n); df)
+
+Holm's step-down correction over the m decision p-values of a report: sort p_(1) ≤ … ≤ p_(m);
+``p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) · p_(j))``. A verdict is then
+
+- ``better`` (A beats B): supported when p̃_diff < α and d̄ > 0; contradicted when p̃_diff < α and d̄ < 0;
+- ``tracks`` (A within ±δ of B): supported when p̃_equiv < α; contradicted when the difference is significant
+  (Bonferroni, m · p_diff < α) *and* |d̄| > δ;
+- ``identical``: supported when every paired difference is exactly zero (bit-identical runs), contradicted otherwise;
+- anything else: inconclusive.
+
+No SciPy: the Student-t CDF is the regularised incomplete beta function (Lentz's continued fraction), checked
+against tabulated quantiles in the tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "PairedResult",
+    "holm",
+    "paired",
+    "paired_bootstrap_ci",
+    "t_cdf",
+    "t_ppf",
+    "verdict",
+]
+
+VERDICTS = ("supported", "contradicted", "inconclusive")
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b) for x in [0, 1]."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student-t cumulative distribution F_t(t; df) = 1 − ½ I_{df/(df+t²)}(df/2, ½) for t ≥ 0 (symmetric)."""
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df}")
+    if math.isnan(t):
+        return math.nan
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_ppf(q: float, df: float) -> float:
+    """Quantile of the Student-t distribution (bisection on t_cdf, to 1e-10)."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be in (0, 1), got {q}")
+    if q == 0.5:
+        return 0.0
+    lo, hi = -1.0, 1.0
+    while t_cdf(lo, df) > q:
+        lo *= 2.0
+    while t_cdf(hi, df) < q:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < q:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-10:
+            break
+    return 0.5 * (lo + hi)
+
+
+@dataclass
+class PairedResult:
+    """A paired comparison of A and B on one metric (``diff = A − B`` per seed)."""
+
+    n: int
+    mean_a: float
+    mean_b: float
+    diff: float
+    """Mean paired difference d̄."""
+    sd: float
+    """Sample standard deviation of the differences (ddof = 1)."""
+    ci: tuple[float, float]
+    """Two-sided (1 − α) paired-t interval for E d."""
+    p_diff: float
+    """Two-sided paired-t p-value of H0: E d = 0 (1.0 when every difference is 0, nan with n < 2)."""
+    p_equiv: float
+    """TOST p-value of H0: |E d| ≥ margin (nan when no margin is given)."""
+    margin: float | None
+    identical: bool
+    """Every paired difference is exactly 0."""
+    boot_ci: tuple[float, float] | None = None
+    """Percentile paired-bootstrap interval, when asked for."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def paired(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    margin: float | None = None,
+    alpha: float = 0.05,
+    bootstrap: int = 0,
+    seed: int = 0,
+) -> PairedResult:
+    """Paired-t comparison of per-seed values `a` and `b` (same length, same seed order).
+
+    Args:
+        a, b: (n,) metric values; pair k is seed k of both arms. NaN pairs are dropped.
+        margin: equivalence margin δ > 0 for TOST (None: no equivalence test).
+        alpha: the interval is (1 − alpha) two-sided.
+        bootstrap: number of paired-bootstrap resamples for ``boot_ci`` (0: none).
+        seed: bootstrap RNG seed.
+    """
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"paired: a and b must be 1-D of the same length, got {x.shape} and {y.shape}")
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    d = x - y
+    n = int(d.size)
+    nan = math.nan
+    if n == 0:
+        return PairedResult(0, nan, nan, nan, nan, (nan, nan), nan, nan, margin, False)
+    mean = float(d.mean())
+    identical = bool(np.all(d == 0.0))
+    sd = float(d.std(ddof=1)) if n > 1 else nan
+    if n < 2:
+        ci, p_diff, p_equiv = (nan, nan), nan, nan
+    elif sd == 0.0:  # no spread: the difference is known exactly
+        ci = (mean, mean)
+        p_diff = 1.0 if mean == 0.0 else 0.0
+        p_equiv = nan if margin is None else (0.0 if abs(mean) < margin else 1.0)
+    else:
+        se = sd / math.sqrt(n)
+        df = n - 1
+        half = t_ppf(1.0 - alpha / 2.0, df) * se
+        ci = (mean - half, mean + half)
+        p_diff = 2.0 * (1.0 - t_cdf(abs(mean) / se, df))
+        if margin is None:
+            p_equiv = nan
+        else:
+            p_lower = 1.0 - t_cdf((mean + margin) / se, df)
+            p_upper = t_cdf((mean - margin) / se, df)
+            p_equiv = max(p_lower, p_upper)
+    boot = paired_bootstrap_ci(d, alpha=alpha, resamples=bootstrap, seed=seed) if bootstrap and n > 1 else None
+    return PairedResult(n, float(x.mean()), float(y.mean()), mean, sd, ci, p_diff, p_equiv, margin, identical, boot)
+
+
+def paired_bootstrap_ci(
+    diffs: Sequence[float], *, alpha: float = 0.05, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-seed differences (resampling seeds with replacement)."""
+    d = np.asarray(diffs, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    if d.size < 2:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, d.size, size=(resamples, d.size))
+    means = d[idx].mean(axis=1)
+    return (float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2)))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values, in the input order (NaN stays NaN and does not count towards m)."""
+    p = [float(v) for v in pvalues]
+    order = sorted((i for i, v in enumerate(p) if not math.isnan(v)), key=lambda i: p[i])
+    m = len(order)
+    out = [math.nan] * len(p)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def verdict(kind: str, res: PairedResult, p_adj: float, *, m: int = 1, alpha: float = 0.05) -> str:
+    """supported / contradicted / inconclusive for a claim of `kind` (see the module docstring).
+
+    Args:
+        kind: "better" (A > B), "worse" (A < B), "tracks" (|A − B| < margin) or "identical".
+        res: the paired comparison.
+        p_adj: Holm-adjusted decision p-value (p_diff for better/worse, p_equiv for tracks).
+        m: number of decisions in the family (for the Bonferroni contradiction rule of "tracks").
+    """
+    if res.n == 0:
+        return "inconclusive"
+    if kind == "identical":
+        return "supported" if res.identical else "contradicted"
+    if math.isnan(p_adj):
+        return "inconclusive"
+    if kind in ("better", "worse"):
+        if p_adj >= alpha or res.diff == 0:
+            return "inconclusive"
+        good = res.diff > 0 if kind == "better" else res.diff < 0
+        return "supported" if good else "contradicted"
+    if kind == "tracks":
+        if p_adj < alpha:
+            return "supported"
+        margin = res.margin if res.margin is not None else 0.0
+        if not math.isnan(res.p_diff) and res.p_diff * m < alpha and abs(res.diff) > margin:
+            return "contradicted"
+        return "inconclusive"
+    raise ValueError(f"verdict: unknown claim kind {kind!r}")
