@@ -91,13 +91,26 @@ class ModelConfig:
 class TaskConfig:
     """The prompts and the verifier that scores completions (``p3o.tasks.load_task``, ``p3o.rewards``)."""
 
-    name: str = _f("arithmetic", "task: 'arithmetic' (built-in, offline), a preset such as 'gsm8k', or a data path")
+    name: str = _f(
+        "arithmetic", "task: 'arithmetic' (built-in), a preset such as 'gsm8k', 'preset:path', or your own data path"
+    )
     difficulty: int | str = _f(2, "difficulty of the built-in arithmetic task (passed to load_task)")
-    verifier: str | None = _f(None, "verifier name for p3o.rewards.get_verifier (None: the task's own default)")
-    template: str = _f("default", "prompt template for p3o.tasks.format_prompt")
+    verifier: str | None = _f(
+        None, "exact-int | gsm8k | math | format [+format], or your own 'package.module:function' (None: the task's)"
+    )
+    template: str = _f("default", "prompt template: default | plain | hash | boxed | short (docs/tasks.md)")
+    system_prompt: str | None = _f(None, "system prompt of every prompt (chat template's system turn, else prefixed)")
+    question_key: str | None = _f(None, "data field holding the question (None: the preset's or auto-detected)")
+    answer_key: str | None = _f(None, "data field holding the reference answer (None: the preset's or auto-detected)")
+    solution_key: str | None = _f(None, "data field holding a worked solution (None: the preset's or auto-detected)")
+    test_fraction: float = _f(0.1, "held-out share of a single data file (a hash of the question decides)", ge=0, lt=1)
     n_train: int | None = _f(None, "number of training problems (None: all the task provides)", ge=1)
+    eval_name: str | None = _f(None, "evaluation data: a file, folder or preset (None: task.name's held-out rows)")
     eval_split: str = _f("test", "split used for evaluation during and after training")
     n_eval: int = _f(128, "number of evaluation problems (0: no evaluation)", ge=0)
+    allow_train_eval_overlap: bool = _f(
+        False, "evaluate on training rows too (a single file is then not split); prints a warning"
+    )
     reward_timeout_s: float = _f(1.0, "time limit of one verifier call, in seconds", gt=0)
 
 
