@@ -54,3 +54,13 @@ def test_help_lists_options(capsys):
     assert p3o_main(["train", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--loop.max_lag" in out and "--objective.name" in out
+
+
+def test_no_arguments_prints_the_commands_and_trains_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert p3o_main([]) == 2
+    err = capsys.readouterr().err
+    for name in ("train", "eval", "compare", "plot", "sft"):
+        assert f"  {name} " in err
+    assert not (tmp_path / "runs").exists()  # no silent training run
+    assert p3o_main(["--help"]) == 0 and "train" in capsys.readouterr().out

@@ -4,6 +4,8 @@ Each sub-command lives in its own module as `main(argv: list[str]) -> int`; this
 importing the module lazily so `p3o --help` stays fast.
 
     p3o train --objective.name grpo --objective.clip_eps 0.4
+
+`p3o` alone prints the command list and exits with status 2 (it names no command; `p3o --help` exits 0).
 """
 
 from __future__ import annotations
@@ -24,18 +26,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _usage() -> str:
     lines = ["usage: p3o <command> [options]", "", "commands:"]
     lines += [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`p3o <command> --help` lists a command's options; `p3o train` alone runs the default job."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch `p3o <command> ...` to the command's module."""
+    """Dispatch `p3o <command> ...` to the command's module (no command: print the command list, exit 2)."""
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in {"-h", "--help"}:
-        if not argv:
-            argv = ["train"]  # `p3o` alone behaves like `p3o train`: the embedded default
-        else:
-            print(_usage())
-            return 0
+    if not argv:
+        print(_usage(), file=sys.stderr)
+        return 2
+    if argv[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         import difflib

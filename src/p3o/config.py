@@ -239,6 +239,9 @@ class TrainConfig:
     """
 
     run_dir: str = _f("runs/default", "output directory (config.yaml, metrics.jsonl, checkpoints/, final/, plot.png)")
+    overwrite: bool = _f(
+        False, "replace an earlier run's outputs in run_dir (a fresh run otherwise refuses such a directory)"
+    )
     seed: int = _f(0, "random seed (python, numpy, torch, sampling)")
     steps: int = _f(150, "training steps (one rollout batch each)", ge=1)
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "policy model"})
@@ -674,6 +677,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"optim.betas: each beta must be in [0, 1), got [{b1}, {b2}]")
     if not cfg.run_dir.strip():
         raise ConfigError("run_dir: must not be empty")
+    if cfg.overwrite and cfg.ckpt.resume:
+        raise ConfigError("overwrite: --overwrite replaces the run in run_dir and --resume continues it; pick one")
     n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     if cfg.update.num_mini_batches > n:
         raise ConfigError(

@@ -46,13 +46,16 @@ __all__ = [
     "CKPT_DIR",
     "LATEST",
     "STATE_FILE",
+    "RUN_OUTPUTS",
     "checkpoint_step",
+    "clear_run_outputs",
     "is_complete",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
     "load_policy_weights",
     "rng_state",
+    "run_outputs",
     "save_checkpoint",
     "save_policy",
     "set_rng_state",
@@ -284,6 +287,44 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
             return newer[-1] if newer else target
     found = list_checkpoints(root)
     return found[-1] if found else None
+
+
+# What a training run writes into its run directory (besides config.yaml): a fresh run refuses a directory holding
+# any of them, `--overwrite` removes exactly these (plus config.yaml and the grid runner's DONE marker).
+RUN_OUTPUTS = (CKPT_DIR, "final", "metrics.jsonl", "plot.png", "tensorboard", "wandb")
+
+
+def run_outputs(run_dir: str | Path) -> list[str]:
+    """Names of an earlier run's outputs present in ``run_dir``: files, and directories that are not empty.
+
+    A missing directory, an empty one or one holding only ``config.yaml`` (or files p3o does not write) gives [].
+    """
+    run_dir = Path(run_dir)
+    found = []
+    for name in RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_file() or (path.is_dir() and any(path.iterdir())):
+            found.append(name)
+    return found
+
+
+def clear_run_outputs(run_dir: str | Path) -> list[str]:
+    """Delete an earlier run's outputs from ``run_dir`` (``RUN_OUTPUTS``, config.yaml, DONE); other files stay.
+
+    Returns the names removed. This is what ``--overwrite`` does before a fresh run starts.
+    """
+    run_dir = Path(run_dir)
+    removed = []
+    for name in (*RUN_OUTPUTS, "config.yaml", "DONE"):
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
 
 
 def _swap_in(tmp: Path, final: Path) -> None:

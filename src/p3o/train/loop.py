@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import random
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -387,16 +386,47 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
 
     `components` replaces `build_components(cfg)` (tests pass tiny fakes). Writes run_dir/config.yaml,
     metrics.jsonl, checkpoints/, final/ and plot.png (rank 0).
+
+    A run never silently replaces another: a fresh run (no `ckpt.resume`) in a run_dir that holds an earlier run's
+    outputs (`p3o.train.checkpoint.run_outputs`) raises ConfigError before anything is loaded or written, unless
+    `cfg.overwrite` is set, in which case those outputs are removed once the components are built. `ckpt.resume`
+    continues from the latest checkpoint; with none it starts from step 0, except over a finished run's final/
+    (a run saved without checkpoints), which it refuses.
     """
+    import dataclasses
+
     from p3o.config import objective_hyper, save_config
     from p3o.objectives import get_objective
-    from p3o.train.checkpoint import load_checkpoint, save_checkpoint, save_policy
+    from p3o.train.checkpoint import (
+        clear_run_outputs,
+        latest_checkpoint,
+        load_checkpoint,
+        run_outputs,
+        save_checkpoint,
+        save_policy,
+    )
 
     dist.init_from_env()
     _seed_everything(stream_seed(cfg.seed, dist.rank()))
     run_dir = Path(cfg.run_dir)
+    problem = None
     if dist.is_main():
-        run_dir.mkdir(parents=True, exist_ok=True)
+        outputs = run_outputs(run_dir)
+        if outputs and not cfg.ckpt.resume and not cfg.overwrite:
+            problem = (
+                f"run_dir {run_dir} holds an earlier run ({', '.join(outputs)}); pass --resume to continue it or "
+                f"--overwrite to replace it (or choose another --run_dir)"
+            )
+        elif cfg.ckpt.resume and "final" in outputs and latest_checkpoint(run_dir) is None:
+            problem = (
+                f"run_dir {run_dir} holds a finished run with no checkpoint to resume from; pass --overwrite "
+                f"(without --resume) to replace it, or choose another --run_dir"
+            )
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+    problem = dist.broadcast_object(problem)  # every rank stops together (identity at world size 1)
+    if problem:
+        raise ConfigError(problem)
     comps = components if components is not None else build_components(cfg)
     policy = comps.policy
     policy.requires_grad_(True)
@@ -429,13 +459,13 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
             if rng is not None:
                 torch.set_rng_state(rng)
     if dist.is_main():
-        old_ckpts = run_dir / "checkpoints"
-        if start == 0 and old_ckpts.is_dir():
-            # a fresh run owns its directory (metrics.jsonl is restarted too): an earlier run's checkpoints would
-            # otherwise be picked up by a later --resume
-            print(f"p3o train: starting fresh in {run_dir}: removing the previous run's checkpoints", file=sys.stderr)
-            shutil.rmtree(old_ckpts)
-        save_config(cfg, run_dir / "config.yaml")
+        if start == 0 and run_outputs(run_dir):
+            # --overwrite, or --resume with no checkpoint yet: the earlier outputs would mix with this run's (and
+            # its checkpoints would be picked up by a later --resume)
+            removed = clear_run_outputs(run_dir)
+            print(f"p3o train: starting fresh in {run_dir}: removed {', '.join(removed)}", file=sys.stderr)
+        # `overwrite` is an action, not a setting: rerunning the saved config must not delete this run
+        save_config(dataclasses.replace(cfg, overwrite=False), run_dir / "config.yaml")
 
     stream = PromptStream(len(comps.prompts), cfg.rollout.prompts_per_step, cfg.seed, dist.rank(), dist.world_size())
     produce = make_producer(cfg, comps, stream)
