@@ -271,6 +271,8 @@ def problems_from_rows(
             meta["verifier"], meta["answer_format"] = "gsm8k", "####"
         elif a_name == s_name:  # answer recovered from the solution's last \boxed{}
             pass
+        elif preset is _AUTO and "####" in solution and "\\boxed" not in solution:
+            meta["answer_format"] = "####"  # own data whose worked solutions end in `#### n`: ask for that format
         elif "\\boxed" in answer:
             answer = last_boxed(answer) or answer
         if not answer:

@@ -93,35 +93,42 @@ def _device(cfg_device: str) -> torch.device:
 
 
 def build_components(cfg: Any) -> Components:
-    """Load the model, tokenizer, task, verifier and rollout-engine factory named by `cfg` (a TrainConfig)."""
+    """Load the model, tokenizer, task, verifier and rollout-engine factory named by `cfg` (a TrainConfig).
+
+    Problems come from `p3o.tasks.load_train_problems` / `load_eval_problems`: a single data file is split by a
+    hash of the question (share `task.test_fraction`), `task.eval_name` names other evaluation data, and no
+    evaluation problem is a training problem unless `task.allow_train_eval_overlap`. Every prompt is
+    `format_prompt(problem, tokenizer, task.template, system=task.system_prompt)`. The task and the verifier are
+    resolved before the model is loaded, so a wrong path or `module:function` fails at once.
+    """
     from p3o.models import load_policy
     from p3o.rewards import get_verifier, score
     from p3o.rollout import HFEngine
-    from p3o.tasks import format_prompt, load_task
+    from p3o.tasks import format_prompt, load_eval_problems, load_train_problems
+
+    task = cfg.task
+    problems = load_train_problems(task, seed=cfg.seed, n=task.n_train)
+    eval_problems = []
+    if task.n_eval > 0:
+        eval_problems = load_eval_problems(task, seed=cfg.seed, n=task.n_eval, train=problems)
+    verifier_name = task.verifier or _default_verifier(task.name, problems)
+    try:
+        verifier = get_verifier(verifier_name)
+    except ConfigError as err:
+        raise ConfigError(f"task.verifier: {err}") from None
+    timeout = task.reward_timeout_s
 
     device = _device(cfg.model.device)
     policy, tokenizer = load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)
     policy = policy.to(device=device, dtype=getattr(torch, cfg.model.dtype))
     if cfg.train.gradient_checkpointing and hasattr(policy, "gradient_checkpointing_enable"):
         policy.gradient_checkpointing_enable()
-    task_kwargs: dict[str, Any] = {}
-    if cfg.task.name == "arithmetic":
-        task_kwargs["difficulty"] = cfg.task.difficulty
-    problems = load_task(cfg.task.name, "train", seed=cfg.seed, n=cfg.task.n_train, **task_kwargs)
-    if not problems:
-        raise ConfigError(f"task.name: task '{cfg.task.name}' has no training problems")
 
     def encode(probs: list[Any]) -> list[list[int]]:
-        texts = [format_prompt(p, tokenizer, cfg.task.template) for p in probs]
+        texts = [format_prompt(p, tokenizer, task.template, system=task.system_prompt) for p in probs]
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     prompts, answers = encode(problems), [p.answer for p in problems]
-    eval_problems = []
-    if cfg.task.n_eval > 0:
-        eval_problems = load_task(cfg.task.name, cfg.task.eval_split, seed=cfg.seed, n=cfg.task.n_eval, **task_kwargs)
-    verifier_name = cfg.task.verifier or _default_verifier(cfg.task.name, problems)
-    verifier = get_verifier(verifier_name)
-    timeout = cfg.task.reward_timeout_s
 
     def reward_fn(r: Rollouts) -> Tensor:
         return torch.tensor(score(r.texts, r.answers, verifier, timeout_s=timeout), dtype=torch.float32)
@@ -161,7 +168,11 @@ def build_components(cfg: Any) -> Components:
 
 
 def _default_verifier(task: str, problems: list[Any]) -> str:
-    """The task's own verifier: Problem.meta["verifier"] when set, else by task name."""
+    """The task's own verifier: Problem.meta["verifier"] when set, else by task name (a file: "math").
+
+    A file's rows get "gsm8k" when their answers carry `#### n`, else "math" (numbers exactly, LaTeX by
+    math-verify); `task.verifier` overrides it, e.g. with your own `package.module:function`.
+    """
     meta = getattr(problems[0], "meta", None) or {}
     if isinstance(meta, dict) and meta.get("verifier"):
         return str(meta["verifier"])
