@@ -147,7 +147,12 @@ class UpdateConfig:
     """How one rollout batch is split into optimizer steps."""
 
     num_mini_batches: int = _f(1, "optimizer steps per epoch (> 1 makes later mini-batches off-policy)", ge=1)
-    micro_batch_size: int = _f(16, "sequences per forward/backward (gradient accumulation inside a mini-batch)", ge=1)
+    micro_batch_size: int = _f(
+        16,
+        "sequences per forward/backward (gradient accumulation inside a mini-batch); for P3O with its default "
+        "objective.scope micro-batch it is also the set its ESS is taken over, so part of the objective",
+        ge=1,
+    )
     epochs: int = _f(1, "passes over each rollout batch", ge=1)
 
 
