@@ -4,6 +4,7 @@ Usage:
 
     result = evaluate(model, tokenizer, load_task("arithmetic", "test", n=200), n_samples=8, ks=(1, 2, 4, 8))
     result.pass_at_k[1], result.mean_response_len, result.truncation_rate
+    policy_dir, run_dir = find_run("runs/mine")     # runs/mine/final and runs/mine (its config.yaml)
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,6 +57,42 @@ class EvalResult:
         return d
 
 
+def resolve_device(device: str = "auto") -> str:
+    """ "auto" -> "cuda" when available, else "cpu" (as `model.device` in training); other values pass through."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def find_run(model: str | Path) -> tuple[Path, Path | None]:
+    """(policy dir, run dir) of `model` when it is a training run, else (model, None).
+
+    A run directory (holds config.yaml) evaluates its final/ (else its latest checkpoint); final/ and
+    checkpoints/step_N[/policy] find the run's config.yaml above them. Raises ConfigError for a run without a policy.
+    """
+    path = Path(model).expanduser()
+    if (path / "config.yaml").is_file() and not (path / "config.json").is_file():
+        if (path / "final" / "config.json").is_file():
+            return path / "final", path
+        from p3o.train.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(path)
+        if ckpt is not None and (ckpt / "policy" / "config.json").is_file():
+            return ckpt / "policy", path
+        raise ConfigError(f"--model: run {path} has no final/ policy and no checkpoint yet (did training finish?)")
+    if (path / "policy" / "config.json").is_file():  # checkpoints/step_N
+        path = path / "policy"
+    if path.name == "final" and (path.parent / "config.yaml").is_file():
+        return path, path.parent
+    if path.name == "policy" and path.parent.parent.name == "checkpoints":
+        run = path.parent.parent.parent
+        if (run / "config.yaml").is_file():
+            return path, run
+    return path, None
+
+
 def encode_prompts(texts: Sequence[str], tokenizer: Any) -> list[list[int]]:
     """Token ids of formatted prompts; the template already holds any special tokens, so none are added."""
     return [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
@@ -73,20 +111,24 @@ def evaluate(
     precision: str = "fp32",
     verifier: str | None = None,
     template: str = "default",
+    system_prompt: str | None = None,
     batch_prompts: int = 16,
     seed: int = 0,
     timeout_s: float = 1.0,
     correct_threshold: float = 1.0,
     task: str = "",
     split: str = "",
-    device: str = "cpu",
+    device: str = "auto",
     progress: Callable[[int, int], None] | None = None,
 ) -> EvalResult:
     """Sample `n_samples` completions per problem with `p3o.rollout.HFEngine`, score them, estimate pass@k.
 
     Args:
-        problems: `p3o.tasks.Problem`s; the verifier is `verifier` or each problem's meta["verifier"].
+        problems: `p3o.tasks.Problem`s; the verifier is `verifier` or each problem's meta["verifier"] (a name for
+            `p3o.rewards.get_verifier`, including your own "package.module:function").
         ks: the k of pass@k; values above n_samples are dropped.
+        template, system_prompt: how each prompt is formatted (`p3o.tasks.format_prompt`), as in training.
+        device: "auto" (cuda when available, as training's `model.device`), "cpu", "cuda", ...
         batch_prompts: prompts per `generate` call (each gives n_samples rows).
         correct_threshold: a completion is correct when its score ≥ this.
         progress: called with (problems done, total) after each batch.
@@ -111,7 +153,7 @@ def evaluate(
         top_p=top_p,
         max_new_tokens=max_new_tokens,
         seed=seed,
-        device=device,
+        device=resolve_device(device),
     )
     verifiers: dict[str, Callable[[str, str], float]] = {}
     correct = np.zeros(len(problems), dtype=np.int64)
@@ -120,13 +162,17 @@ def evaluate(
     truncated: list[bool] = []
     for lo in range(0, len(problems), batch_prompts):
         batch = problems[lo : lo + batch_prompts]
-        prompt_ids = encode_prompts([format_prompt(p, tokenizer, template) for p in batch], tokenizer)
+        texts = [format_prompt(p, tokenizer, template, system=system_prompt) for p in batch]
+        prompt_ids = encode_prompts(texts, tokenizer)
         answers = [p.answer for p in batch]
         rollouts = engine.generate(prompt_ids, n_samples, seed=seed + lo, answers=answers)
         names = [verifier or p.meta.get("verifier", "math") for p in batch]
         for name in set(names):
             if name not in verifiers:
-                verifiers[name] = get_verifier(name)
+                try:
+                    verifiers[name] = get_verifier(name)
+                except ConfigError as err:
+                    raise ConfigError(f"--verifier: {err}") from None
         for i, p in enumerate(batch):
             rows = slice(i * n_samples, (i + 1) * n_samples)
             scores = score(rollouts.texts[rows], [p.answer] * n_samples, verifiers[names[i]], timeout_s=timeout_s)
