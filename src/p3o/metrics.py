@@ -325,11 +325,23 @@ class ProgressBar:
 
 # Panels of plot_run: (title, y label, [(metric key, legend label)]). Lag is drawn as a min–max band around the mean.
 PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
-    ("Reward", "reward / accuracy", [("reward_mean", "reward"), ("accuracy", "accuracy"), ("eval_accuracy", "eval")]),
-    ("Effective sample size", "ESS / KL weight", [("ess", "ESS"), ("kl_weight", "KL weight")]),
+    (
+        "Reward",
+        "reward / accuracy",
+        [("reward_mean", "reward"), ("accuracy", "accuracy"), ("eval_accuracy", "eval pass@1")],
+    ),
+    ("Effective sample size", "ESS / KL weight", [("ess", "ESS"), ("kl_weight", "KL weight = 1 − ESS")]),
     ("Policy lag", "versions", [("lag_mean", "mean"), ("lag_min", "min"), ("lag_max", "max")]),
     ("Response length", "tokens", [("response_len_mean", "mean length")]),
 ]
+
+# One-line caption under each panel's title: what the curve is and what healthy looks like (docs/metrics.md).
+CAPTIONS: dict[str, str] = {
+    "Reward": "training batch per step (faint) and moving average; eval: held-out pass@1",
+    "Effective sample size": "ESS of ratios π_θ/π_rollout: 1 = on-policy, falling = off-policy",
+    "Policy lag": "policy updates between sampling and training (0 = on-policy)",
+    "Response length": "mean tokens per response (capped at rollout.max_new_tokens)",
+}
 
 
 SMOOTHED = {"reward_mean", "accuracy"}
@@ -361,7 +373,8 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Draw reward/accuracy, ESS + KL weight, lag (min/mean/max) and response length of a run to a PNG.
 
-    Panels whose metrics are all absent are skipped. ``out`` defaults to ``run_dir/plot.png``. Returns the PNG path.
+    Each panel has a legend and a one-line caption (``CAPTIONS``; docs/metrics.md explains them). Panels whose
+    metrics are all absent are skipped. ``out`` defaults to ``run_dir/plot.png``. Returns the PNG path.
     Raises DataError when the run has no metrics or none of the plotted ones.
     """
     # A bare Figure on the Agg canvas: no pyplot global state, works headless, leaves the user's backend alone.
@@ -398,10 +411,19 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             if key in SMOOTHED and len(xs) > 20:
                 # Per-step rewards of a small batch are noisy: draw them faint, with a centred moving average on top.
                 (line,) = ax.plot(xs, ys, alpha=0.3, linewidth=0.8)
-                ax.plot(xs, moving_average(ys, max(5, len(ys) // 15)), color=line.get_color(), label=f"{label} (avg)")
+                ax.plot(
+                    xs,
+                    moving_average(ys, max(5, len(ys) // 15)),
+                    color=line.get_color(),
+                    label=f"{label} (moving avg)",
+                )
+            elif key == "eval_accuracy":
+                ax.plot(xs, ys, marker="o", markersize=4, linestyle="--", label=label)
             else:
                 ax.plot(xs, ys, marker="." if len(xs) <= 50 else None, label=label)
-        ax.set_title(title)
+        ax.set_title(title, pad=16)
+        if title in CAPTIONS:
+            ax.text(0.5, 1.015, CAPTIONS[title], transform=ax.transAxes, ha="center", va="bottom", fontsize=7.5)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)

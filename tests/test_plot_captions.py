@@ -1,0 +1,24 @@
+"""`p3o plot`: every panel has a caption, and the captions are drawn."""
+
+from __future__ import annotations
+
+import json
+
+from p3o.metrics import CAPTIONS, PANELS, plot_run
+
+
+def test_every_panel_has_a_caption():
+    assert set(CAPTIONS) == {title for title, _, _ in PANELS}
+    assert all(0 < len(c) <= 90 for c in CAPTIONS.values())  # one short line each
+
+
+def test_captions_are_drawn(tmp_path, monkeypatch):
+    rows = [{"step": s, "reward_mean": 0.1 * s, "ess": 1.0, "lag_mean": 0, "response_len_mean": 5} for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn: list[str] = []
+    from matplotlib.axes import Axes
+
+    text = Axes.text
+    monkeypatch.setattr(Axes, "text", lambda self, x, y, s, *a, **k: drawn.append(s) or text(self, x, y, s, *a, **k))
+    plot_run(tmp_path)
+    assert sorted(drawn) == sorted(CAPTIONS.values())
