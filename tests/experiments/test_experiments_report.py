@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p3o.experiments.report import claim_verdict, collect, regime_table, write_report
+from p3o.experiments.report import claim_verdict, collect, decide, regime_table, write_report
 from p3o.experiments.spec import expand, parse_experiment
 
 # Final rewards chosen per (objective, seed): p3o and grpo agree within noise; cispo is clearly lower.
@@ -24,8 +24,16 @@ def make_grid(tmp_path: Path) -> object:
         "out_dir": str(tmp_path / "out"),
         "analysis": {"smooth": 1, "final_frac": 0.25},
         "claims": [
-            {"id": "a", "title": "tracks", "kind": "tracks", "regimes": ["on-policy"], "objectives": ["p3o", "grpo"]},
-            {"id": "b", "title": "apart", "kind": "tracks", "regimes": ["on-policy"], "objectives": ["p3o", "cispo"]},
+            {
+                "id": "a",
+                "title": "tracks",
+                "kind": "tracks",
+                "regimes": ["on-policy"],
+                "objectives": ["p3o", "grpo"],
+                "margin": 0.2,
+            },
+            {"id": "b", "title": "apart", "kind": "better", "regimes": ["on-policy"], "objectives": ["p3o", "cispo"]},
+            {"id": "c", "title": "close", "kind": "better", "regimes": ["on-policy"], "objectives": ["p3o", "grpo"]},
             {
                 "id": "d",
                 "title": "rank",
@@ -76,9 +84,15 @@ def test_tables_aggregate_over_seeds(tmp_path: Path) -> None:
 def test_claim_verdicts_follow_the_numbers(tmp_path: Path) -> None:
     exp = make_grid(tmp_path)
     summary = collect(exp)
-    by_id = {c.id: claim_verdict(summary, c)[0] for c in exp.claims}
-    assert "p3o − grpo = +0.010" in by_id["a"] and "tracks grpo" in by_id["a"]
-    assert "p3o − cispo = +0.310" in by_id["b"] and "p3o is above cispo" in by_id["b"]
+    by_id = {c.id: claim_verdict(summary, c)[0] for c in exp.claims if c.kind in ("rank", "spread")}
+    decisions = {d.claim.id: d for d in decide(summary)}
+    # a: paired diffs (−0.01, −0.01, +0.05): mean 0.01, within δ = 0.2 by TOST
+    assert decisions["a"].result.diff == pytest.approx(0.01) and decisions["a"].verdict == "supported"
+    # b: diffs (0.30, 0.30, 0.33), t ≈ 31 on 2 df; c: the noisy +0.01 is inconclusive after Holm
+    assert decisions["b"].result.diff == pytest.approx(0.31) and decisions["b"].verdict == "supported"
+    assert decisions["c"].verdict == "inconclusive"
+    ps = [decisions[k].p_adj for k in "abc"]
+    assert all(0 <= p <= 1 for p in ps) and decisions["c"].p_adj >= decisions["c"].result.p_diff
     assert "p3o 0.620 > grpo 0.610 > cispo 0.310" in by_id["d"] and "p3o is the best" in by_id["d"]
     assert "within 2·SE" in by_id["d"]  # p3o vs grpo is not a significant gap
     assert "spans 0.300" in by_id["s"] and "p3o 0.620 is above every setting" in by_id["s"]
@@ -93,6 +107,9 @@ def test_write_report_links_figures_relative_to_report(tmp_path: Path) -> None:
     assert (tmp_path / "docs/figures/syn-on-policy.png").stat().st_size > 1000
     assert "`model.name=tiny`" in text and "`steps=8`" in text
     assert "runs with metrics: 9/9" in text
+    assert "## Verdicts" in text and "Holm" in text and "**supported**" in text
+    verdicts = json.loads((tmp_path / "docs" / "results.verdicts.json").read_text())
+    assert {v["claim"] for v in verdicts} == {"a", "b", "c"} and all("p_adj" in v for v in verdicts)
 
 
 def test_missing_runs_are_listed_not_invented(tmp_path: Path) -> None:

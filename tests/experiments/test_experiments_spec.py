@@ -142,3 +142,25 @@ def test_regime_may_run_a_subset_of_objectives() -> None:
     raw["objectives"] = [{"label": "x", "overrides": {}, "objectives": ["p3o"]}]
     with pytest.raises(ConfigError, match="unknown key"):
         parse_experiment(raw)
+
+
+def test_primary_block_and_decisive_claims() -> None:
+    from p3o.experiments.spec import parse_experiment
+
+    raw = {
+        "name": "x",
+        "objectives": ["p3o", "grpo"],
+        "regimes": ["on-policy"],
+        "primary": {"metric": "pass@1", "alpha": 0.1, "margin": 0.05},
+        "claims": [
+            {"id": "a", "title": "t", "kind": "identical", "regimes": ["on-policy"], "objectives": ["p3o", "grpo"]}
+        ],
+    }
+    exp = parse_experiment(raw)
+    assert exp.primary.metric == "pass@1" and exp.claims[0].metric == "pass@1"
+    bad = dict(raw, primary={"margin": 0})
+    with pytest.raises(ConfigError, match="margin"):
+        parse_experiment(bad)
+    three = dict(raw, claims=[dict(raw["claims"][0], kind="better", objectives=["p3o", "grpo", "p3o"])])
+    with pytest.raises(ConfigError, match="exactly two"):
+        parse_experiment(three)

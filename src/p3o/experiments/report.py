@@ -28,7 +28,8 @@ from p3o.experiments.analysis import (
     read_metrics,
     smooth,
 )
-from p3o.experiments.spec import Claim, Experiment, RunSpec, expand, flatten
+from p3o.experiments.spec import DECISIVE_KINDS, Claim, Experiment, RunSpec, expand, flatten
+from p3o.experiments.stats import PairedResult, holm, paired, verdict
 
 REWARD_KEY = "reward_mean"
 METRIC_LABELS = {
@@ -37,6 +38,7 @@ METRIC_LABELS = {
     "pass@1": "final pass@1",
     "final_accuracy": "final accuracy",
     "collapsed": "collapse rate",
+    "late_eval": "held-out accuracy over the last third",
 }
 
 
@@ -113,10 +115,20 @@ def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
         m["collapsed"] = float(summary.collapse.collapsed)
     if "accuracy" in curves:
         m["final_accuracy"] = final_value(curves["accuracy"], a.final_frac)
-    for key in ("ess", "kl_weight", "capped_frac", "clipfrac", "approx_kl", "ratio_max", "lag_mean"):
+    if "eval_accuracy" in curves:
+        ev_curve = curves["eval_accuracy"]
+        ok = np.isfinite(ev_curve)
+        if ok.any():
+            steps = curves["step"][ok]
+            late = steps >= steps.max() * 2.0 / 3.0
+            m["late_eval"] = float(ev_curve[ok][late].mean())
+            m["first_eval"] = float(ev_curve[ok][0])
+    for key in ("ess", "kl_weight", "capped_frac", "clipfrac", "approx_kl", "ratio_max", "lag_mean", "m_mean"):
         if key in curves and np.isfinite(curves[key]).any():
             m[key] = float(np.nanmean(curves[key]))
             m[f"min_{key}"] = float(np.nanmin(curves[key]))
+            m[f"max_{key}"] = float(np.nanmax(curves[key]))
+            m[f"p10_{key}"] = float(np.nanpercentile(curves[key], 10))
     if ev is not None:
         passk = ev.get("pass_at_k", {})
         if isinstance(passk, dict) and "1" in {str(k) for k in passk}:
@@ -280,25 +292,7 @@ def claim_verdict(summary: GridSummary, claim: Claim) -> list[str]:
             missing = [o for o, (_, _, n) in stats.items() if n == 0]
             out.append(f"**{regime}**: no finished runs of {', '.join(missing)} — not tested.")
             continue
-        if claim.kind == "tracks":
-            a, b = claim.objectives
-            (ma, sa, na), (mb, sb, nb) = stats[a], stats[b]
-            diff = ma - mb
-            se = math.sqrt(_se(sa, na) ** 2 + _se(sb, nb) ** 2)
-            if not math.isfinite(se):
-                out.append(f"**{regime}**: {a} − {b} = {diff:+.3f} in {label} (one seed: no noise estimate).")
-            elif abs(diff) <= 2 * se:
-                out.append(
-                    f"**{regime}**: {a} − {b} = {diff:+.3f} in {label}, within 2 standard errors ({2 * se:.3f}): "
-                    f"{a} tracks {b} at this number of seeds."
-                )
-            else:
-                side = "above" if diff > 0 else "below"
-                out.append(
-                    f"**{regime}**: {a} − {b} = {diff:+.3f} in {label}, beyond 2 standard errors ({2 * se:.3f}): "
-                    f"{a} is {side} {b}."
-                )
-        elif claim.kind == "spread":
+        if claim.kind == "spread":
             means = {o: stats[o][0] for o in claim.objectives}
             lo, hi = min(means, key=means.get), max(means, key=means.get)
             ses = [_se(stats[o][1], stats[o][2]) for o in claim.objectives]
@@ -352,6 +346,97 @@ def claim_verdict(summary: GridSummary, claim: Claim) -> list[str]:
                         sentence += f" (best expected − best other = {gap:+.3f}, {sig} 2·SE {2 * se:.3f})"
             out.append(sentence + ".")
     return out
+
+
+@dataclass
+class Decision:
+    """The verdict of one decisive claim in one regime (A vs B paired by seed on `metric`)."""
+
+    claim: Claim
+    regime: str
+    metric: str
+    result: PairedResult
+    p_adj: float = math.nan
+    verdict: str = "inconclusive"
+
+    def to_dict(self) -> dict[str, Any]:
+        a, b = self.claim.objectives
+        return {
+            "claim": self.claim.id,
+            "title": self.claim.title,
+            "kind": self.claim.kind,
+            "regime": self.regime,
+            "a": a,
+            "b": b,
+            "metric": self.metric,
+            "p_adj": self.p_adj,
+            "verdict": self.verdict,
+            **{k: v for k, v in self.result.to_dict().items()},
+        }
+
+
+def paired_values(summary: GridSummary, regime: str, a: str, b: str, metric: str) -> tuple[list[float], list[float]]:
+    """Per-seed values of `metric` for objectives a and b in `regime`, over the seeds both have (seed order)."""
+    by_seed = {
+        obj: {r.spec.seed: r.metrics.get(metric, math.nan) for r in summary.cell(regime, obj)} for obj in (a, b)
+    }
+    seeds = [s for s in summary.exp.seeds if s in by_seed[a] and s in by_seed[b]]
+    return [by_seed[a][s] for s in seeds], [by_seed[b][s] for s in seeds]
+
+
+def decide(summary: GridSummary) -> list[Decision]:
+    """Every decisive claim × regime: paired-t result, Holm-adjusted p over the whole report, verdict."""
+    exp = summary.exp
+    out: list[Decision] = []
+    for claim in exp.claims:
+        if claim.kind not in DECISIVE_KINDS:
+            continue
+        a, b = claim.objectives
+        margin = claim.margin if claim.margin is not None else exp.primary.margin
+        for regime in claim.regimes:
+            xa, xb = paired_values(summary, regime, a, b, claim.metric)
+            res = paired(xa, xb, margin=margin, alpha=exp.primary.alpha, bootstrap=2000)
+            out.append(Decision(claim, regime, claim.metric, res))
+    tested = [d for d in out if d.claim.kind != "identical"]
+    raw = [d.result.p_equiv if d.claim.kind == "tracks" else d.result.p_diff for d in tested]
+    for d, p_adj in zip(tested, holm(raw)):
+        d.p_adj = p_adj
+    m = len(tested)
+    for d in out:
+        d.verdict = verdict(d.claim.kind, d.result, d.p_adj, m=max(1, m), alpha=exp.primary.alpha)
+    return out
+
+
+_KIND_TEXT = {"better": "A > B", "worse": "A < B", "tracks": "|A − B| < δ", "identical": "A ≡ B"}
+
+
+def decisions_table(decisions: list[Decision], digits: int = 3) -> str:
+    """Markdown table of the verdicts (paired by seed; 95 % paired-t CI; Holm-adjusted p)."""
+    head = (
+        "| claim | regime | A | B | test | metric | n | mean A | mean B | A − B [95% CI] | p (Holm) | verdict |\n"
+        "|---|---|---|---|---|---|---:|---:|---:|---|---:|---|"
+    )
+    rows = [head]
+    for d in decisions:
+        r, (a, b) = d.result, d.claim.objectives
+        test = _KIND_TEXT[d.claim.kind] + (f", δ = {r.margin:g}" if d.claim.kind == "tracks" else "")
+        ci = (
+            "exactly 0 (bit-identical)"
+            if r.identical
+            else f"{r.diff:+.{digits}f} [{r.ci[0]:+.{digits}f}, {r.ci[1]:+.{digits}f}]"
+        )
+        p = "—" if math.isnan(d.p_adj) else f"{d.p_adj:.3g}"
+        rows.append(
+            f"| {d.claim.id} | {d.regime} | {a} | {b} | {test} | {d.metric} | {r.n} | {r.mean_a:.{digits}f} | "
+            f"{r.mean_b:.{digits}f} | {ci} | {p} | **{d.verdict}** |"
+        )
+    return "\n".join(rows)
+
+
+def verdict_summary(decisions: list[Decision]) -> str:
+    """One line: how many verdicts of each kind."""
+    counts = {v: sum(1 for d in decisions if d.verdict == v) for v in ("supported", "contradicted", "inconclusive")}
+    return ", ".join(f"{n} {v}" for v, n in counts.items())
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -424,6 +509,22 @@ def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, com
             + ", ".join(f"{s.regime}/{s.objective}/seed{s.seed}" for s in missing),
             "",
         ]
+    decisions = decide(summary)
+    if decisions:
+        pr = exp.primary
+        lines += [
+            "## Verdicts",
+            "",
+            f"Declared before the runs (`primary:` in the experiment file): metric **{pr.metric}** "
+            f"({METRIC_LABELS.get(pr.metric, pr.metric)}), paired by seed; {1 - pr.alpha:.0%} paired-t intervals; "
+            f"Holm's correction over the {sum(1 for d in decisions if d.claim.kind != 'identical')} tested "
+            f"verdicts at family-wise α = {pr.alpha:g}; equivalence margin δ = {pr.margin:g} for *tracks* (TOST). "
+            "*identical* asks for bit-identical per-seed values. Computed by `p3o.experiments.stats`; "
+            f"{verdict_summary(decisions)}.",
+            "",
+            decisions_table(decisions),
+            "",
+        ]
     if exp.claims:
         lines += ["## Claims", ""]
         for claim in exp.claims:
@@ -432,7 +533,12 @@ def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, com
                 lines += [claim.text.strip(), ""]
             lines += [f"Metric: {METRIC_LABELS.get(claim.metric, claim.metric)} (mean ± sample std over seeds).", ""]
             lines += [_claim_table(summary, claim), ""]
-            lines += [f"- {s}" for s in claim_verdict(summary, claim)]
+            if claim.kind in DECISIVE_KINDS:
+                lines += [
+                    f"- **{d.regime}**: {d.verdict} (see the verdict table)" for d in decisions if d.claim is claim
+                ]
+            else:
+                lines += [f"- {s}" for s in claim_verdict(summary, claim)]
             lines += [""]
     overview = plot_overview(summary, figure_dir / f"{exp.name}-overview.png")
     lines += ["## Overview", "", f"![final reward and pass@1 per regime]({rel / overview.name})", ""]
@@ -462,4 +568,6 @@ def write_report(
     text = render_report(summary, figure_dir, report_path, command)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(text)
+    decisions = [d.to_dict() for d in decide(summary)]
+    report_path.with_suffix(".verdicts.json").write_text(json.dumps(decisions, indent=1, default=float) + "\n")
     return report_path

@@ -28,8 +28,23 @@ from p3o.errors import ConfigError
 from p3o.experiments.regimes import OBJECTIVE_PRESETS, REGIMES, Overrides
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-_TOP_KEYS = {"name", "description", "base", "objectives", "regimes", "seeds", "out_dir", "eval", "analysis", "claims"}
-CLAIM_KINDS = ("tracks", "spread", "collapse", "rank")
+_TOP_KEYS = {
+    "name",
+    "description",
+    "base",
+    "objectives",
+    "regimes",
+    "seeds",
+    "out_dir",
+    "eval",
+    "analysis",
+    "claims",
+    "primary",
+}
+#: Decisive kinds (paired by seed, Holm-corrected, verdict supported / contradicted / inconclusive) and
+#: descriptive kinds (a table and a sentence, no verdict).
+DECISIVE_KINDS = ("better", "worse", "tracks", "identical")
+CLAIM_KINDS = (*DECISIVE_KINDS, "spread", "collapse", "rank")
 
 
 @dataclass
@@ -75,12 +90,35 @@ class AnalysisSpec:
 
 
 @dataclass
+class PrimarySpec:
+    """The pre-registered decision rule of an experiment, declared in the file before any run.
+
+    Every decisive claim compares two objectives *paired by seed* on `metric` (unless the claim names another),
+    with a (1 − alpha) paired-t interval, Holm's correction across all decisive claims of the report, and
+    `margin` as the equivalence margin of `tracks` claims (TOST).
+    """
+
+    metric: str = "final_reward"
+    """Per-run number the verdicts use: final_reward (mean training reward over the last `analysis.final_frac`),
+    pass@1 (final evaluation), late_eval (mean in-training held-out accuracy over the last third), or any
+    per-run summary key (ess, min_ess, ...)."""
+    alpha: float = 0.05
+    """Family-wise error rate of the report's verdicts."""
+    margin: float = 0.03
+    """Equivalence margin δ (absolute, in the metric's units) for `tracks` claims."""
+    secondary: list[str] = field(default_factory=list)
+    """Metrics reported beside the primary one (no verdicts)."""
+
+
+@dataclass
 class Claim:
     """A claim from the papers, tested on the grid and rendered with its own table and verdict in the report.
 
-    kind: `tracks` (objectives[0] vs objectives[1]: difference within 2 standard errors?), `spread` (range of the
-    metric across `objectives`, compared with `reference`), `collapse` (collapses per objective), `rank` (order of
-    objectives; are the `expected` ones on top?).
+    Decisive kinds compare objectives[0] (A) with objectives[1] (B), paired by seed, in every listed regime:
+    `better` (A > B), `worse` (A < B), `tracks` (|A − B| < margin, TOST) and `identical` (every paired difference
+    exactly 0). Descriptive kinds: `spread` (range of the metric across `objectives`, compared with `reference`),
+    `collapse` (collapses per objective), `rank` (order of objectives; are the `expected` ones on top?).
+    `metric` and `margin` default to the experiment's `primary` block.
     """
 
     id: str
@@ -88,10 +126,11 @@ class Claim:
     kind: str
     regimes: list[str]
     objectives: list[str]
-    metric: str = "final_reward"
+    metric: str = ""
     reference: list[str] = field(default_factory=list)
     expected: list[str] = field(default_factory=list)
     text: str = ""
+    margin: float | None = None
 
 
 @dataclass
@@ -108,6 +147,7 @@ class Experiment:
     eval: EvalSpec = field(default_factory=EvalSpec)
     analysis: AnalysisSpec = field(default_factory=AnalysisSpec)
     claims: list[Claim] = field(default_factory=list)
+    primary: PrimarySpec = field(default_factory=PrimarySpec)
     source: Path | None = None
 
     def objectives_in(self, regime: str) -> list[str]:
@@ -236,8 +276,11 @@ def parse_experiment(raw: Any, source: Path | None = None) -> Experiment:
         description=str(raw.get("description", "") or ""),
         eval=_dataclass_from(EvalSpec, raw.get("eval"), f"{where}: eval"),
         analysis=_dataclass_from(AnalysisSpec, raw.get("analysis"), f"{where}: analysis"),
+        primary=_dataclass_from(PrimarySpec, raw.get("primary"), f"{where}: primary"),
         source=source,
     )
+    if not 0 < exp.primary.alpha < 1 or not exp.primary.margin > 0:
+        raise ConfigError(f"{where}: primary: need 0 < alpha < 1 and margin > 0")
     if exp.eval.n_samples < 0 or exp.eval.n_problems < 1:
         raise ConfigError(f"{where}: eval: n_samples must be ≥ 0 and n_problems ≥ 1")
     if not 0.0 < exp.analysis.collapse_drop < 1.0 or exp.analysis.smooth < 1 or not 0 < exp.analysis.final_frac <= 1:
@@ -276,8 +319,11 @@ def _claims(raw: Any, exp: Experiment, where: str) -> list[Claim]:
             absent = [o for o in [*claim.objectives, *claim.reference] if o not in ran]
             if absent:
                 raise ConfigError(f"{here}: objective(s) {absent} are not run in regime '{label}'")
-        if claim.kind == "tracks" and len(claim.objectives) != 2:
-            raise ConfigError(f"{here}: a 'tracks' claim compares exactly two objectives")
+        if claim.kind in DECISIVE_KINDS and len(claim.objectives) != 2:
+            raise ConfigError(f"{here}: a '{claim.kind}' claim compares exactly two objectives (A, B)")
+        if claim.margin is not None and not claim.margin > 0:
+            raise ConfigError(f"{here}.margin: must be > 0, got {claim.margin}")
+        claim.metric = claim.metric or exp.primary.metric
         out.append(claim)
     return out
 
