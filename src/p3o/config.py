@@ -83,7 +83,9 @@ class ModelConfig:
 
     name: str = _f("tiny", "model: 'tiny' (built-in, warm-started), 'tiny-random', 'smollm2' or a local HF directory")
     cache_dir: str | None = _f(None, "cache for built-in models and tokenizers (None: $P3O_CACHE or ~/.cache/p3o)")
-    dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "trainer parameter dtype")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f(
+        "float32", "trainer parameter dtype (also its gradients and AdamW states: no fp32 master copy; docs/gpu.md)"
+    )
     device: str = _f("auto", "trainer and HF rollout device: 'auto' (cuda if available), 'cpu', 'cuda'")
 
 
@@ -125,7 +127,9 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling mass (1: off)", gt=0, le=1)
     top_k: int = _f(0, "top-k sampling (0: off)", ge=0)
     precision: Literal["fp32", "bf16", "fp16", "int8", "fp8"] = _f(
-        "fp32", "rollout engine precision (fake-quantised weights/activations); the trainer stays fp32"
+        "fp32",
+        "rollout engine copy: fp32 / bf16 / fp16 cast it; int8 / fp8 simulate W8A8 numerics (no speed-up); the "
+        "trainer keeps model.dtype",
     )
     logprob_mode: Literal["processed", "raw"] = _f(
         "processed", "record log-probs of the distribution sampled from ('processed') or before temperature ('raw')"
