@@ -114,3 +114,10 @@ def test_clear_run_outputs_removes_only_p3o_outputs(tmp_path):
     assert set(clear_run_outputs(tmp_path)) == {"checkpoints", "final", "tensorboard", "metrics.jsonl", "plot.png",
                                                  "config.yaml", "DONE"}  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def test_refusal_is_the_only_line_even_for_a_warned_config(finished_run, capsys):
+    # the default shape (micro-batches of 16 of 64 sequences) would warn about P3O's ESS scope; refused, it is silent
+    assert p3o_main(["train", "--run_dir", str(finished_run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds an earlier run" in err[0]

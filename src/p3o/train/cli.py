@@ -78,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(argv)
         from p3o import dist
+        from p3o.train.checkpoint import run_outputs
         from p3o.train.loop import run
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
         warning = ess_scope_warning(cfg, world)
-        if warning and os.environ.get("RANK", "0") == "0":
+        refused = run_outputs(cfg.run_dir) and not (cfg.ckpt.resume or cfg.overwrite)  # run() stops with one line
+        if warning and not refused and os.environ.get("RANK", "0") == "0":
             print(warning, file=sys.stderr)
 
         t0 = time.perf_counter()
