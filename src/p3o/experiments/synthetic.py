@@ -800,7 +800,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI's argument parser (every SyntheticConfig field that makes sense on a command line)."""
     d = SyntheticConfig()
     p = argparse.ArgumentParser(
-        prog="python -m p3o.experiments.synthetic",
+        prog="p3o synthetic",
         description="Synthetic instrument (a tabular autoregressive toy policy, NOT a language model): exact "
         "expected reward, controllable off-policy regimes, S seeds vectorised, paired by seed.",
     )

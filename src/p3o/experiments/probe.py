@@ -1,0 +1,554 @@
+"""Gradient probe: how well does each off-policy estimator point where the on-policy gradient points?
+
+For a saved trajectory θ_0, θ_1, …, θ_U (one entry per optimizer update) take a probe point k and a lag L, draw
+batches from the rollout engine at θ_{k−L}, and compute every objective's gradient at θ_k — the gradient of the
+FIRST optimizer update on that batch (π_prox = π_θold = π_θk) — as an ascent direction d = −∇_θ loss. Compare it
+with a high-sample ON-POLICY gradient at θ_k,
+
+    g_ref = E_{groups ∼ π_θk}[ (1/(N·T)) Σ_i A_i Σ_t ∇_θ log π_θk(y_it) ]    (group-relative A, many fresh groups)
+
+which every objective reduces to on-policy (ratios ≡ 1; equal response lengths make all aggregations agree):
+
+    cos(d, g_ref),   ‖d‖ / ‖g_ref‖,   ΔJ = J(θ_k + η·d/‖d‖) − J(θ_k)   (one step of fixed length η)
+
+plotted against the batch's ESS (Kong's ESS of π_θk/π_b over its tokens) and L. The "cosine of the mean"
+(the mean of a cell's batch gradients against g_ref) isolates the estimator's bias from its per-batch noise.
+
+Instrument: the synthetic tabular autoregressive toy of :mod:`p3o.experiments.synthetic` (exact J and exact ∇J by
+dynamic programming; g_ref from thousands of fresh groups). The cosine with the exact ∇J is reported too (the
+group-normalised policy gradient is not exactly ∇J: the per-group std scales each prompt).
+
+Usage::
+
+    p3o probe --out runs/probe/probe.json --plot docs/figures/probe-synthetic.png --update-doc docs/probe.md
+    python -c "from p3o.experiments.probe import ProbeConfig, probe_synthetic; r = probe_synthetic(ProbeConfig())"
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from p3o.advantages import group_advantages
+from p3o.errors import ConfigError
+from p3o.experiments.synthetic import (
+    SyntheticConfig,
+    Task,
+    batch_diagnostics,
+    engine_logits,
+    expected_reward,
+    objective_loss,
+    parse_objective,
+    run_synthetic,
+    sample_batch,
+    token_logp,
+)
+
+#: Objectives probed by default (name[:key=value...] specs of :func:`p3o.experiments.synthetic.parse_objective`).
+#: p3o_two_anchor is left out: at the first update of a batch π_prox = π_θ, so it coincides with p3o.
+DEFAULT_OBJECTIVES = (
+    "p3o",
+    "grpo",
+    "dapo",
+    "gspo:clip_eps_low=2e-3:clip_eps_high=2e-3",
+    "cispo",
+    "minpro",
+    "m2po",
+    "decoupled_ppo",
+)
+DEFAULT_LAGS = (0, 1, 2, 4, 8, 16, 32, 64, 96)
+ESS_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.99999, 1.0001)
+
+
+def _default_trajectory() -> SyntheticConfig:
+    return SyntheticConfig(objective="p3o", seeds=4, steps=192, lr=0.03, threshold=5, per_seed_curves=False)
+
+
+@dataclass
+class ProbeConfig:
+    """Settings of a synthetic probe run.
+
+    ``trajectory``: the SyntheticConfig whose run provides θ_0..θ_U (its ``seeds`` trajectories are probed
+    independently; ``save_params`` is forced on). ``points`` probe points per trajectory, evenly spaced in
+    [max(lags), U]; ``batches`` B engine batches per (trajectory, point, lag); ``ref_groups`` R groups per prompt for
+    g_ref; ``step_size`` η of the fixed-length step; engine knobs ``noise`` σ, ``temperature``, ``logprob_mode``
+    for the probe batches (the trajectory's own regime is separate).
+    """
+
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
+    lags: tuple[int, ...] = DEFAULT_LAGS
+    points: int = 4
+    batches: int = 64
+    ref_groups: int = 2048
+    step_size: float = 0.5
+    noise: float = 0.0
+    temperature: float = 1.0
+    logprob_mode: str = "raw"
+    seed: int = 0
+    trajectory: SyntheticConfig = field(default_factory=_default_trajectory)
+
+
+def _cos(a: Tensor, b: Tensor) -> Tensor:
+    """Row-wise cosine of a (B, D) with b (D,) (or (B, D)); NaN where a row is exactly zero."""
+    na = a.norm(dim=-1)
+    nb = b.norm(dim=-1)
+    c = (a * b).sum(-1) / (na * nb).clamp(min=1e-30)
+    return torch.where(na > 0, c, torch.full_like(c, math.nan))
+
+
+def _gen(*key: int) -> torch.Generator:
+    h = 0
+    for k in key:
+        h = (h * 1_000_003 + int(k) + 1) % (2**62)
+    return torch.Generator().manual_seed(h)
+
+
+def reference_gradient(theta: Tensor, task: Task, group: int, groups: int, gen: torch.Generator) -> dict[str, Tensor]:
+    """High-sample on-policy group policy gradient at θ (ascent direction) and its own precision.
+
+        g_ref = (1/R) Σ_r (1/(N·T)) Σ_{i,t} A_{r,i} ∇ log π_θ(y_{r,i,t})      (R fresh batches of N = P·G)
+
+    computed as two halves (g_1, g_2 over R/2 batches each); returns ``g`` = (g_1 + g_2)/2 (D,), ``half_cos`` =
+    cos(g_1, g_2) (how precise g_ref is), ``exact`` = ∇J(θ) (D,) by differentiating the dynamic programme, and
+    ``J`` = J(θ).
+
+    Args:
+        theta: (P, T, V+1, V) one policy table; task: its targets with a leading seed axis of size 1.
+    """
+    halves = []
+    for _ in range(2):
+        r = max(1, groups // 2)
+        th = theta.detach().clone().requires_grad_(True)
+        rep = th.expand(r, *th.shape)
+        u = torch.rand((r, th.shape[0], group, th.shape[1]), generator=gen)
+        with torch.no_grad():
+            batch = sample_batch(rep, rep, _expand_task(task, r), group, u)
+        adv, _ = group_advantages(batch.rewards.reshape(-1), batch.group_ids.reshape(-1))
+        logp = token_logp(torch.log_softmax(rep, -1), batch)  # (R, N, T)
+        loss = -(adv.reshape(logp.shape[:2])[..., None] * logp).mean()
+        (g,) = torch.autograd.grad(loss, th)
+        halves.append(-g.flatten())
+    th = theta.detach().clone().requires_grad_(True)
+    j = expected_reward(th[None], task)
+    (gj,) = torch.autograd.grad(j.sum(), th)
+    return {
+        "g": (halves[0] + halves[1]) / 2,
+        "half_cos": _cos(halves[0][None], halves[1])[0],
+        "exact": gj.flatten(),
+        "J": j.detach()[0],
+    }
+
+
+def _expand_task(task: Task, n: int) -> Task:
+    return Task(task.targets.expand(n, *task.targets.shape[1:]), task.reward, task.threshold)
+
+
+def _step_gain(theta: Tensor, dirs: Tensor, task: Task, eta: float, j0: Tensor) -> Tensor:
+    """ΔJ of one step of length η along each row of ``dirs`` (B, D) from θ (P, T, V+1, V); NaN for zero rows."""
+    b = dirs.shape[0]
+    norm = dirs.norm(dim=-1, keepdim=True)
+    unit = torch.where(norm > 0, dirs / norm.clamp(min=1e-30), torch.zeros_like(dirs))
+    with torch.no_grad():
+        new = theta[None] + eta * unit.reshape(b, *theta.shape)
+        gain = expected_reward(new, _expand_task(task, b)) - j0
+    return torch.where(norm[:, 0] > 0, gain, torch.full_like(gain, math.nan))
+
+
+def probe_synthetic(cfg: ProbeConfig, *, log: Any = None) -> dict[str, Any]:
+    """Run the gradient probe on the synthetic instrument.
+
+    Returns a JSON-ready dict: ``config``; ``rows`` — columns (lists of equal length, one entry per batch ×
+    objective): traj, point, lag, batch, objective, ess, cos, norm_ratio, cos_exact, gain (ΔJ), zero (1 when the
+    gradient is exactly 0, e.g. no reward spread); ``points`` — per (traj, point): k, J, ref_half_cos,
+    ref_exact_cos, gain_ref, gain_exact; ``cells`` — per (objective, lag): mean ess, cos (nan-mean), norm_ratio,
+    cos_of_mean, cos_exact, gain, zero_frac, n; ``ess_bins`` — per (objective, ESS bin): mean cos, norm_ratio, n;
+    ``wall_s``.
+    """
+    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _probe(cfg, t0, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _probe(cfg: ProbeConfig, t0: float, log: Any) -> dict[str, Any]:
+    lags = sorted(set(cfg.lags))
+    tcfg = dataclasses.replace(cfg.trajectory, save_params=True, per_seed_curves=False)
+    traj = run_synthetic(tcfg)
+    params: list[Tensor] = traj["params"]
+    task_all: Task = traj["task"]
+    n_updates = len(params) - 1
+    lo = max(lags)
+    if n_updates < lo:
+        raise ConfigError(f"probe: trajectory has {n_updates} updates, fewer than the largest lag {lo}")
+    ks = sorted({round(lo + (n_updates - lo) * i / max(1, cfg.points - 1)) for i in range(cfg.points)})
+    specs = [(spec, *parse_objective(spec)) for spec in cfg.objectives]
+    ecfg = dataclasses.replace(tcfg, noise=cfg.noise, temperature=cfg.temperature, logprob_mode=cfg.logprob_mode)
+    g_n, b_n = tcfg.group, cfg.batches
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "traj",
+            "point",
+            "lag",
+            "batch",
+            "objective",
+            "ess",
+            "signal",
+            "cos",
+            "norm_ratio",
+            "cos_exact",
+            "gain",
+            "zero",
+        )
+    }
+    points: dict[str, list] = {
+        k: [] for k in ("traj", "k", "J", "ref_half_cos", "ref_exact_cos", "gain_ref", "gain_exact")
+    }
+    mean_dirs: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for j in range(tcfg.seeds):
+        task_j = Task(task_all.targets[j : j + 1], task_all.reward, task_all.threshold)
+        for k in ks:
+            theta_k = params[k][j]
+            ref = reference_gradient(theta_k, task_j, g_n, cfg.ref_groups, _gen(cfg.seed, j, k, -1))
+            g_ref, j0 = ref["g"], ref["J"]
+            gains = _step_gain(theta_k, torch.stack([g_ref, ref["exact"]]), task_j, cfg.step_size, j0)
+            for key, val in (
+                ("traj", j),
+                ("k", k),
+                ("J", float(j0)),
+                ("ref_half_cos", float(ref["half_cos"])),
+                ("ref_exact_cos", float(_cos(g_ref[None], ref["exact"])[0])),
+                ("gain_ref", float(gains[0])),
+                ("gain_exact", float(gains[1])),
+            ):
+                points[key].append(val)
+            for lag in lags:
+                gen = _gen(cfg.seed, j, k, lag)
+                theta_b = params[k - lag][j].expand(b_n, *theta_k.shape)
+                eps = torch.randn((b_n, *theta_k.shape), generator=gen)
+                u = torch.rand((b_n, theta_k.shape[0], g_n, theta_k.shape[1]), generator=gen)
+                samp, rec = engine_logits(theta_b, ecfg, eps)
+                task_b = _expand_task(task_j, b_n)
+                batch = sample_batch(samp, rec, task_b, g_n, u)
+                adv, _ = group_advantages(batch.rewards.reshape(-1), batch.group_ids.reshape(-1))
+                adv = adv.reshape(b_n, -1)
+                signal = (adv != 0).any(-1).float()  # batches with reward spread in at least one group
+                with torch.no_grad():
+                    logp_k = token_logp(torch.log_softmax(theta_k, -1).expand(b_n, *theta_k.shape), batch)
+                ess = batch_diagnostics(logp_k - batch.rollout_logp)["ess"]
+                for spec, name, hyper in specs:
+                    rep = theta_k.detach().expand(b_n, *theta_k.shape).clone().requires_grad_(True)
+                    logp = token_logp(torch.log_softmax(rep, -1), batch)
+                    loss, _ = objective_loss(
+                        name, hyper, logp, batch.rollout_logp, adv, prox_logp=logp_k, old_logp=logp_k
+                    )
+                    (grad,) = torch.autograd.grad(loss, rep)
+                    d = -grad.reshape(b_n, -1)
+                    cos = _cos(d, g_ref)
+                    ratio = d.norm(dim=-1) / g_ref.norm().clamp(min=1e-30)
+                    gain = _step_gain(theta_k, d, task_j, cfg.step_size, j0)
+                    dm = d.mean(0)
+                    mean_dirs.setdefault((spec, lag), []).append(
+                        (float(_cos(dm[None], g_ref)[0]), float(dm.norm() / g_ref.norm().clamp(min=1e-30)))
+                    )
+                    zero = (d.norm(dim=-1) == 0).float()
+                    for key, vals in (
+                        ("ess", ess),
+                        ("signal", signal),
+                        ("cos", cos),
+                        ("norm_ratio", ratio),
+                        ("gain", gain),
+                        ("cos_exact", _cos(d, ref["exact"])),
+                        ("zero", zero),
+                    ):
+                        cols[key].extend(round(float(x), 6) for x in vals)
+                    cols["traj"].extend([j] * b_n)
+                    cols["point"].extend([k] * b_n)
+                    cols["lag"].extend([lag] * b_n)
+                    cols["batch"].extend(range(b_n))
+                    cols["objective"].extend([spec] * b_n)
+            if log is not None:
+                log(
+                    f"traj {j} point k={k}: J {float(j0):.3f}, g_ref half-cos {float(ref['half_cos']):.3f} "
+                    f"[{time.perf_counter() - t0:.0f}s]"
+                )
+    cells, bins = summarise(cols, mean_dirs)
+    return {
+        "instrument": "synthetic tabular autoregressive toy (not a language model)",
+        "config": {**dataclasses.asdict(cfg), "trajectory": dataclasses.asdict(tcfg)},
+        "trajectory_reward": traj["curves"]["reward"],
+        "rows": cols,
+        "points": points,
+        "cells": cells,
+        "ess_bins": bins,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def _nanmean(xs: list[float]) -> float:
+    v = [x for x in xs if x == x]
+    return sum(v) / len(v) if v else math.nan
+
+
+def summarise(
+    cols: dict[str, list], mean_dirs: dict[tuple[str, int], list[tuple[float, float]]] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per (objective, lag) and per (objective, ESS bin) means of the probe's per-batch rows.
+
+    Per-batch means (ess, cos, norm_ratio, cos_exact, gain, zero_frac) are taken over the SIGNAL batches (at least
+    one group with reward spread: elsewhere every objective but P3O has an exactly zero gradient, and P3O only its
+    KL term); ``no_signal_frac`` is the share of the other batches. With ``mean_dirs``: ``cos_of_mean`` and
+    ``norm_of_mean`` = mean over (traj, point) of cos(mean_b d_b, g_ref) and ‖mean_b d_b‖/‖g_ref‖ over ALL batches
+    (what a step summing them would follow; the bias, with the per-batch noise averaged out).
+
+    Returns (cells, bins): cells hold objective, lag, n (signal batches), the means above; bins hold objective,
+    ess_lo, ess_hi, n, ess, cos, norm_ratio (signal batches).
+    """
+    idx: dict[tuple[str, int], list[int]] = {}
+    for i, (o, lag) in enumerate(zip(cols["objective"], cols["lag"])):
+        idx.setdefault((o, lag), []).append(i)
+    cells = []
+    for (o, lag), ii in idx.items():
+        sig = [i for i in ii if cols["signal"][i] > 0]
+        cell: dict[str, Any] = {"objective": o, "lag": lag, "n": len(sig)}
+        for key in ("ess", "cos", "norm_ratio", "cos_exact", "gain"):
+            cell[key] = _nanmean([cols[key][i] for i in sig])
+        cell["zero_frac"] = _nanmean([cols["zero"][i] for i in sig])
+        cell["no_signal_frac"] = 1 - len(sig) / len(ii)
+        if mean_dirs is not None:
+            cell["cos_of_mean"] = _nanmean([c for c, _ in mean_dirs.get((o, lag), [])])
+            cell["norm_of_mean"] = _nanmean([r for _, r in mean_dirs.get((o, lag), [])])
+        cells.append(cell)
+    bins = []
+    objectives = list(dict.fromkeys(cols["objective"]))
+    for o in objectives:
+        rows = [i for i, oo in enumerate(cols["objective"]) if oo == o and cols["signal"][i] > 0]
+        for lo, hi in itertools.pairwise(ESS_BINS):
+            ii = [i for i in rows if lo <= cols["ess"][i] < hi]
+            if ii:
+                bins.append(
+                    {
+                        "objective": o,
+                        "ess_lo": lo,
+                        "ess_hi": min(hi, 1.0),
+                        "n": len(ii),
+                        "ess": _nanmean([cols["ess"][i] for i in ii]),
+                        "cos": _nanmean([cols["cos"][i] for i in ii]),
+                        "norm_ratio": _nanmean([cols["norm_ratio"][i] for i in ii]),
+                    }
+                )
+    return cells, bins
+
+
+def markdown_table(result: dict[str, Any], key: str = "cos") -> str:
+    """A markdown table of cell means: one row per objective, one column per lag (header: L and mean ESS)."""
+    cells = result["cells"]
+    lags = sorted({c["lag"] for c in cells})
+    objectives = list(dict.fromkeys(c["objective"] for c in cells))
+    by = {(c["objective"], c["lag"]): c for c in cells}
+    ess = {lag: _nanmean([by[(o, lag)]["ess"] for o in objectives if (o, lag) in by]) for lag in lags}
+    head = "| objective | " + " | ".join(f"L={lag} (ESS {ess[lag]:.3f})" for lag in lags) + " |"
+    sep = "|---|" + "---:|" * len(lags)
+    rows = [head, sep]
+    for o in objectives:
+        vals = [by[(o, lag)][key] if (o, lag) in by else math.nan for lag in lags]
+        rows.append(f"| `{o}` | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+    return "\n".join(rows)
+
+
+def plot_probe(result: dict[str, Any], path: str | Path) -> None:
+    """2×2 PNG: mean per-batch cosine vs L, norm ratio vs L, cosine vs batch ESS (binned), ΔJ/ΔJ_ref vs L."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells, bins = result["cells"], result["ess_bins"]
+    objectives = list(dict.fromkeys(c["objective"] for c in cells))
+    lags = sorted({c["lag"] for c in cells})
+    xs = {lag: i for i, lag in enumerate(lags)}
+    gain_ref = _nanmean(result["points"]["gain_ref"])
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    (a, b), (c, d) = axes
+    cmap = plt.get_cmap("tab10")
+    for n, o in enumerate(objectives):
+        cc = sorted((x for x in cells if x["objective"] == o), key=lambda x: x["lag"])
+        style = {"color": cmap(n % 10), "marker": "o", "ms": 4, "label": _short(o)}
+        a.plot([xs[x["lag"]] for x in cc], [x["cos"] for x in cc], **style)
+        a.plot([xs[x["lag"]] for x in cc], [x["cos_of_mean"] for x in cc], color=cmap(n % 10), ls=":", lw=1)
+        b.plot([xs[x["lag"]] for x in cc], [x["norm_ratio"] for x in cc], **style)
+        d.plot([xs[x["lag"]] for x in cc], [x["gain"] / gain_ref for x in cc], **style)
+        bb = [x for x in bins if x["objective"] == o]
+        c.plot([max(1 - x["ess"], 1e-4) for x in bb], [x["cos"] for x in bb], **style)
+    ess_by_lag = {lag: _nanmean([x["ess"] for x in cells if x["lag"] == lag]) for lag in lags}
+    for ax in (a, b, d):
+        ax.set_xticks(range(len(lags)))
+        ax.set_xticklabels([f"{lag}\n{ess_by_lag[lag]:.2f}" for lag in lags], fontsize=8)
+        ax.set_xlabel("lag L in updates  /  mean batch ESS")
+        ax.grid(alpha=0.3)
+    a.set_ylabel("cos(d, g_ref)")
+    a.set_title("per-batch cosine (solid) and cosine of the mean direction (dotted)")
+    b.set_ylabel("‖d‖ / ‖g_ref‖")
+    b.set_yscale("log")
+    b.set_title("norm ratio")
+    c.set_xscale("log")
+    c.set_xlabel("1 − batch ESS (binned; 1e-4 = on-policy)")
+    c.set_ylabel("cos(d, g_ref)")
+    c.set_title("per-batch cosine against the batch's ESS")
+    c.grid(alpha=0.3)
+    d.set_ylabel("ΔJ / ΔJ(g_ref)")
+    d.set_title(f"one fixed step (η = {result['config']['step_size']}): gain relative to g_ref's")
+    d.axhline(0, color="k", lw=0.5)
+    a.legend(fontsize=8, ncol=2)
+    fig.suptitle(
+        "Gradient probe — synthetic tabular autoregressive toy (not an LM); "
+        f"{len(result['rows']['cos'])} batch×objective gradients",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _short(spec: str) -> str:
+    return re.sub(r"clip_eps_(low|high)=", "", spec)
+
+
+def update_doc(path: str | Path, result: dict[str, Any], command: str) -> None:
+    """Replace the text between ``<!-- probe:begin -->`` and ``<!-- probe:end -->`` in ``path`` with the probe's
+    tables (cosine, cosine of the mean, norm ratio, ΔJ) and the command that produced them."""
+    p = Path(path)
+    text = p.read_text() if p.is_file() else "<!-- probe:begin -->\n<!-- probe:end -->\n"
+    begin, end = "<!-- probe:begin -->", "<!-- probe:end -->"
+    if begin not in text or end not in text:
+        text += f"\n{begin}\n{end}\n"
+    pts = result["points"]
+    body = [
+        begin,
+        f"Generated by `{command}` in {result['wall_s']:.0f} s "
+        f"({len(result['rows']['cos'])} batch × objective gradients; reference precision: mean cos between the two "
+        f"halves of g_ref {_nanmean(pts['ref_half_cos']):.3f}, cos(g_ref, ∇J) {_nanmean(pts['ref_exact_cos']):.3f}; "
+        f"J at the probe points {min(pts['J']):.2f}–{max(pts['J']):.2f}).",
+        "",
+        "**Mean per-batch cosine** cos(d, g_ref):",
+        "",
+        markdown_table(result, "cos"),
+        "",
+        "**Cosine of the mean direction** (bias only: the batches' mean gradient against g_ref):",
+        "",
+        markdown_table(result, "cos_of_mean"),
+        "",
+        "**Norm ratio** ‖d‖/‖g_ref‖:",
+        "",
+        markdown_table(result, "norm_ratio"),
+        "",
+        f"**One-step gain** ΔJ of a step of length η = {result['config']['step_size']} "
+        f"(g_ref's own: {_nanmean(pts['gain_ref']):.4f}, exact ∇J's: {_nanmean(pts['gain_exact']):.4f}):",
+        "",
+        markdown_table(result, "gain"),
+        "",
+        "**Fraction of zero gradients** (batches without reward spread, or every token clipped / masked):",
+        "",
+        markdown_table(result, "zero_frac"),
+        end,
+    ]
+    pre, rest = text.split(begin, 1)
+    post = rest.split(end, 1)[1]
+    p.write_text(pre + "\n".join(body) + post)
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Arguments of ``p3o probe``."""
+    d, t = ProbeConfig(), _default_trajectory()
+    p = argparse.ArgumentParser(
+        prog="p3o probe",
+        description="Gradient probe: cosine / norm ratio / one-step gain of each objective's gradient on stale "
+        "batches against a high-sample on-policy gradient (synthetic tabular autoregressive toy).",
+    )
+    p.add_argument("--objectives", default=",".join(d.objectives), help="comma list of objective specs")
+    p.add_argument("--lags", default=",".join(map(str, d.lags)), help="comma list of lags L (optimizer updates)")
+    p.add_argument("--points", type=int, default=d.points, help="probe points per trajectory")
+    p.add_argument("--trajectories", type=int, default=t.seeds, help="independent trajectories (seeds)")
+    p.add_argument("--batches", type=int, default=d.batches, help="batches per (trajectory, point, lag)")
+    p.add_argument("--ref-groups", type=int, default=d.ref_groups, help="groups per prompt for g_ref")
+    p.add_argument("--step-size", type=float, default=d.step_size, help="η of the fixed-length step")
+    p.add_argument("--lr", type=float, default=t.lr, help="learning rate of the trajectory")
+    p.add_argument("--steps", type=int, default=t.steps, help="steps of the trajectory")
+    p.add_argument("--regime", default="on-policy", help="regime of the trajectory (synthetic regime spec)")
+    p.add_argument("--trajectory-objective", default=t.objective, help="objective spec of the trajectory")
+    p.add_argument("--noise", type=float, default=d.noise, help="engine logit noise of the probe batches")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="engine temperature of the batches")
+    p.add_argument("--logprob-mode", default=d.logprob_mode, choices=["raw", "processed"])
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", type=Path, default=None, help="probe JSON (rows, points, cells, ess_bins)")
+    p.add_argument("--plot", type=Path, default=None, help="PNG of the headline figure")
+    p.add_argument("--update-doc", type=Path, default=None, help="markdown file whose probe block is regenerated")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``p3o probe``: run the synthetic probe, print the cosine table, write --out / --plot / --update-doc."""
+    from p3o.experiments.synthetic import parse_regime
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    name, hyper = parse_objective(args.trajectory_objective)
+    traj = dataclasses.replace(
+        _default_trajectory(),
+        objective=name,
+        hyper=hyper,
+        seeds=args.trajectories,
+        lr=args.lr,
+        steps=args.steps,
+        **parse_regime(args.regime),
+    )
+    cfg = ProbeConfig(
+        objectives=tuple(o for o in args.objectives.split(",") if o),
+        lags=tuple(int(x) for x in args.lags.split(",") if x),
+        points=args.points,
+        batches=args.batches,
+        ref_groups=args.ref_groups,
+        step_size=args.step_size,
+        noise=args.noise,
+        temperature=args.temperature,
+        logprob_mode=args.logprob_mode,
+        seed=args.seed,
+        trajectory=traj,
+    )
+    result = probe_synthetic(cfg, log=lambda s: print(s, flush=True))
+    print(markdown_table(result, "cos"))
+    print(f"probe: {len(result['rows']['cos'])} gradients in {result['wall_s']:.0f}s")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result))
+        print(f"wrote {args.out}")
+    if args.plot:
+        plot_probe(result, args.plot)
+        print(f"wrote {args.plot}")
+    if args.update_doc:
+        update_doc(args.update_doc, result, "p3o probe " + " ".join(argv))
+        print(f"updated {args.update_doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
