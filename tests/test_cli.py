@@ -71,17 +71,18 @@ def test_p3o_warns_when_micro_batch_is_smaller_than_the_step(capsys, monkeypatch
     from p3o.config import load_config
     from p3o.train.cli import ess_scope_warning
 
-    # the default job: 16 prompts x 4 samples = 64 sequences per optimizer step, micro-batches of 16
-    assert "part of the objective" in ess_scope_warning(load_config([]))
-    assert ess_scope_warning(load_config([]), world_size=4) is None  # the ESS is all-reduced over the 4 ranks
-    assert ess_scope_warning(load_config(["--update.micro_batch_size", "64"])) is None
-    assert ess_scope_warning(load_config(["--update.num_mini_batches", "4"])) is None  # 16 rows per step
+    # 16 prompts x 4 samples = 64 sequences per optimizer step, micro-batches of 16
+    small = ["--update.micro_batch_size", "16"]
+    assert "part of the objective" in ess_scope_warning(load_config(small))
+    assert ess_scope_warning(load_config(small), world_size=4) is None  # the ESS is all-reduced over the 4 ranks
+    assert ess_scope_warning(load_config([])) is None  # the default job: one micro-batch of 64 per step
+    assert ess_scope_warning(load_config([*small, "--update.num_mini_batches", "4"])) is None  # 16 rows per step
     assert ess_scope_warning(load_config(["--objective.scope", "step"])) is None
     assert ess_scope_warning(load_config(["--objective.scope", "micro-batch"])) is None  # a knowing choice
     assert ess_scope_warning(load_config(["--objective.name", "grpo"])) is None
-    assert "no step scope" in ess_scope_warning(load_config(["--objective.name", "p3o_two_anchor"]))
+    assert "no step scope" in ess_scope_warning(load_config([*small, "--objective.name", "p3o_two_anchor"]))
 
     monkeypatch.setattr(loop_mod, "run", lambda cfg: tmp_path)
-    assert p3o_main(["train", "--run_dir", str(tmp_path / "r")]) == 0
+    assert p3o_main(["train", "--run_dir", str(tmp_path / "r"), *small]) == 0
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "update.micro_batch_size is part of the objective" in err

@@ -252,7 +252,7 @@ def test_apply_overrides_copies_and_validates():
     cfg = TrainConfig()
     new = apply_overrides(cfg, {"loop.mode": "stale", "loop.staleness": "8", "optim": {"lr": 1e-3}})
     assert (new.loop.mode, new.loop.staleness, new.optim.lr) == ("stale", 8, 1e-3)
-    assert cfg.loop.mode == "sync"
+    assert cfg.loop.mode == TrainConfig().loop.mode == "async"  # the original is not mutated
     with pytest.raises(ConfigError, match=r"did you mean 'loop.staleness'"):
         apply_overrides(cfg, {"loop.stalenes": 2})
 

@@ -152,7 +152,7 @@ class UpdateConfig:
 
     num_mini_batches: int = _f(1, "optimizer steps per epoch (> 1 makes later mini-batches off-policy)", ge=1)
     micro_batch_size: int = _f(
-        16,
+        64,
         "sequences per forward/backward (gradient accumulation inside a mini-batch); for P3O with its default "
         "objective.scope micro-batch it is also the set its ESS is taken over, so part of the objective",
         ge=1,
@@ -179,7 +179,7 @@ class LoopConfig:
     """Which pipeline produces the training data (sync / stale / async / reuse) and batch filtering."""
 
     mode: Literal["sync", "stale", "async", "reuse"] = _f(
-        "sync", "sync: on-policy; stale: train on rollouts `staleness` steps old; async: bounded lag; reuse: replay"
+        "async", "sync: on-policy; stale: train on rollouts `staleness` steps old; async: bounded lag; reuse: replay"
     )
     staleness: int = _f(4, "stale mode: rollouts generated at step k are trained on at step k + staleness", ge=0)
     max_lag: int = _f(2, "async mode: maximum policy versions between generation and training", ge=0)

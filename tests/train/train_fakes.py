@@ -84,6 +84,7 @@ def fake_config(run_dir: str | Path, **overrides: Any) -> TrainConfig:
         "rollout.group_size": 4,
         "rollout.max_new_tokens": 6,
         "update.micro_batch_size": 4,
+        "loop.mode": "sync",
         "optim.lr": 1e-2,
         "ckpt.every": 0,
         "log.progress": False,

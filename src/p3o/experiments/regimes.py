@@ -29,6 +29,28 @@ REGIMES: dict[str, Overrides] = {
     # A low-precision rollout engine (W8A8 quantise–dequantise) against a full-precision trainer.
     "fp8-rollout": {"loop.mode": "sync", "rollout.precision": "fp8"},
     "int8-rollout": {"loop.mode": "sync", "rollout.precision": "int8"},
+    "bf16-rollout": {"loop.mode": "sync", "rollout.precision": "bf16"},
+    # Eight optimizer steps per rollout batch (the calibrated multi-step regime).
+    "multi-step-8": {"loop.mode": "sync", "update.num_mini_batches": 8},
+    # MinPRO's "stale n" counts global steps of several updates each: with 4 updates per batch, stale-n delays a
+    # batch by n batches = 4n..4n+3 optimizer updates (the paper: 16 updates per global step).
+    "mb4-stale-0": {"loop.mode": "sync", "update.num_mini_batches": 4},
+    "mb4-stale-2": {"loop.mode": "stale", "loop.staleness": 2, "update.num_mini_batches": 4},
+    "mb4-stale-4": {"loop.mode": "stale", "loop.staleness": 4, "update.num_mini_batches": 4},
+    "mb4-stale-8": {"loop.mode": "stale", "loop.staleness": 8, "update.num_mini_batches": 4},
+    # The P3O paper's temperature mismatch at both of its temperatures (raw T = 1 log-probs recorded).
+    "temp-0.6": {
+        "loop.mode": "sync",
+        "rollout.temperature": 0.6,
+        "train.temperature": 1.0,
+        "rollout.logprob_mode": "raw",
+    },
+    "temp-1.2": {
+        "loop.mode": "sync",
+        "rollout.temperature": 1.2,
+        "train.temperature": 1.0,
+        "rollout.logprob_mode": "raw",
+    },
     # The P3O paper's temperature mismatch: engine samples at T = 1.2 and records raw (T = 1) log-probs.
     "temperature": {
         "loop.mode": "sync",
@@ -53,6 +75,32 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     "minpro": {"objective.name": "minpro"},
     "m2po": {"objective.name": "m2po"},
     "decoupled_ppo": {"objective.name": "decoupled_ppo"},
+    # ---- paper-faithful baselines (../PAPERS: the settings each paper ran) ----
+    # The P3O paper's GRPO: token-mean over the optimizer step (as P3O), symmetric clip ε ∈ {0.2, 0.4, 0.6}.
+    # Same aggregation as `p3o`, so on fresh data `grpo-tm-*` and `p3o` give bit-identical runs (claim a).
+    "grpo-tm-0.2": {"objective.name": "grpo", "objective.clip_eps": 0.2, "objective.agg": "token-mean"},
+    "grpo-tm-0.4": {"objective.name": "grpo", "objective.clip_eps": 0.4, "objective.agg": "token-mean"},
+    "grpo-tm-0.6": {"objective.name": "grpo", "objective.clip_eps": 0.6, "objective.agg": "token-mean"},
+    # The MinPRO paper's GRPO: clip-higher 0.2 / 0.28, token-mean (= DAPO's loss without its data-side tricks).
+    "grpo-minpro": {
+        "objective.name": "grpo",
+        "objective.clip_eps_low": 0.2,
+        "objective.clip_eps_high": 0.28,
+        "objective.agg": "token-mean",
+    },
+    # The MinPRO paper's GSPO: sequence-ratio clip at ε = 2e-3 on both sides.
+    "gspo-2e-3": {"objective.name": "gspo", "objective.clip_eps_low": 2e-3, "objective.clip_eps_high": 2e-3},
+    # CISPO and MinPRO with the MinPRO paper's truncation (ε_l, ε_h) = (1, 4); M2PO at τ = 0.04.
+    "cispo-1-4": {"objective.name": "cispo", "objective.clip_eps_low": 1.0, "objective.clip_eps_high": 4.0},
+    "minpro-1-4": {"objective.name": "minpro", "objective.clip_eps_low": 1.0, "objective.clip_eps_high": 4.0},
+    "m2po-0.04": {"objective.name": "m2po", "objective.tau": 0.04},
+    # MinPRO's prefix-statistic ablation (min is MinPRO itself).
+    "minpro-mean": {"objective.name": "minpro", "objective.prefix_stat": "mean"},
+    "minpro-geomean": {"objective.name": "minpro", "objective.prefix_stat": "geomean"},
+    "minpro-prod": {"objective.name": "minpro", "objective.prefix_stat": "prod"},
+    # P3O with both the rollout and a proximal anchor (the paper's P4O); GRPO + decoupled loss for async.
+    "p3o-two-anchor": {"objective.name": "p3o_two_anchor"},
+    "decoupled-ppo-0.2": {"objective.name": "decoupled_ppo", "objective.clip_eps": 0.2},
 }
 
 

@@ -75,10 +75,20 @@ _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
 def resolve_level(difficulty: int | str | Level = DEFAULT_DIFFICULTY, **overrides: int | str) -> Level:
-    """The `Level` for `difficulty` (1..5, "easy" | "medium" | "hard", or a Level), with field overrides.
+    """The `Level` for `difficulty` (1..5, "easy" | "medium" | "hard", a Level, or "2:steps=3,ops=+-": a level
+    with field overrides written into the name), with field overrides.
 
     Raises ConfigError naming `task.difficulty` (or the override) when the value is unknown or out of range.
     """
+    if isinstance(difficulty, str) and ":" in difficulty:  # "2:steps=3,ops=+-": a level with field overrides
+        base, _, spec = difficulty.partition(":")
+        parsed: dict[str, int | str] = {}
+        for item in filter(None, (x.strip() for x in spec.split(","))):
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise ConfigError(f"task.difficulty: expected 'level:key=value,...', got {difficulty!r}")
+            parsed[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+        return resolve_level(int(base) if base.strip().isdigit() else base.strip(), **{**parsed, **overrides})
     if isinstance(difficulty, Level):
         level = difficulty
     else:
