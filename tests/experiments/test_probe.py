@@ -110,3 +110,35 @@ def test_cli_writes_json(tmp_path) -> None:
     data = json.loads(out.read_text())
     assert len(data["rows"]["cos"]) == 2 * 2 * 4
     assert all(isinstance(x, float) and not math.isinf(x) for x in data["rows"]["ess"])
+
+
+def test_language_model_probe_on_checkpoints(tmp_path) -> None:
+    """The LM probe reads a run's per-step checkpoints; on-policy (L = 0) the token-mean objectives agree."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+    from train_fakes import fake_components, fake_config
+
+    from p3o.train.loop import run
+
+    cfg = fake_config(tmp_path / "r", steps=3, **{"ckpt.every": 1, "ckpt.keep_last": 10})
+    run_dir = run(cfg, components=fake_components())
+    res = probe.probe_lm(
+        run_dir,
+        objectives=("p3o", "cispo", "grpo:agg=token-mean", "grpo"),
+        lags=(0, 2),
+        points=1,
+        batches=2,
+        ref_batches=2,
+        components=fake_components(),
+    )
+    rows = res["rows"]
+    assert len(rows["cos"]) == 4 * 2 * 2 and set(rows["point"]) == {2}  # the first k with k − 2 available
+    at0 = {}
+    for o, lag, b, c in zip(rows["objective"], rows["lag"], rows["batch"], rows["cos"]):
+        if lag == 0 and o != "grpo":
+            at0.setdefault(b, []).append(c)
+    for vals in at0.values():
+        assert max(vals) - min(vals) < 1e-3, vals
+    assert all(0.0 < e <= 1.0 for e in rows["ess"])

@@ -798,24 +798,39 @@ def write_csv(grid: dict[str, Any], path: str | Path) -> None:
                 w.writerow([cell["regime"], cell["objective_spec"], seed, *[cell["per_seed"][k][i] for k in keys]])
 
 
-def markdown_table(grid: dict[str, Any]) -> str:
-    """One row per cell: regime, objective, J_0, final J (mean ± s.e. over seeds), mean J over the run, mean and
-    p10 ESS, mean 1 − ESS (P3O's KL weight), nominal clip fraction (ρ outside [0.8, 1.2]), the objective's own
-    capped / masked / clipped token fraction (first of capped_frac, masked_frac, clipfrac it reports), MinPRO's
-    mean m_t and share of tokens with m_t > 0.5 (computed for every run), seconds."""
+def markdown_table(grid: dict[str, Any], ref: str | None = None, metric: str = "mean_reward") -> str:
+    """One row per cell: regime, objective, J_0, final J (mean ± s.e. over seeds), mean J over the run, the paired
+    difference of ``metric`` against objective ``ref`` in the same regime (mean and 95% paired-t interval over
+    seeds, :func:`p3o.experiments.stats.paired`; ``ref`` defaults to the grid's first objective; "identical" when
+    every seed's difference is exactly 0), mean and p10 ESS, mean 1 − ESS (P3O's KL weight), nominal clip fraction
+    (ρ outside [0.8, 1.2]), the objective's own capped / masked / clipped token fraction (the first of
+    capped_frac, masked_frac, clipfrac it reports), MinPRO's mean m_t and share of tokens with m_t > 0.5 (computed
+    for every run), seconds."""
+    from p3o.experiments.stats import paired
+
+    cells = grid["cells"]
+    if ref is None and cells:
+        ref = cells[0]["objective_spec"]
+    refs = {c["regime"]: c for c in cells if c["objective_spec"] == ref}
     head = (
-        "| regime | objective | J₀ | final J (± s.e.) | mean J | ESS | ESS p10 | 1 − ESS | ρ∉[0.8,1.2] | "
-        "clip/cap/mask | m_t | m_t>0.5 | s |"
+        f"| regime | objective | J₀ | final J (± s.e.) | mean J | Δ mean J vs `{ref}` (95% CI) | ESS | ESS p10 | "
+        "1 − ESS | ρ∉[0.8,1.2] | clip/cap/mask | m_t | m_t>0.5 | s |"
     )
-    rows = [head, "|---|---|" + "---:|" * 11]
-    for c in grid["cells"]:
+    rows = [head, "|---|---|" + "---:|" * 12]
+    for c in cells:
         ps, sm = c["per_seed"], c["summary"]
         fin = torch.tensor(ps["final_reward"])
         se = float(fin.std() / max(1, fin.numel()) ** 0.5) if fin.numel() > 1 else 0.0
         clip = next((sm[k] for k in ("obj_capped_frac", "obj_masked_frac", "obj_clipfrac") if k in sm), math.nan)
+        base = refs.get(c["regime"])
+        if base is None or base is c:
+            delta = "—"
+        else:
+            r = paired(ps[metric], base["per_seed"][metric])
+            delta = "identical" if r.identical else f"{r.diff:+.3f} [{r.ci[0]:+.3f}, {r.ci[1]:+.3f}]"
         rows.append(
             f"| {c['regime']} | `{c['objective_spec']}` | {sm['base_reward']:.3f} "
-            f"| {sm['final_reward']:.3f} ± {se:.3f} | {sm['mean_reward']:.3f} | {sm['mean_ess']:.3f} "
+            f"| {sm['final_reward']:.3f} ± {se:.3f} | {sm['mean_reward']:.3f} | {delta} | {sm['mean_ess']:.3f} "
             f"| {sm['ess_p10_all']:.3f} | {sm['kl_weight']:.3f} "
             f"| {sm['clip_0.2']:.3f} | {clip:.3f} | {sm['m_mean']:.3f} | {sm['m_above_0.5']:.3f} | {c['wall_s']:.1f} |"
         )
