@@ -142,3 +142,18 @@ def test_language_model_probe_on_checkpoints(tmp_path) -> None:
     for vals in at0.values():
         assert max(vals) - min(vals) < 1e-3, vals
     assert all(0.0 < e <= 1.0 for e in rows["ess"])
+
+
+def test_p3o_pg_is_p3o_without_its_kl_term() -> None:
+    from p3o.objectives import ObjectiveInputs, effective_sample_size, get_objective, k3
+
+    g = torch.Generator().manual_seed(3)
+    logp = -torch.rand((6, 5), generator=g) * 2
+    roll = logp + 0.5 * torch.randn((6, 5), generator=g)
+    mask = torch.rand((6, 5), generator=g) > 0.2
+    adv = torch.randn(6, generator=g)
+    full, _ = get_objective("p3o")(ObjectiveInputs(logp, roll, mask, adv))
+    pg = probe.p3o_pg_loss(logp, roll, mask, adv)
+    lr = torch.where(mask, logp - roll, torch.zeros(()))
+    kl = (1 - effective_sample_size(lr, mask)) * torch.where(mask, k3(lr), torch.zeros(())).sum() / mask.sum()
+    assert torch.allclose(full, pg + kl, atol=1e-6)

@@ -55,9 +55,11 @@ from p3o.experiments.synthetic import (
     sample_batch,
     token_logp,
 )
+from p3o.objectives import effective_sample_size
 
 #: Objectives probed by default (name[:key=value...] specs of :func:`p3o.experiments.synthetic.parse_objective`).
-#: p3o_two_anchor is left out: at the first update of a batch π_prox = π_θ, so it coincides with p3o.
+#: p3o_two_anchor is left out: at the first update of a batch π_prox = π_θ, so it coincides with p3o. ``p3o-pg``
+#: (P3O without its KL term, see :data:`PSEUDO_OBJECTIVES`) separates the two halves of P3O's gradient.
 DEFAULT_OBJECTIVES = (
     "p3o",
     "grpo",
@@ -67,8 +69,37 @@ DEFAULT_OBJECTIVES = (
     "minpro",
     "m2po",
     "decoupled_ppo",
+    "p3o-pg",
 )
 DEFAULT_LAGS = (0, 1, 2, 4, 8, 16, 32, 64, 96)
+#: Decomposition terms the probe accepts besides real objectives: ``p3o-pg`` is P3O's policy-gradient term alone,
+#: ℓ_t = −sg(min(ρ_t, e_B))·A_t·logp_t with token-mean (``p3o_token_loss(kl=False)``), i.e. P3O without its KL term.
+PSEUDO_OBJECTIVES = ("p3o-pg",)
+
+
+def _spec(spec: str) -> tuple[str, str, dict[str, Any]]:
+    """(spec, name, hyper) of an objective spec or a pseudo-objective of :data:`PSEUDO_OBJECTIVES`."""
+    if spec in PSEUDO_OBJECTIVES:
+        return spec, spec, {}
+    return (spec, *parse_objective(spec))
+
+
+def p3o_pg_loss(logp: Tensor, rollout_logp: Tensor, mask: Tensor, advantages: Tensor) -> Tensor:
+    """P3O's policy-gradient term alone (no KL), token-mean over one batch: 0-d loss.
+
+        e_B = ESS(lr over the batch's valid tokens),  ℓ_t = −sg(min(ρ_t, e_B))·A_t·logp_t
+
+    Args: logp (N, T) with grad; rollout_logp (N, T); mask (N, T) bool; advantages (N,).
+    """
+    from p3o.objectives import p3o_token_loss, reduce_tokens
+
+    lr = torch.where(mask, logp - rollout_logp, torch.zeros(()))
+    ess = effective_sample_size(lr, mask)
+    lp = torch.where(mask, logp, torch.zeros(()))
+    per = p3o_token_loss(lp, lr, advantages[:, None].expand_as(lp), ess, kl=False)
+    return reduce_tokens(per, mask, "token-mean")
+
+
 ESS_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.99999, 1.0001)
 
 
@@ -196,7 +227,7 @@ def _probe(cfg: ProbeConfig, t0: float, log: Any) -> dict[str, Any]:
     if n_updates < lo:
         raise ConfigError(f"probe: trajectory has {n_updates} updates, fewer than the largest lag {lo}")
     ks = sorted({round(lo + (n_updates - lo) * i / max(1, cfg.points - 1)) for i in range(cfg.points)})
-    specs = [(spec, *parse_objective(spec)) for spec in cfg.objectives]
+    specs = [_spec(spec) for spec in cfg.objectives]
     ecfg = dataclasses.replace(tcfg, noise=cfg.noise, temperature=cfg.temperature, logprob_mode=cfg.logprob_mode)
     g_n, b_n = tcfg.group, cfg.batches
     cols: dict[str, list] = {
@@ -254,9 +285,13 @@ def _probe(cfg: ProbeConfig, t0: float, log: Any) -> dict[str, Any]:
                 for spec, name, hyper in specs:
                     rep = theta_k.detach().expand(b_n, *theta_k.shape).clone().requires_grad_(True)
                     logp = token_logp(torch.log_softmax(rep, -1), batch)
-                    loss, _ = objective_loss(
-                        name, hyper, logp, batch.rollout_logp, adv, prox_logp=logp_k, old_logp=logp_k
-                    )
+                    if name == "p3o-pg":
+                        ones = torch.ones(logp.shape[1:], dtype=torch.bool)
+                        loss = sum(p3o_pg_loss(logp[i], batch.rollout_logp[i], ones, adv[i]) for i in range(b_n))
+                    else:
+                        loss, _ = objective_loss(
+                            name, hyper, logp, batch.rollout_logp, adv, prox_logp=logp_k, old_logp=logp_k
+                        )
                     (grad,) = torch.autograd.grad(loss, rep)
                     d = -grad.reshape(b_n, -1)
                     cos = _cos(d, g_ref)
@@ -552,13 +587,7 @@ def _probe_lm(
     import copy
 
     from p3o.config import load_config
-    from p3o.objectives import (
-        ObjectiveInputs,
-        effective_sample_size,
-        get_objective,
-        objective_defaults,
-        reduce_tokens,
-    )
+    from p3o.objectives import ObjectiveInputs, get_objective, objective_defaults, reduce_tokens
     from p3o.policy import token_logprobs
     from p3o.rollout import HFEngine
     from p3o.train.checkpoint import checkpoint_step, list_checkpoints, load_policy_weights
@@ -588,8 +617,11 @@ def _probe_lm(
         else:
             load_policy_weights(model, ckpts[step])
 
-    specs = [(spec, *parse_objective(spec)) for spec in objectives]
-    aggs = {spec: {**objective_defaults(name), **hyper}.get("agg", "token-mean") for spec, name, hyper in specs}
+    specs = [_spec(spec) for spec in objectives]
+    aggs = {
+        spec: {**objective_defaults(name), **hyper}.get("agg", "token-mean") if name != "p3o-pg" else "token-mean"
+        for spec, name, hyper in specs
+    }
     aggs = {k: v if v in ("token-mean", "seq-mean-token-mean") else "token-mean" for k, v in aggs.items()}
     params = [p for p in policy.parameters() if p.requires_grad]
     ro, adv_cfg = cfg.rollout, cfg.advantage
@@ -691,8 +723,13 @@ def _probe_lm(
                 ess = float(effective_sample_size(lp_k - r.rollout_logp, r.mask))
                 signal = float((r.advantages != 0).any())
                 for spec, name, hyper in specs:
-                    inputs = ObjectiveInputs(lp, r.rollout_logp, r.mask, r.advantages, prox_logp=lp_k, old_logp=lp_k)
-                    loss, _ = get_objective(name)(inputs, **hyper)
+                    if name == "p3o-pg":
+                        loss = p3o_pg_loss(lp, r.rollout_logp, r.mask, r.advantages)
+                    else:
+                        inputs = ObjectiveInputs(
+                            lp, r.rollout_logp, r.mask, r.advantages, prox_logp=lp_k, old_logp=lp_k
+                        )
+                        loss, _ = get_objective(name)(inputs, **hyper)
                     d = -flat(torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True))
                     g_ref = g_refs[aggs[spec]]
                     acc[spec].append(d)

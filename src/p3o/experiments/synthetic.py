@@ -719,7 +719,7 @@ def _run(cfg: SyntheticConfig) -> dict[str, Any]:
         "config": _jsonable(dataclasses.asdict(cfg)),
         "seeds": seeds,
         "wall_s": wall,
-        "per_seed": {k: [round(float(x), 6) for x in v] for k, v in per_seed.items()},
+        "per_seed": {k: [float(x) for x in v] for k, v in per_seed.items()},  # full precision: exact pairing
         "curves": {k: [round(x, 6) for x in v] for k, v in curves.items()},
         "summary": summary,
     }
