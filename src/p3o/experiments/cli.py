@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+import yaml
+
 from p3o.errors import ConfigError
 from p3o.experiments.report import collect, write_report
 from p3o.experiments.runner import DEFAULT_TRAIN_CMD, RunOutcome, run_grid
@@ -85,9 +87,23 @@ def _eval_locked(spec: RunSpec, exp: Experiment, lock: threading.Lock) -> str:
         return _eval_run(spec, exp)
 
 
+def _instrument(path: Path | str) -> str:
+    """The `instrument:` key of an experiment file ("lm" when absent or unreadable: load_experiment reports it)."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return "lm"
+    return str(raw.get("instrument", "lm")) if isinstance(raw, dict) else "lm"
+
+
 def main(argv: list[str]) -> int:
     """Run `p3o compare`; exit 0 when every run finished, 1 when some failed (the report is written anyway)."""
     args = build_parser().parse_args(argv)
+    if _instrument(args.experiment) == "synthetic":  # the tabular toy: cells of many paired seeds, no subprocesses
+        from p3o.experiments import synthetic_study
+
+        command = "p3o compare " + shlex.join([a for a in argv if a])
+        return synthetic_study.main(args.experiment, args.report, args.figures, command)
     exp = load_experiment(args.experiment)
     if args.out_dir is not None:
         exp.out_dir = args.out_dir

@@ -101,7 +101,8 @@ def p3o(
             (``inputs.step_ess`` precomputed by the loop) or ``sequence`` (one e_B per row).
         kl_clamp: bound on |lr_t| inside e^{−lr_t} (``kl_clamped`` counts the tokens beyond it).
     Stats: ess, kl_weight, capped_frac, kl_behavior, approx_kl, ratio_mean/min/max, clipfrac (nominal ±0.2),
-        kl_clamped, ess_degenerate.
+        kl_clamped, ess_degenerate; diagnostics of MinPRO's prefix factor on the same ratios: m_mean,
+        m_frac_above_0_5, m_frac_below_0_1.
     """
     prep = prepare(inputs)
     mask, lr = prep.mask, prep.log_ratio
@@ -124,6 +125,14 @@ def p3o(
             kl_behavior=stats["approx_kl"],
             kl_clamped=(mask & (lr_d.abs() > kl_clamp)).sum().float(),
             ess_degenerate=degenerate.float(),
+        )
+        # MinPRO's prefix factor m_t = min_{j<t} ρ_j of the same ratios (a diagnostic of how off-policy the batch
+        # is along each sequence; P3O does not use it): its mean and the token shares above 0.5 and below 0.1.
+        m = torch.exp(prefix_log_stat(lr_d, mask, "min"))
+        stats.update(
+            m_mean=masked_mean(m, mask),
+            m_frac_above_0_5=masked_mean((m > 0.5).float(), mask),
+            m_frac_below_0_1=masked_mean((m < 0.1).float(), mask),
         )
     return finish(
         per_token,
