@@ -121,3 +121,20 @@ def test_missing_runs_are_listed_not_invented(tmp_path: Path) -> None:
     assert summary.stat("on-policy", "cispo", "final_reward")[2] == 2
     text = write_report(summary, tmp_path / "r.md").read_text()
     assert "on-policy/cispo/seed2" in text and "| cispo | 2/3 |" in text
+
+
+def test_calibration_table_pools_seeds(tmp_path: Path) -> None:
+    from p3o.experiments.report import calibration_table
+
+    exp = make_grid(tmp_path)
+    exp.calibration = "p3o"
+    for spec in expand(exp):  # give p3o's runs an ESS dip on one step of seed 0
+        if spec.objective == "p3o" and spec.seed == 0:
+            path = spec.run_dir / "metrics.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+            rows[3]["ess"] = 0.5
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = calibration_table(collect(exp), "p3o")
+    row = table.splitlines()[2]
+    # 24 steps pooled: 23 at 0.9 and one at 0.5 → mean 0.8833, min 0.5
+    assert row.startswith("| on-policy | 3 |") and "| 0.8833 |" in row and "| 0.5000 |" in row

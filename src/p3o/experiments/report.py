@@ -123,7 +123,19 @@ def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
             late = steps >= steps.max() * 2.0 / 3.0
             m["late_eval"] = float(ev_curve[ok][late].mean())
             m["first_eval"] = float(ev_curve[ok][0])
-    for key in ("ess", "kl_weight", "capped_frac", "clipfrac", "approx_kl", "ratio_max", "lag_mean", "m_mean"):
+            m["delta_eval"] = float(ev_curve[ok][-1] - ev_curve[ok][0])
+    for key in (
+        "ess",
+        "kl_weight",
+        "capped_frac",
+        "clipfrac",
+        "approx_kl",
+        "ratio_max",
+        "lag_mean",
+        "m_mean",
+        "m_frac_above_0_5",
+        "m_frac_below_0_1",
+    ):
         if key in curves and np.isfinite(curves[key]).any():
             m[key] = float(np.nanmean(curves[key]))
             m[f"min_{key}"] = float(np.nanmin(curves[key]))
@@ -439,6 +451,45 @@ def verdict_summary(decisions: list[Decision]) -> str:
     return ", ".join(f"{n} {v}" for v, n in counts.items())
 
 
+def calibration_table(summary: GridSummary, objective: str) -> str:
+    """How off-policy each regime makes the data: the calibration objective's runs, every seed pooled.
+
+    Columns: lr; mean and 10th percentile of the per-step ESS (all steps of all seeds); its minimum; the share of
+    tokens with |ρ − 1| > 0.2 (what a GRPO clip at ε = 0.2 would clip: P3O's ``clipfrac``); MinPRO's prefix factor
+    m_t of the same ratios (mean, share > 0.5, share < 0.1); the change of in-training held-out accuracy from the
+    first evaluation (after one update) to the last; the final pass@1.
+    """
+    head = (
+        "| regime | seeds | lr | mean ESS | p10 ESS | min ESS | \\|ρ−1\\| > 0.2 | mean m_t | m_t > 0.5 | m_t < 0.1 | "
+        "Δ held-out acc. | final pass@1 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    rows = [head]
+    for arm in summary.exp.regimes:
+        cell = summary.cell(arm.label, objective)
+        if not cell:
+            continue
+        ess = np.concatenate([r.curves["ess"][np.isfinite(r.curves["ess"])] for r in cell if "ess" in r.curves])
+        lr = cell[0].config.get("optim.lr", summary.exp.base.get("optim.lr", "?"))
+
+        def mean(metric: str, digits: int = 3, _cell: list[RunSummary] = cell) -> str:
+            m, s, n = mean_std([r.metrics.get(metric, math.nan) for r in _cell])
+            return (
+                "–"
+                if n == 0
+                else f"{m:.{digits}f}"
+                + (f" ± {s:.{digits}f}" if n > 1 and metric.startswith(("delta", "pass")) else "")
+            )
+
+        p10 = f"{np.percentile(ess, 10):.4f}" if ess.size else "–"
+        mess = f"{ess.mean():.4f}" if ess.size else "–"
+        mn = f"{ess.min():.4f}" if ess.size else "–"
+        rows.append(
+            f"| {arm.label} | {len(cell)} | {lr} | {mess} | {p10} | {mn} | {mean('clipfrac', 4)} | {mean('m_mean')} | "
+            f"{mean('m_frac_above_0_5')} | {mean('m_frac_below_0_1', 4)} | {mean('delta_eval')} | {mean('pass@1')} |"
+        )
+    return "\n".join(rows)
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 
@@ -507,6 +558,16 @@ def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, com
         lines += [
             "Runs without metrics (failed or not run): "
             + ", ".join(f"{s.regime}/{s.objective}/seed{s.seed}" for s in missing),
+            "",
+        ]
+    if exp.calibration:
+        lines += [
+            "## Calibration",
+            "",
+            f"Every regime's `{exp.calibration}` runs, all seeds pooled (see `calibration_table`): how far each "
+            "regime moves the ratios π_θ / π_rollout at this learning rate.",
+            "",
+            calibration_table(summary, exp.calibration),
             "",
         ]
     decisions = decide(summary)

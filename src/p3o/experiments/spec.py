@@ -40,6 +40,7 @@ _TOP_KEYS = {
     "analysis",
     "claims",
     "primary",
+    "calibration",
 }
 #: Decisive kinds (paired by seed, Holm-corrected, verdict supported / contradicted / inconclusive) and
 #: descriptive kinds (a table and a sentence, no verdict).
@@ -148,6 +149,8 @@ class Experiment:
     analysis: AnalysisSpec = field(default_factory=AnalysisSpec)
     claims: list[Claim] = field(default_factory=list)
     primary: PrimarySpec = field(default_factory=PrimarySpec)
+    calibration: str | None = None
+    """Objective label whose runs make the report's calibration table (how off-policy each regime is)."""
     source: Path | None = None
 
     def objectives_in(self, regime: str) -> list[str]:
@@ -279,6 +282,15 @@ def parse_experiment(raw: Any, source: Path | None = None) -> Experiment:
         primary=_dataclass_from(PrimarySpec, raw.get("primary"), f"{where}: primary"),
         source=source,
     )
+    cal = raw.get("calibration")
+    if cal is not None:
+        if (
+            not isinstance(cal, dict)
+            or set(cal) != {"objective"}
+            or cal["objective"] not in {a.label for a in exp.objectives}
+        ):
+            raise ConfigError(f"{where}: calibration: expected {{objective: <one of the objectives>}}")
+        exp.calibration = str(cal["objective"])
     if not 0 < exp.primary.alpha < 1 or not exp.primary.margin > 0:
         raise ConfigError(f"{where}: primary: need 0 < alpha < 1 and margin > 0")
     if exp.eval.n_samples < 0 or exp.eval.n_problems < 1:
