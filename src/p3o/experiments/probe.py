@@ -437,7 +437,7 @@ def plot_probe(result: dict[str, Any], path: str | Path) -> None:
     for ax in (a, b, d):
         ax.set_xticks(range(len(lags)))
         ax.set_xticklabels([f"{lag}\n{ess_by_lag[lag]:.2f}" for lag in lags], fontsize=8)
-        ax.set_xlabel("lag L in updates  /  mean batch ESS")
+        ax.set_xlabel("lag L  /  mean batch ESS")
         ax.grid(alpha=0.3)
     a.set_ylabel("cos(d, g_ref)")
     a.set_title("per-batch cosine (solid) and cosine of the mean direction (dotted)")

@@ -108,6 +108,10 @@ class SyntheticConfig:
     N = P·G sequences), reward ``threshold`` (R = 1[hits ≥ k]) or ``count`` (R = hits/T), ``init_scale`` σ_0 of
     the initial logits θ_0 ∼ σ_0·N(0, 1). Regime: ``mini_batches`` M, ``epochs`` E, ``lag`` L (updates),
     ``noise`` σ (engine logit noise), ``temperature`` T_s and ``logprob_mode`` (``raw``/``processed``).
+    Training: ``lr``, ``optimizer`` (``adam`` element-wise / ``sgd``), ``grad_clip`` (per-seed norm; 0 = off),
+    ``advantage`` (keywords of :func:`p3o.advantages.group_advantages`). ``save_params`` keeps θ after every
+    update (for the probe); ``threads``: torch intra-op threads during the run (1 is fastest for these tiny
+    tensors; 0 leaves the setting alone).
     """
 
     objective: str = "p3o"
@@ -496,7 +500,11 @@ def _vmapped(
     if name == "m2po":
         tau = float(hyper.get("tau", 0.04))
         lr = logp.detach() - rollout_logp
-        args.append(torch.stack([m2po_threshold(lr[i], mask, tau) for i in range(s)]))
+        try:
+            thr = torch.func.vmap(lambda x: m2po_threshold(x, mask, tau))(lr)
+        except RuntimeError:  # pragma: no cover - depends on torch's batching rules
+            thr = torch.stack([m2po_threshold(lr[i], mask, tau) for i in range(s)])
+        args.append(thr)
         keys.append("m2po_threshold")
 
     def one(lp: Tensor, rl: Tensor, adv: Tensor, *xs: Tensor) -> tuple[Tensor, Stats]:
