@@ -2,7 +2,7 @@
 
 Usage:
 
-    exp = load_experiment("configs/experiments/quick.yaml")
+    exp = load_experiment("configs/experiments/lm.yaml")
     run_grid(expand(exp), log_root=exp.out_dir / "logs", jobs=2); write_report(collect(exp), exp.out_dir / "report.md")
 """
 

@@ -2,9 +2,9 @@
 
 Usage:
 
-    p3o compare configs/experiments/quick.yaml --jobs 2
-    p3o compare configs/experiments/full.yaml --report docs/results.md
-    p3o compare configs/experiments/quick.yaml --report-only        # re-aggregate finished runs only
+    p3o compare configs/experiments/lm.yaml --jobs 2
+    p3o compare configs/experiments/synthetic.yaml --report docs/results-synthetic.md
+    p3o compare configs/experiments/lm.yaml --report-only           # re-aggregate finished runs only
 """
 
 from __future__ import annotations

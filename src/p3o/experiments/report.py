@@ -4,7 +4,7 @@ For every regime: a figure (reward mean ± spread over seeds, smoothed; ESS; KL 
 peak reward, final pass@1, ESS, KL weight, collapses, wall time). Each claim of the experiment file gets its own
 table and a verdict computed from the runs (never written by hand).
 
-    summary = collect(exp); write_report(exp, summary, Path("docs/results.md"), command="p3o compare ...")
+    summary = collect(exp); write_report(exp, summary, Path("docs/results-lm.md"), command="p3o compare ...")
 """
 
 from __future__ import annotations

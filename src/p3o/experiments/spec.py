@@ -1,6 +1,6 @@
 """Experiment files: a grid of objectives × regimes × seeds, parsed from YAML and expanded into runs.
 
-    # configs/experiments/quick.yaml
+    # configs/experiments/lm.yaml
     name: quick
     base: {steps: 40, model.name: tiny}          # overrides shared by every run (nested maps are flattened)
     objectives: [p3o, grpo-0.2, {label: grpo-wide, overrides: {objective.name: grpo, objective.clip_eps: 0.6}}]
@@ -9,7 +9,7 @@
     seeds: [0, 1, 2]                             # or a count: 3
     out_dir: runs/compare/quick
 
-    exp = load_experiment("configs/experiments/quick.yaml"); runs = expand(exp)
+    exp = load_experiment("configs/experiments/lm.yaml"); runs = expand(exp)
 
 A run's overrides are merged base < regime < objective < {seed, run_dir}; its directory is
 `out_dir/runs/<regime>/<objective>/seed<k>`.
