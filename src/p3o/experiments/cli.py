@@ -80,6 +80,37 @@ def _eval_run(spec: RunSpec, exp: Experiment) -> str:
     return f"pass@1 {result.pass_at_k.get(1, float('nan')):.3f}"
 
 
+def _eval_base(exp: Experiment) -> None:
+    """pass@k of the grid's base policy (`base: model.name`) with the grid's evaluation → out_dir/base_eval.json.
+
+    The calibration table reports each regime's final pass@1 against it (skipped when present).
+    """
+    out = exp.out_dir / "base_eval.json"
+    if out.is_file() or exp.eval.n_samples == 0:
+        return
+    from p3o.eval.runner import evaluate_checkpoint
+
+    task = str(exp.base.get("task.name", "arithmetic"))
+    diff = exp.base.get("task.difficulty")
+    result = evaluate_checkpoint(
+        str(exp.base.get("model.name", "tiny")),
+        task,
+        exp.eval.split,
+        n_problems=exp.eval.n_problems,
+        task_kwargs={"difficulty": diff} if task == "arithmetic" and diff is not None else {},
+        n_samples=exp.eval.n_samples,
+        ks=[1],
+        max_new_tokens=int(exp.eval.max_new_tokens or exp.base.get("rollout.max_new_tokens", 64)),
+        temperature=exp.eval.temperature,
+        verifier=exp.base.get("task.verifier"),
+        template=str(exp.base.get("task.template", "default")),
+        seed=0,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    print(f"base policy: pass@1 {result.pass_at_k.get(1, float('nan')):.3f} -> {out}", flush=True)
+
+
 def _eval_locked(spec: RunSpec, exp: Experiment, lock: threading.Lock) -> str:
     """One evaluation at a time: transformers' model loading is not thread-safe (meta-device initialisation), and
     evaluations still overlap with the other workers' training subprocesses."""
@@ -156,6 +187,8 @@ def main(argv: list[str]) -> int:
             after=(lambda spec: _eval_locked(spec, exp, eval_lock)) if evaluate else None,
         )
         failed = [o for o in outcomes if o.status == "failed"]
+    if exp.calibration and not args.no_eval:
+        _eval_base(exp)
     report = args.report or exp.out_dir / "report.md"
     command = "p3o compare " + shlex.join([a for a in argv if a])
     write_report(collect(exp), report, figure_dir=args.figures, command=command)

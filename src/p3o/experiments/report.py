@@ -451,17 +451,27 @@ def verdict_summary(decisions: list[Decision]) -> str:
     return ", ".join(f"{n} {v}" for v, n in counts.items())
 
 
+def _base_line(exp: Experiment) -> str:
+    base = _load_json(exp.out_dir / "base_eval.json") or {}
+    p1 = {str(k): v for k, v in (base.get("pass_at_k") or {}).items()}.get("1")
+    if p1 is None:
+        return " (no base evaluation found)"
+    return f" ({p1:.3f} on {base.get('n_problems', '?')} × {base.get('n_samples', '?')} samples)"
+
+
 def calibration_table(summary: GridSummary, objective: str) -> str:
     """How off-policy each regime makes the data: the calibration objective's runs, every seed pooled.
 
     Columns: lr; mean and 10th percentile of the per-step ESS (all steps of all seeds); its minimum; the share of
     tokens with |ρ − 1| > 0.2 (what a GRPO clip at ε = 0.2 would clip: P3O's ``clipfrac``); MinPRO's prefix factor
-    m_t of the same ratios (mean, share > 0.5, share < 0.1); the change of in-training held-out accuracy from the
-    first evaluation (after one update) to the last; the final pass@1.
+    m_t of the same ratios (mean, share > 0.5, share < 0.1); the final pass@1 and its change from the base policy's
+    pass@1 under the same evaluation (``out_dir/base_eval.json``, written by ``p3o compare``).
     """
+    base = _load_json(summary.exp.out_dir / "base_eval.json") or {}
+    base_p1 = {str(k): v for k, v in (base.get("pass_at_k") or {}).items()}.get("1", math.nan)
     head = (
         "| regime | seeds | lr | mean ESS | p10 ESS | min ESS | \\|ρ−1\\| > 0.2 | mean m_t | m_t > 0.5 | m_t < 0.1 | "
-        "Δ held-out acc. | final pass@1 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "final pass@1 | Δ pass@1 vs base |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [head]
     for arm in summary.exp.regimes:
@@ -480,12 +490,15 @@ def calibration_table(summary: GridSummary, objective: str) -> str:
                 + (f" ± {s:.{digits}f}" if n > 1 and metric.startswith(("delta", "pass")) else "")
             )
 
+        deltas = [r.metrics.get("pass@1", math.nan) - base_p1 for r in cell]
+        dm, ds, dn = mean_std(deltas)
+        delta = "–" if dn == 0 or not math.isfinite(dm) else f"{dm:+.3f} ± {ds:.3f}"
         p10 = f"{np.percentile(ess, 10):.4f}" if ess.size else "–"
         mess = f"{ess.mean():.4f}" if ess.size else "–"
         mn = f"{ess.min():.4f}" if ess.size else "–"
         rows.append(
             f"| {arm.label} | {len(cell)} | {lr} | {mess} | {p10} | {mn} | {mean('clipfrac', 4)} | {mean('m_mean')} | "
-            f"{mean('m_frac_above_0_5')} | {mean('m_frac_below_0_1', 4)} | {mean('delta_eval')} | {mean('pass@1')} |"
+            f"{mean('m_frac_above_0_5')} | {mean('m_frac_below_0_1', 4)} | {mean('pass@1')} | {delta} |"
         )
     return "\n".join(rows)
 
@@ -565,7 +578,10 @@ def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, com
             "## Calibration",
             "",
             f"Every regime's `{exp.calibration}` runs, all seeds pooled (see `calibration_table`): how far each "
-            "regime moves the ratios π_θ / π_rollout at this learning rate.",
+            "regime moves the ratios π_θ / π_rollout at this learning rate, and whether training moved held-out "
+            "pass@1 from the base policy's"
+            + _base_line(exp)
+            + ". ESS columns pool every step of every seed; the other columns are means over seeds (± sample std).",
             "",
             calibration_table(summary, exp.calibration),
             "",
