@@ -437,7 +437,7 @@ def decisions_table(decisions: list[Decision], digits: int = 3) -> str:
             if r.identical
             else f"{r.diff:+.{digits}f} [{r.ci[0]:+.{digits}f}, {r.ci[1]:+.{digits}f}]"
         )
-        p = "—" if math.isnan(d.p_adj) else f"{d.p_adj:.3g}"
+        p = "—" if math.isnan(d.p_adj) else ("< 1e-4" if d.p_adj < 1e-4 else f"{d.p_adj:.3g}")
         rows.append(
             f"| {d.claim.id} | {d.regime} | {a} | {b} | {test} | {d.metric} | {r.n} | {r.mean_a:.{digits}f} | "
             f"{r.mean_b:.{digits}f} | {ci} | {p} | **{d.verdict}** |"

@@ -48,7 +48,9 @@ def _ci(r: dict[str, Any]) -> str:
 
 def _p(r: dict[str, Any]) -> str:
     p = r.get("p_adj")
-    return "—" if p is None or (isinstance(p, float) and math.isnan(p)) else f"{p:.2g}"
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "—"
+    return "< 1e-4" if p < 1e-4 else f"{p:.2g}"
 
 
 def _study_name(path: Path) -> str:
