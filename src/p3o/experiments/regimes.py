@@ -77,7 +77,8 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     "decoupled_ppo": {"objective.name": "decoupled_ppo"},
     # ---- paper-faithful baselines (../PAPERS: the settings each paper ran) ----
     # The P3O paper's GRPO: token-mean over the optimizer step (as P3O), symmetric clip ε ∈ {0.2, 0.4, 0.6}.
-    # Same aggregation as `p3o`, so on fresh data `grpo-tm-*` and `p3o` give bit-identical runs (claim a).
+    # Same aggregation as `p3o`, so on fresh data `grpo-tm-*` and `p3o` give identical runs (claim a; bit-identical
+    # when the recorded log-probs are the trainer's own).
     "grpo-tm-0.2": {"objective.name": "grpo", "objective.clip_eps": 0.2, "objective.agg": "token-mean"},
     "grpo-tm-0.4": {"objective.name": "grpo", "objective.clip_eps": 0.4, "objective.agg": "token-mean"},
     "grpo-tm-0.6": {"objective.name": "grpo", "objective.clip_eps": 0.6, "objective.agg": "token-mean"},

@@ -433,7 +433,7 @@ def decisions_table(decisions: list[Decision], digits: int = 3) -> str:
         r, (a, b) = d.result, d.claim.objectives
         test = _KIND_TEXT[d.claim.kind] + (f", δ = {r.margin:g}" if d.claim.kind == "tracks" else "")
         ci = (
-            "exactly 0 (bit-identical)"
+            "exactly 0 on every seed"
             if r.identical
             else f"{r.diff:+.{digits}f} [{r.ci[0]:+.{digits}f}, {r.ci[1]:+.{digits}f}]"
         )
@@ -596,7 +596,7 @@ def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, com
             f"({METRIC_LABELS.get(pr.metric, pr.metric)}), paired by seed; {1 - pr.alpha:.0%} paired-t intervals; "
             f"Holm's correction over the {sum(1 for d in decisions if d.claim.kind != 'identical')} tested "
             f"verdicts at family-wise α = {pr.alpha:g}; equivalence margin δ = {pr.margin:g} for *tracks* (TOST). "
-            "*identical* asks for bit-identical per-seed values. Computed by `p3o.experiments.stats`; "
+            "*identical* asks for exactly equal per-seed values. Computed by `p3o.experiments.stats`; "
             f"{verdict_summary(decisions)}.",
             "",
             decisions_table(decisions),

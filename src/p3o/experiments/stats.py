@@ -17,7 +17,8 @@ Holm's step-down correction over the m decision p-values of a report: sort p_(1)
 - ``better`` (A beats B): supported when p̃_diff < α and d̄ > 0; contradicted when p̃_diff < α and d̄ < 0;
 - ``tracks`` (A within ±δ of B): supported when p̃_equiv < α; contradicted when the difference is significant
   (Bonferroni, m · p_diff < α) *and* |d̄| > δ;
-- ``identical``: supported when every paired difference is exactly zero (bit-identical runs), contradicted otherwise;
+- ``identical``: supported when every paired difference is exactly zero (the same per-seed value), contradicted
+  otherwise;
 - anything else: inconclusive.
 
 No SciPy: the Student-t CDF is the regularised incomplete beta function (Lentz's continued fraction), checked

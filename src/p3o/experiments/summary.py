@@ -39,7 +39,7 @@ def load(paths: list[Path]) -> list[tuple[Path, list[dict[str, Any]]]]:
 
 def _ci(r: dict[str, Any]) -> str:
     if r.get("identical"):
-        return "exactly 0 (bit-identical)"
+        return "exactly 0 on every seed"
     lo, hi = r["ci"]
     if any(isinstance(x, float) and math.isnan(x) for x in (r["diff"], lo, hi)):
         return "–"

@@ -272,7 +272,7 @@ def render(
     for d in decisions:
         r, (a, b) = d.result, d.claim.objectives
         test = _KIND[d.claim.kind] + (f", δ = {r.margin:g}" if d.claim.kind == "tracks" else "")
-        ci = "exactly 0 (bit-identical)" if r.identical else f"{r.diff:+.4f} [{r.ci[0]:+.4f}, {r.ci[1]:+.4f}]"
+        ci = "exactly 0 on every seed" if r.identical else f"{r.diff:+.4f} [{r.ci[0]:+.4f}, {r.ci[1]:+.4f}]"
         p = "—" if math.isnan(d.p_adj) else ("< 1e-4" if d.p_adj < 1e-4 else f"{d.p_adj:.3g}")
         lines.append(
             f"| {d.claim.id} | {d.regime} | {a} | {b} | {test} | {r.mean_a:.4f} | {r.mean_b:.4f} | {ci} | {p} | "
