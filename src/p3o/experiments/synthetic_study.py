@@ -204,32 +204,51 @@ def decide(study: SyntheticStudy, cells: dict[tuple[str, str], dict[str, Any]]) 
 
 
 def _plot(study: SyntheticStudy, cells: dict[tuple[str, str], dict[str, Any]], path: Path) -> Path:
+    """One row per regime: exact J (mean over seeds, p10–p90 band), batch ESS, P3O-style KL weight 1 − ESS and
+    MinPRO's prefix factor m̄_t of the batch's ratios; one colour per objective across the whole figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    regimes = [r for r, _ in study.cells]
-    fig, axes = plt.subplots(2, len(regimes), figsize=(3.2 * len(regimes), 5.6), squeeze=False)
-    for j, (regime, objectives) in enumerate(study.cells):
+    specs = list(dict.fromkeys(o for _, objs in study.cells for o in objs))
+    cmap = plt.get_cmap("tab20")
+    color = {o: cmap(i % 20) for i, o in enumerate(specs)}
+    panels = [
+        ("reward", "exact J(θ)"),
+        ("ess", "batch ESS"),
+        ("kl_weight", "KL weight 1 − ESS"),
+        ("m_mean", "mean prefix factor m_t"),
+    ]
+    rows = len(study.cells)
+    fig, axes = plt.subplots(rows, len(panels), figsize=(13, 2.1 * rows + 0.8), squeeze=False)
+    for i, (regime, objectives) in enumerate(study.cells):
         for spec in objectives:
             c = cells[(regime, spec)]["curves"]
-            axes[0][j].plot(c["reward"], label=spec, lw=1.2)
-            if "ess" in c:
-                axes[1][j].plot(c["ess"], lw=1.0)
-        axes[0][j].set_title(regime, fontsize=9)
-        axes[1][j].set_xlabel("step")
-    axes[0][0].set_ylabel("exact expected reward J(θ)\n(mean over seeds)")
-    axes[1][0].set_ylabel("batch ESS (mean over seeds)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    seen = dict(zip(labels, handles))
-    for j in range(1, len(regimes)):
-        for h, lab in zip(*reversed(axes[0][j].get_legend_handles_labels())):
-            seen.setdefault(h, lab)  # type: ignore[arg-type]
-    fig.legend(list(seen.values()), list(seen.keys()), loc="lower center", ncol=min(8, len(seen)), fontsize=8)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+            for j, (key, _) in enumerate(panels):
+                if key not in c:
+                    continue
+                axes[i][j].plot(c[key], lw=1.0, color=color[spec], label=spec)
+                if key == "reward" and "reward_p10" in c:
+                    x = range(len(c["reward_p10"]))
+                    axes[i][j].fill_between(x, c["reward_p10"], c["reward_p90"], color=color[spec], alpha=0.08)
+        axes[i][0].set_ylabel(regime, fontsize=9)
+        for j, (_, title) in enumerate(panels):
+            if i == 0:
+                axes[i][j].set_title(title, fontsize=10)
+            axes[i][j].tick_params(labelsize=7)
+            axes[i][j].grid(alpha=0.3)
+    for j in range(len(panels)):
+        axes[-1][j].set_xlabel("step")
+    handles = [plt.Line2D([], [], color=color[o], lw=2) for o in specs]
+    fig.legend(handles, specs, loc="lower center", ncol=min(7, len(specs)), fontsize=8)
+    fig.suptitle(
+        "Synthetic instrument (tabular toy, not an LM): mean over seeds; band = 10th–90th percentile of seeds",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0.05, 1, 0.98))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
 
