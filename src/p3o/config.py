@@ -40,6 +40,7 @@ __all__ = [
     "CkptConfig",
     "LogConfig",
     "LoopConfig",
+    "LoraConfig",
     "ModelConfig",
     "ObjectiveConfig",
     "OptimConfig",
@@ -78,6 +79,20 @@ def _f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = Non
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters on the policy (``p3o.models.lora``, extra ``p3o[lora]``): W0 + (alpha/r)·B·A, W0 frozen."""
+
+    r: int = _f(0, "adapter rank (0: LoRA off, every parameter trains)", ge=0)
+    alpha: float = _f(16.0, "scale numerator: the update is (alpha / r)·B·A", gt=0)
+    dropout: float = _f(0.0, "dropout on the adapter input (keep 0 for exact log-prob ratios)", ge=0, lt=1)
+    target_modules: str | None = _f(
+        None,
+        "comma-separated linear layers to adapt ('q_proj,v_proj'), 'all-linear', or None: the architecture's "
+        "default (Llama / Qwen / Mistral: q,k,v,o,gate,up,down_proj)",
+    )
+
+
+@dataclass
 class ModelConfig:
     """The policy to train (``p3o.models.load_policy``)."""
 
@@ -87,6 +102,7 @@ class ModelConfig:
         "float32", "trainer parameter dtype (also its gradients and AdamW states: no fp32 master copy; docs/gpu.md)"
     )
     device: str = _f("auto", "trainer and HF rollout device: 'auto' (cuda if available), 'cpu', 'cuda'")
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapters (r = 0: off)"})
 
 
 @dataclass

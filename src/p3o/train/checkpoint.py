@@ -4,7 +4,8 @@ Layout under a run directory::
 
     checkpoints/
       step_000020/
-        policy/               save_pretrained (safetensors) + tokenizer files
+        policy/               save_pretrained (safetensors) + tokenizer files; with LoRA the adapters only
+                              (PEFT format: adapter_model.safetensors + adapter_config.json)
         trainer_state.pt      {"format", "step", "optimizer", "scheduler", "rng", "loop_state"}
         meta.json             written last: {"step", "format"}; a directory without it is incomplete
       step_000040/ ...
@@ -180,9 +181,12 @@ def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
     """Load the safetensors weights in ``policy_dir`` into ``model`` in place (parameters keep their identity).
 
     Tied parameters dropped by ``save_pretrained`` (e.g. ``lm_head.weight`` tied to the embedding) are accepted as
-    missing; any other missing or unexpected key raises P3OError naming it.
+    missing; any other missing or unexpected key raises P3OError naming it. A LoRA (PEFT) model loads a PEFT
+    adapter directory (``adapter_model.safetensors``) into its adapters; the base weights are left as they are.
     """
     from safetensors.torch import load_file
+
+    from p3o.models.lora import is_lora
 
     policy_dir = Path(policy_dir)
     files = sorted(policy_dir.glob("*.safetensors"))
@@ -192,6 +196,13 @@ def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
     for f in files:
         state.update(load_file(str(f)))
     model = _unwrap(model)
+    has_adapters = (policy_dir / "adapter_config.json").is_file()
+    if has_adapters != is_lora(model):
+        saved, given = ("LoRA adapters", "a full model") if has_adapters else ("a full model", "a LoRA model")
+        raise P3OError(f"{policy_dir}: holds {saved} but {given} was given (model.lora.r must match the run's)")
+    if has_adapters:
+        _load_adapters(model, state, policy_dir)
+        return
     missing, unexpected = model.load_state_dict(state, strict=False)
     # A missing key is fine when its tensor shares storage with a loaded one (weight tying).
     params = dict(model.state_dict(keep_vars=True))
@@ -200,6 +211,18 @@ def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
     if missing or unexpected:
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise P3OError(f"{policy_dir}: weights do not match the model ({what})")
+
+
+def _load_adapters(model: torch.nn.Module, state: dict[str, torch.Tensor], policy_dir: Path) -> None:
+    """Load a PEFT adapter state dict into a PEFT model; a missing or unexpected adapter tensor raises P3OError."""
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, state)
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    unexpected = list(result.unexpected_keys)
+    if missing or unexpected:
+        what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise P3OError(f"{policy_dir}: adapters do not match the model ({what}; same model.lora.* as the run?)")
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ def build_components(cfg: Any) -> Components:
         )
 
     ref = None
-    if cfg.train.ref_model:
+    if cfg.train.ref_model and not cfg.model.lora.r:  # with LoRA, `run` uses the base with adapters disabled
         ref = copy.deepcopy(policy).eval().requires_grad_(False)
     pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else 0
     return Components(
@@ -326,7 +326,7 @@ def evaluate(comps: Components, seed: int, batch_size: int = 64) -> dict[str, fl
     """
     if not comps.eval_prompts:
         return {}
-    engine = comps.make_engine(comps.policy)
+    engine = comps.make_engine(_engine_model(comps.policy))
     scores = []
     for i in range(0, len(comps.eval_prompts), batch_size):
         r = engine.generate(
@@ -339,6 +339,20 @@ def evaluate(comps: Components, seed: int, batch_size: int = 64) -> dict[str, fl
     s = torch.cat(scores)
     acc, mean = torch.stack([(s > 0.5).float().mean(), s.mean()]).tolist()
     return {"eval_accuracy": acc, "eval_score": mean}
+
+
+def _engine_model(policy: nn.Module) -> nn.Module:
+    """What a rollout engine copies: the policy, or with LoRA a plain HF model with the adapters merged."""
+    from p3o.models.lora import is_lora, merged_copy
+
+    return merged_copy(policy) if is_lora(policy) else policy
+
+
+def _sync_weights(policy: nn.Module) -> dict[str, Tensor]:
+    """The tensors an engine sync sends: the full state dict, or with LoRA only the merged adapted layers."""
+    from p3o.models.lora import is_lora, merged_weights
+
+    return merged_weights(policy) if is_lora(policy) else policy.state_dict()
 
 
 def _seed_everything(seed: int) -> None:
@@ -439,11 +453,19 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
     if problem:
         raise ConfigError(problem)
     comps = components if components is not None else build_components(cfg)
-    policy = comps.policy
-    policy.requires_grad_(True)
     hyper = objective_hyper(cfg.objective)
     objective_fn = get_objective(cfg.objective.name)
     needs = objective_needs(cfg.objective.name, hyper)
+    if cfg.model.lora.r:
+        from p3o.models.lora import AdaptersOff, apply_lora, is_lora
+
+        if not is_lora(comps.policy):  # same seed on every rank: identical adapters
+            comps.policy = apply_lora(comps.policy, cfg.model.lora, seed=cfg.seed)
+        if comps.ref_model is None and ("ref_logp" in needs or cfg.train.ref_model):
+            comps.ref_model = AdaptersOff(comps.policy)  # the base itself, adapters disabled: no second copy
+    else:
+        comps.policy.requires_grad_(True)
+    policy = comps.policy
     if "ref_logp" in needs and comps.ref_model is None:
         comps.ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
 
@@ -480,9 +502,9 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
 
     stream = PromptStream(len(comps.prompts), cfg.rollout.prompts_per_step, cfg.seed, dist.rank(), dist.world_size())
     produce = make_producer(cfg, comps, stream)
-    engine = comps.make_engine(policy)
+    engine = comps.make_engine(_engine_model(policy))
     if start > 0:
-        engine.load_weights(policy.state_dict(), start)
+        engine.load_weights(_sync_weights(policy), start)
     source_state = ((loop_state or {}).get("rank_source") or {}).get(dist.rank())
     source: BatchSource = make_source(
         lp.mode,
@@ -540,7 +562,9 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
                 group=dist.group(),
                 chunk_size=cfg.train.chunk_size,
             )
-            source.push_weights(policy.state_dict(), step + 1)
+            t_sync = time.perf_counter()
+            source.push_weights(_sync_weights(policy), step + 1)
+            t_sync = time.perf_counter() - t_sync
             t_train = time.perf_counter() - t1
             local = {**info, **_batch_stats(batch), **lag}
             local["dropped_rows"] = float(getattr(source, "dropped_rows", 0))
@@ -549,6 +573,7 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
             row.update(
                 time_wait_s=t_wait,
                 time_train_s=t_train,
+                time_sync_s=t_sync,
                 time_step_s=wall,
                 time_s=time.perf_counter() - t_run,
                 tokens_per_s=row["tokens"] / max(wall, 1e-9),
@@ -573,7 +598,7 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
         bar.close()
         logger.close()
     if dist.is_main():
-        save_policy(run_dir / "final", policy, comps.tokenizer)
+        save_policy(run_dir / "final", _engine_model(policy), comps.tokenizer)  # LoRA: merged, plain HF
         if cfg.log.plot:
             from p3o.metrics import plot_run
 
