@@ -20,6 +20,9 @@ Only ``GRPOTrainer._compute_loss`` is overridden. Per micro-batch it builds ``p3
   ESS of P3O spans the micro-batches all ranks process together;
 * ``ref_logp`` when ``GRPOConfig.beta`` != 0 (its value is the default ``ref_kl_coef``) and the entropies.
 
+LoRA: pass TRL's own ``peft_config=peft.LoraConfig(...)`` (extra ``p3o[lora]``); only the adapters train and, with
+``beta`` != 0, the reference log-probs come from the base with the adapters disabled (no second model).
+
 The objective's stats are mean-gathered across processes with one collective per micro-batch and appear in TRL's
 logs as ``objective/<stat>`` (``objective/ess``, ``objective/kl_weight``, ``objective/capped_frac``, ...), beside
 TRL's ``entropy`` (and ``kl`` when beta != 0).
