@@ -438,12 +438,14 @@ def m2po_threshold(log_ratio: torch.Tensor, mask: torch.Tensor, tau: float = 0.0
     """
     assert log_ratio.shape == mask.shape, (log_ratio.shape, mask.shape)
     with torch.no_grad():
-        v = torch.where(mask, log_ratio.detach().double() ** 2, torch.full((), -1.0, dtype=torch.float64))
+        v = torch.where(
+            mask, log_ratio.detach().double() ** 2, torch.full((), -1.0, dtype=torch.float64, device=log_ratio.device)
+        )
         v_sorted = v.flatten().sort(descending=True).values  # valid first (v >= 0), masked (-1) last
         n = mask.sum()
         length = v_sorted.numel()
         if length == 0:
-            return torch.full((), math.inf)
+            return torch.full((), math.inf, device=log_ratio.device)
         k = torch.arange(length, device=v.device)
         csum = torch.cumsum(torch.where(k < n, v_sorted, torch.zeros_like(v_sorted)), 0)
         removed = torch.cat([csum.new_zeros(1), csum[:-1]])  # Σ of the k largest
@@ -554,7 +556,7 @@ def minpro_diagnostics(log_m: torch.Tensor, weight: torch.Tensor, mask: torch.Te
             med = flat[((count - 1) // 2).clamp(min=0)]
             stats["m_median"] = torch.where(count > 0, med, torch.ones((), device=m.device))
         else:
-            stats["m_median"] = torch.ones(())
+            stats["m_median"] = torch.ones((), device=m.device)
         for thr in (0.5, 0.2, 0.1, 0.05):
             stats[f"m_frac_above_{thr}"] = masked_mean((m > thr).float(), mask)
         pos = torch.cumsum(mask, 1) - 1  # 0-based index among valid tokens

@@ -255,9 +255,11 @@ def update(
     stat_sums: dict[str, Tensor] = {}
     stat_max: dict[str, Tensor] = {}
     stat_min: dict[str, Tensor] = {}
-    weight_sum = torch.zeros((), dtype=torch.float64)
-    ent_sum = torch.zeros((), dtype=torch.float64)
-    ent_count = torch.zeros((), dtype=torch.float64)
+    # every accumulator lives on the device of what is added to it (the batch's, i.e. the policy's device)
+    dev = batch.mask.device
+    weight_sum = torch.zeros((), dtype=torch.float64, device=dev)
+    ent_sum = torch.zeros((), dtype=torch.float64, device=dev)
+    ent_count = torch.zeros((), dtype=torch.float64, device=dev)
     losses: list[Tensor] = []
     grad_norms: list[Tensor] = []
     for epoch in range(epochs):
@@ -266,7 +268,7 @@ def update(
             prox_logp = old_logp if epoch == 0 else _snapshot(policy, all_micros, n, t, temperature, chunk_size)
         for mini, micros in zip(minis, plan):
             num_tokens = dist.all_reduce_sum(batch.mask[mini].sum().to(torch.float32))
-            num_seqs = dist.all_reduce_sum(torch.tensor(float(len(mini))))
+            num_seqs = dist.all_reduce_sum(torch.tensor(float(len(mini)), device=dev))
             step_ess = thr = None
             if "step_ess" in needs or "m2po_threshold" in needs:
                 with torch.no_grad():
@@ -279,7 +281,7 @@ def update(
                     if "m2po_threshold" in needs:
                         flat = torch.cat([lr[m] for lr, m in lrs])[None]  # (1, K) this rank's step tokens
                         thr = m2po_threshold(flat, torch.ones_like(flat, dtype=torch.bool), hyper.get("tau", 0.04))
-            step_loss = torch.zeros(())
+            step_loss = torch.zeros((), device=dev)
             for mb in micros:
                 tt = mb.mask.shape[1]
                 logp, ent = _logprobs(policy, mb, temperature, chunk_size, True)
@@ -310,7 +312,7 @@ def update(
                     elif k in _MIN_KEYS:
                         stat_min[k] = v if k not in stat_min else torch.minimum(stat_min[k], v)
                     else:
-                        stat_sums[k] = stat_sums.get(k, torch.zeros((), dtype=torch.float64)) + v * w
+                        stat_sums[k] = stat_sums.get(k, torch.zeros((), dtype=torch.float64, device=dev)) + v * w
                 if ent is not None:
                     ent_sum += ent.detach().to(torch.float64)[mb.mask].sum()
                     ent_count += w
@@ -328,7 +330,7 @@ def update(
     mean_keys = sorted(stat_sums)
     means = [stat_sums[k] / weight_sum.clamp(min=1) for k in mean_keys]
     means += [ent_sum / ent_count.clamp(min=1)]
-    vec = dist.all_reduce_mean(torch.stack(means).float()) if means else torch.zeros(0)
+    vec = dist.all_reduce_mean(torch.stack(means).float()) if means else torch.zeros(0, device=dev)
     maxes = dist.all_reduce_max(torch.stack([stat_max[k] for k in _MAX_KEYS if k in stat_max]).float().reshape(-1))
     mins = dist.all_reduce_min(torch.stack([stat_min[k] for k in _MIN_KEYS if k in stat_min]).float().reshape(-1))
     tail = torch.stack([torch.stack(losses).mean(), torch.stack(grad_norms).mean()])
