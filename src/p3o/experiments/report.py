@@ -167,15 +167,22 @@ def _plot_band(ax: Any, runs: list[Curves], key: str, window: int, label: str, c
 
 
 def plot_regime(summary: GridSummary, regime: str, path: Path) -> Path:
-    """Three panels for one regime: reward (mean over seeds, band = min..max), ESS and KL weight (all smoothed)."""
+    """Five panels for one regime (mean over seeds, band = min..max, smoothed): reward, ESS, KL weight, the share of
+    tokens with |ρ − 1| > 0.2 (``clipfrac``: GRPO's clipped share, P3O's nominal band) and the prefix factor m_t."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     exp = summary.exp
-    panels = [(REWARD_KEY, "reward (mean over seeds, band = min–max)"), ("ess", "ESS"), ("kl_weight", "KL weight")]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    panels = [
+        (REWARD_KEY, "reward (mean over seeds, band = min–max)"),
+        ("ess", "ESS"),
+        ("kl_weight", "KL weight"),
+        ("clipfrac", "share of tokens with |ρ − 1| > 0.2"),
+        ("m_mean", "mean prefix factor m_t"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(20, 3.8))
     colors = plt.get_cmap("tab10")
     for (key, title), ax in zip(panels, axes):
         drawn = False
