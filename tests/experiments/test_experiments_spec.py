@@ -170,3 +170,24 @@ def test_primary_block_and_decisive_claims() -> None:
     three = dict(raw, claims=[dict(raw["claims"][0], kind="better", objectives=["p3o", "grpo", "p3o"])])
     with pytest.raises(ConfigError, match="exactly two"):
         parse_experiment(three)
+
+
+def test_typos_in_base_or_regime_fail_at_parse_time_with_the_nearest_name() -> None:
+    raw = {"name": "x", "objectives": ["p3o"], "regimes": ["on-policy"], "base": {"optim.lrr": 1e-4}}
+    parse_experiment(raw)  # without check_config (a grid for another trainer) the keys are not p3o's to judge
+    with pytest.raises(ConfigError, match=r"base: .*did you mean 'optim.lr'"):
+        parse_experiment(raw, check_config=True)
+    raw = {
+        "name": "x",
+        "objectives": ["p3o"],
+        "regimes": [{"label": "bad", "overrides": {"loop.stalenes": 2}}],
+    }
+    with pytest.raises(ConfigError, match=r"regime 'bad' × objective 'p3o': .*did you mean 'loop.staleness'"):
+        parse_experiment(raw, check_config=True)
+    raw = {
+        "name": "x",
+        "objectives": [{"label": "g", "overrides": {"objective.name": "grpo", "objective.clip_ep": 1}}],
+    }
+    raw["regimes"] = ["on-policy"]
+    with pytest.raises(ConfigError, match=r"objective 'g'"):
+        parse_experiment(raw, check_config=True)

@@ -135,7 +135,8 @@ def main(argv: list[str]) -> int:
 
         command = "p3o compare " + shlex.join([a for a in argv if a])
         return synthetic_study.main(args.experiment, args.report, args.figures, command)
-    exp = load_experiment(args.experiment)
+    # another trainer has other keys; aggregating finished runs needs no check
+    exp = load_experiment(args.experiment, check_config=not (args.train_cmd or args.report_only))
     if args.out_dir is not None:
         exp.out_dir = args.out_dir
     if args.jobs < 1:

@@ -243,8 +243,12 @@ def _dataclass_from(cls: type, raw: Any, where: str) -> Any:
     return cls(**raw)
 
 
-def parse_experiment(raw: Any, source: Path | None = None) -> Experiment:
-    """Validate a loaded experiment mapping; errors name the file and field."""
+def parse_experiment(raw: Any, source: Path | None = None, *, check_config: bool = False) -> Experiment:
+    """Validate a loaded experiment mapping; errors name the file and field.
+
+    ``check_config``: also check `base` and every regime × objective merge against p3o's train config (what
+    ``load_experiment`` does for ``p3o compare``; off for grids run by another trainer via ``--train-cmd``).
+    """
     where = str(source) if source else "experiment"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping at the top level")
@@ -303,7 +307,30 @@ def parse_experiment(raw: Any, source: Path | None = None) -> Experiment:
             if label not in labels:
                 raise ConfigError(f"{where}: regimes[{i}].objectives: '{label}' is not one of the objectives")
     exp.claims = _claims(raw.get("claims") or [], exp, where)
+    if check_config:
+        _validate_overrides(exp, where)
     return exp
+
+
+def _validate_overrides(exp: Experiment, where: str) -> None:
+    """Check `base` and every regime × objective merge against the train config now, not N subprocesses later.
+
+    The error names the file and the arm, and keeps the config's own message (with its nearest-name hint).
+    """
+    from p3o.config import TrainConfig, apply_overrides
+
+    try:
+        apply_overrides(TrainConfig(), exp.base)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: base: {err}") from None
+    for regime in exp.regimes:
+        for objective in exp.objectives:
+            if regime.objectives is not None and objective.label not in regime.objectives:
+                continue
+            try:
+                apply_overrides(TrainConfig(), {**exp.base, **regime.overrides, **objective.overrides})
+            except ConfigError as err:
+                raise ConfigError(f"{where}: regime '{regime.label}' × objective '{objective.label}': {err}") from None
 
 
 def _claims(raw: Any, exp: Experiment, where: str) -> list[Claim]:
@@ -340,8 +367,9 @@ def _claims(raw: Any, exp: Experiment, where: str) -> list[Claim]:
     return out
 
 
-def load_experiment(path: str | Path) -> Experiment:
-    """Read and validate an experiment YAML file (ConfigError naming the file and field on bad input)."""
+def load_experiment(path: str | Path, *, check_config: bool = True) -> Experiment:
+    """Read and validate an experiment YAML file (ConfigError naming the file and field on bad input); with
+    ``check_config`` every run's overrides are checked against the train config at parse time."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"experiment file not found: {path}")
@@ -349,7 +377,7 @@ def load_experiment(path: str | Path) -> Experiment:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
-    return parse_experiment(raw, source=path)
+    return parse_experiment(raw, source=path, check_config=check_config)
 
 
 def expand(exp: Experiment) -> list[RunSpec]:
