@@ -77,6 +77,29 @@ DEFAULT_LAGS = (0, 1, 2, 4, 8, 16, 32, 64, 96)
 PSEUDO_OBJECTIVES = ("p3o-pg",)
 
 
+#: Columns of the per-batch table and of the per-probe-point table (synthetic and LM probes write the same ones).
+_BATCH_COLUMNS = (
+    "traj",
+    "point",
+    "lag",
+    "batch",
+    "objective",
+    "ess",
+    "signal",
+    "cos",
+    "norm_ratio",
+    "cos_exact",
+    "gain",
+    "zero",
+)
+_POINT_COLUMNS = ("traj", "k", "J", "ref_half_cos", "ref_exact_cos", "gain_ref", "gain_exact")
+
+
+def _columns(names: tuple[str, ...]) -> dict[str, list]:
+    """An empty column store: one list per name."""
+    return {k: [] for k in names}
+
+
 def _spec(spec: str) -> tuple[str, str, dict[str, Any]]:
     """(spec, name, hyper) of an objective spec or a pseudo-objective of :data:`PSEUDO_OBJECTIVES`."""
     if spec in PSEUDO_OBJECTIVES:
@@ -230,26 +253,8 @@ def _probe(cfg: ProbeConfig, t0: float, log: Any) -> dict[str, Any]:
     specs = [_spec(spec) for spec in cfg.objectives]
     ecfg = dataclasses.replace(tcfg, noise=cfg.noise, temperature=cfg.temperature, logprob_mode=cfg.logprob_mode)
     g_n, b_n = tcfg.group, cfg.batches
-    cols: dict[str, list] = {
-        k: []
-        for k in (
-            "traj",
-            "point",
-            "lag",
-            "batch",
-            "objective",
-            "ess",
-            "signal",
-            "cos",
-            "norm_ratio",
-            "cos_exact",
-            "gain",
-            "zero",
-        )
-    }
-    points: dict[str, list] = {
-        k: [] for k in ("traj", "k", "J", "ref_half_cos", "ref_exact_cos", "gain_ref", "gain_exact")
-    }
+    cols = _columns(_BATCH_COLUMNS)
+    points = _columns(_POINT_COLUMNS)
     mean_dirs: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for j in range(tcfg.seeds):
         task_j = Task(task_all.targets[j : j + 1], task_all.reward, task_all.threshold)
@@ -657,26 +662,8 @@ def _probe_lm(
     def flat(grads: tuple[Tensor | None, ...]) -> Tensor:
         return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in zip(params, grads)])
 
-    cols: dict[str, list] = {
-        k: []
-        for k in (
-            "traj",
-            "point",
-            "lag",
-            "batch",
-            "objective",
-            "ess",
-            "signal",
-            "cos",
-            "norm_ratio",
-            "cos_exact",
-            "gain",
-            "zero",
-        )
-    }
-    points_out: dict[str, list] = {
-        k: [] for k in ("traj", "k", "J", "ref_half_cos", "ref_exact_cos", "gain_ref", "gain_exact")
-    }
+    cols = _columns(_BATCH_COLUMNS)
+    points_out = _columns(_POINT_COLUMNS)
     mean_dirs: dict[tuple[str, int], list[tuple[float, float]]] = {}
     behaviour = copy.deepcopy(policy)
     for k in ks:

@@ -29,7 +29,7 @@ from p3o.experiments.analysis import (
     smooth,
 )
 from p3o.experiments.spec import DECISIVE_KINDS, Claim, Experiment, RunSpec, expand, flatten
-from p3o.experiments.stats import PairedResult, holm, paired, verdict
+from p3o.experiments.stats import KIND_TEXT, PairedResult, decide_family, paired
 
 REWARD_KEY = "reward_mean"
 METRIC_LABELS = {
@@ -416,17 +416,10 @@ def decide(summary: GridSummary) -> list[Decision]:
             xa, xb = paired_values(summary, regime, a, b, claim.metric)
             res = paired(xa, xb, margin=margin, alpha=exp.primary.alpha, bootstrap=2000)
             out.append(Decision(claim, regime, claim.metric, res))
-    tested = [d for d in out if d.claim.kind != "identical"]
-    raw = [d.result.p_equiv if d.claim.kind == "tracks" else d.result.p_diff for d in tested]
-    for d, p_adj in zip(tested, holm(raw)):
-        d.p_adj = p_adj
-    m = len(tested)
-    for d in out:
-        d.verdict = verdict(d.claim.kind, d.result, d.p_adj, m=max(1, m), alpha=exp.primary.alpha)
+    decided = decide_family([d.claim.kind for d in out], [d.result for d in out], alpha=exp.primary.alpha)
+    for d, (p_adj, v) in zip(out, decided):
+        d.p_adj, d.verdict = p_adj, v
     return out
-
-
-_KIND_TEXT = {"better": "A > B", "worse": "A < B", "tracks": "|A − B| < δ", "identical": "A ≡ B"}
 
 
 def decisions_table(decisions: list[Decision], digits: int = 3) -> str:
@@ -438,7 +431,7 @@ def decisions_table(decisions: list[Decision], digits: int = 3) -> str:
     rows = [head]
     for d in decisions:
         r, (a, b) = d.result, d.claim.objectives
-        test = _KIND_TEXT[d.claim.kind] + (f", δ = {r.margin:g}" if d.claim.kind == "tracks" else "")
+        test = KIND_TEXT[d.claim.kind] + (f", δ = {r.margin:g}" if d.claim.kind == "tracks" else "")
         ci = (
             "exactly 0 on every seed"
             if r.identical

@@ -34,7 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "KIND_TEXT",
     "PairedResult",
+    "decide_family",
     "holm",
     "paired",
     "paired_bootstrap_ci",
@@ -253,3 +255,24 @@ def verdict(kind: str, res: PairedResult, p_adj: float, *, m: int = 1, alpha: fl
             return "contradicted"
         return "inconclusive"
     raise ValueError(f"verdict: unknown claim kind {kind!r}")
+
+
+#: The test each decisive kind runs, as the reports print it.
+KIND_TEXT = {"better": "A > B", "worse": "A < B", "tracks": "|A − B| < δ", "identical": "A ≡ B"}
+
+
+def decide_family(
+    kinds: Sequence[str], results: Sequence[PairedResult], *, alpha: float = 0.05
+) -> list[tuple[float, str]]:
+    """(Holm-adjusted p, verdict) for each claim of one report, in order.
+
+    The decision p-value is p_equiv for ``tracks`` and p_diff for ``better`` / ``worse``; ``identical`` claims are
+    exact checks, outside the Holm family (their adjusted p is NaN).
+    """
+    tested = [i for i, k in enumerate(kinds) if k != "identical"]
+    raw = [results[i].p_equiv if kinds[i] == "tracks" else results[i].p_diff for i in tested]
+    p_adj = [math.nan] * len(kinds)
+    for i, p in zip(tested, holm(raw)):
+        p_adj[i] = p
+    m = max(1, len(tested))
+    return [(p_adj[i], verdict(kinds[i], results[i], p_adj[i], m=m, alpha=alpha)) for i in range(len(kinds))]

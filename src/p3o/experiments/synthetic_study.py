@@ -26,7 +26,7 @@ import yaml
 
 from p3o.errors import ConfigError
 from p3o.experiments.spec import DECISIVE_KINDS, PrimarySpec
-from p3o.experiments.stats import PairedResult, holm, paired, verdict
+from p3o.experiments.stats import KIND_TEXT, PairedResult, decide_family, paired
 
 __all__ = ["SyntheticClaim", "SyntheticStudy", "load_study", "render", "run_study"]
 
@@ -194,12 +194,9 @@ def decide(study: SyntheticStudy, cells: dict[tuple[str, str], dict[str, Any]]) 
             xb = cells[(regime, b)]["per_seed"][claim.metric]
             res = paired(xa, xb, margin=margin, alpha=study.primary.alpha, bootstrap=2000)
             out.append(_Decision(claim, regime, res))
-    tested = [d for d in out if d.claim.kind != "identical"]
-    raw = [d.result.p_equiv if d.claim.kind == "tracks" else d.result.p_diff for d in tested]
-    for d, p in zip(tested, holm(raw)):
-        d.p_adj = p
-    for d in out:
-        d.verdict = verdict(d.claim.kind, d.result, d.p_adj, m=max(1, len(tested)), alpha=study.primary.alpha)
+    decided = decide_family([d.claim.kind for d in out], [d.result for d in out], alpha=study.primary.alpha)
+    for d, (p_adj, v) in zip(out, decided):
+        d.p_adj, d.verdict = p_adj, v
     return out
 
 
@@ -253,9 +250,6 @@ def _plot(study: SyntheticStudy, cells: dict[tuple[str, str], dict[str, Any]], p
     return path
 
 
-_KIND = {"better": "A > B", "worse": "A < B", "tracks": "|A − B| < δ", "identical": "A ≡ B"}
-
-
 def render(
     study: SyntheticStudy,
     cells: dict[tuple[str, str], dict[str, Any]],
@@ -290,7 +284,7 @@ def render(
     records = []
     for d in decisions:
         r, (a, b) = d.result, d.claim.objectives
-        test = _KIND[d.claim.kind] + (f", δ = {r.margin:g}" if d.claim.kind == "tracks" else "")
+        test = KIND_TEXT[d.claim.kind] + (f", δ = {r.margin:g}" if d.claim.kind == "tracks" else "")
         ci = "exactly 0 on every seed" if r.identical else f"{r.diff:+.4f} [{r.ci[0]:+.4f}, {r.ci[1]:+.4f}]"
         p = "—" if math.isnan(d.p_adj) else ("< 1e-4" if d.p_adj < 1e-4 else f"{d.p_adj:.3g}")
         lines.append(
