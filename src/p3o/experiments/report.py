@@ -538,7 +538,13 @@ def _testbed(summary: GridSummary) -> list[str]:
     return lines
 
 
-def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, command: str | None = None) -> str:
+def render_report(
+    summary: GridSummary,
+    figure_dir: Path,
+    report_path: Path,
+    command: str | None = None,
+    decisions: list[Decision] | None = None,
+) -> str:
     """The markdown text of the report; writes the figures into `figure_dir` (linked relative to the report)."""
     exp = summary.exp
     rel = Path(_relpath(figure_dir, report_path.parent))
@@ -586,7 +592,7 @@ def render_report(summary: GridSummary, figure_dir: Path, report_path: Path, com
             calibration_table(summary, exp.calibration),
             "",
         ]
-    decisions = decide(summary)
+    decisions = decide(summary) if decisions is None else decisions
     if decisions:
         pr = exp.primary
         lines += [
@@ -642,9 +648,10 @@ def write_report(
 ) -> Path:
     """Write the report (default figures: `<report dir>/figures/`) and return its path."""
     figure_dir = figure_dir or report_path.parent / "figures"
-    text = render_report(summary, figure_dir, report_path, command)
+    decisions = decide(summary)  # once: the markdown table and the verdict file show the same computation
+    text = render_report(summary, figure_dir, report_path, command, decisions)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(text)
-    decisions = [d.to_dict() for d in decide(summary)]
-    report_path.with_suffix(".verdicts.json").write_text(json.dumps(decisions, indent=1, default=float) + "\n")
+    records = [d.to_dict() for d in decisions]
+    report_path.with_suffix(".verdicts.json").write_text(json.dumps(records, indent=1, default=float) + "\n")
     return report_path
