@@ -136,6 +136,9 @@ class TaskConfig:
 class RolloutConfig:
     """Sampling: how many completions per step and how the rollout engine generates and records log-probs."""
 
+    engine: Literal["hf", "vllm"] = _f(
+        "hf", "rollout engine: 'hf' (p3o's own sampling loop) or 'vllm' (vLLM; extra p3o[vllm], docs/vllm.md)"
+    )
     prompts_per_step: int = _f(16, "prompts sampled per training step", ge=1)
     group_size: int = _f(4, "completions per prompt (G); advantages are relative within the group", ge=1)
     max_new_tokens: int = _f(48, "maximum response length T (longer responses are truncated)", ge=1)

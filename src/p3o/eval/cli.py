@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     p.add_argument("--precision", default="fp32", help="rollout precision: fp32, bf16, fp16, int8, fp8")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout engine (training's rollout.engine)")
     p.add_argument("--batch-prompts", type=int, default=16, help="prompts per generation batch")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
@@ -227,6 +228,7 @@ def main(argv: list[str]) -> int:
         task=name,
         split=split,
         device=device,
+        engine=args.engine,
     )
     result.model = model_name
     result.extra = dict(settings)

@@ -120,8 +120,9 @@ def evaluate(
     split: str = "",
     device: str = "auto",
     progress: Callable[[int, int], None] | None = None,
+    engine: str = "hf",
 ) -> EvalResult:
-    """Sample `n_samples` completions per problem with `p3o.rollout.HFEngine`, score them, estimate pass@k.
+    """Sample `n_samples` completions per problem with a rollout engine, score them, estimate pass@k.
 
     Args:
         problems: `p3o.tasks.Problem`s; the verifier is `verifier` or each problem's meta["verifier"] (a name for
@@ -132,9 +133,10 @@ def evaluate(
         batch_prompts: prompts per `generate` call (each gives n_samples rows).
         correct_threshold: a completion is correct when its score ≥ this.
         progress: called with (problems done, total) after each batch.
+        engine: the rollout engine, "hf" or "vllm" (`p3o.rollout.factory.make_engine`; training's rollout.engine).
     """
     from p3o.rewards import get_verifier, score
-    from p3o.rollout import HFEngine
+    from p3o.rollout.factory import make_engine
     from p3o.tasks import format_prompt
 
     if not problems:
@@ -145,7 +147,8 @@ def evaluate(
     if bad:
         raise ConfigError(f"--k: values must be ≥ 1, got {bad}")
     start = time.perf_counter()
-    engine = HFEngine(
+    sampler = make_engine(
+        engine,
         model,
         tokenizer,
         precision=precision,
@@ -165,7 +168,7 @@ def evaluate(
         texts = [format_prompt(p, tokenizer, template, system=system_prompt) for p in batch]
         prompt_ids = encode_prompts(texts, tokenizer)
         answers = [p.answer for p in batch]
-        rollouts = engine.generate(prompt_ids, n_samples, seed=seed + lo, answers=answers)
+        rollouts = sampler.generate(prompt_ids, n_samples, seed=seed + lo, answers=answers)
         names = [verifier or p.meta.get("verifier", "math") for p in batch]
         for name in set(names):
             if name not in verifiers:

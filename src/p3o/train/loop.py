@@ -103,7 +103,7 @@ def build_components(cfg: Any) -> Components:
     """
     from p3o.models import load_policy
     from p3o.rewards import get_verifier, score
-    from p3o.rollout import HFEngine
+    from p3o.rollout.factory import make_engine as _make
     from p3o.tasks import format_prompt, load_eval_problems, load_train_problems
 
     task = cfg.task
@@ -136,7 +136,8 @@ def build_components(cfg: Any) -> Components:
     ro = cfg.rollout
 
     def make_engine(model: nn.Module) -> Any:
-        return HFEngine(
+        return _make(
+            ro.engine,
             model,
             tokenizer,
             precision=ro.precision,
