@@ -14,6 +14,7 @@ from p3o.experiments.spec import expand, load_experiment, parse_experiment
 CONTRACT_KEYS = {
     "rollout.temperature",
     "rollout.precision",
+    "rollout.engine",
     "rollout.logprob_mode",
     "train.temperature",
     "update.num_mini_batches",

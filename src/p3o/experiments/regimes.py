@@ -30,6 +30,14 @@ REGIMES: dict[str, Overrides] = {
     "fp8-rollout": {"loop.mode": "sync", "rollout.precision": "fp8"},
     "int8-rollout": {"loop.mode": "sync", "rollout.precision": "int8"},
     "bf16-rollout": {"loop.mode": "sync", "rollout.precision": "bf16"},
+    # A real inference engine: vLLM in bf16 against the fp32 trainer, one update per batch, so only the engine's
+    # kernels / sampler move the ratios (the P3O paper's clip-sensitivity mechanism). Needs vLLM (docs/vllm.md).
+    "vllm-bf16": {
+        "loop.mode": "sync",
+        "rollout.engine": "vllm",
+        "rollout.precision": "bf16",
+        "update.num_mini_batches": 1,
+    },
     # Eight optimizer steps per rollout batch (the calibrated multi-step regime).
     "multi-step-8": {"loop.mode": "sync", "update.num_mini_batches": 8},
     # MinPRO's "stale n" counts global steps of several updates each: with 4 updates per batch, stale-n delays a
