@@ -26,6 +26,7 @@ import inspect
 import math
 import types
 import typing
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -348,27 +349,16 @@ def _objective_defaults(name: str) -> dict[str, Any] | None:
     }
 
 
-# String hyper-parameters whose valid values p3o.objectives exports (checked at config time, not at the first step).
-_HYPER_CHOICES = {
-    "agg": "AGG_MODES",
-    "scope": "ESS_SCOPES",
-    "prefix_stat": "PREFIX_STATS",
-    "rollout_correction": "ROLLOUT_CORRECTIONS",
-}
-
-
 def _hyper_type(name: str, hyper: str, default: Any) -> Any:
-    """The type a hyper-parameter must have: its annotation (Literal for known choices), else its default's type."""
+    """The type a hyper-parameter must have: its annotation in the objective's record (``Literal`` for a set of
+    choices), else its default's type."""
     mod = _objectives_module()
     tp: Any = None
     try:
-        tp = typing.get_type_hints(mod.get_objective(name)).get(hyper)
-    except Exception:  # unresolvable annotations: fall back to the default's type
+        tp = mod.get_objective(name).hypers[hyper].type
+    except Exception:  # unknown name/keyword: the caller reports it
         tp = None
-    choices = getattr(mod, _HYPER_CHOICES.get(hyper, ""), None)
-    if tp is str and isinstance(choices, tuple | list | set | frozenset) and choices:
-        return Literal[tuple(choices)]
-    if tp is not None:
+    if tp is not None and tp is not Any:
         return tp
     if default is None:
         return Any
@@ -645,7 +635,7 @@ def objective_hyper(cfg: ObjectiveConfig) -> dict[str, Any]:
     if defaults is None:
         return dict(cfg.hyper)
     out = dict(defaults)
-    for k, v in cfg.hyper.items():
+    for k, v in _renamed(cfg).items():
         key = f"objective.{k}"
         if k not in defaults:
             near = _nearest(key, [f"objective.{h}" for h in defaults])
@@ -657,6 +647,24 @@ def objective_hyper(cfg: ObjectiveConfig) -> dict[str, Any]:
                 f"unknown key '{key}' for objective '{cfg.name}'{hint}{where}; its hyper-parameters: {known}"
             )
         out[k] = _check(key, v, _hyper_type(cfg.name, k, defaults[k]))
+    return out
+
+
+def _renamed(cfg: ObjectiveConfig) -> dict[str, Any]:
+    """``cfg.hyper`` with deprecated keyword spellings (the record's ``aliases``) renamed, warning once each."""
+    mod = _objectives_module()
+    aliases = getattr(mod.get_objective(cfg.name), "aliases", {}) if mod is not None else {}
+    out: dict[str, Any] = {}
+    for k, v in cfg.hyper.items():
+        if k in aliases:
+            new = aliases[k]
+            if new in cfg.hyper:
+                raise ConfigError(f"objective.{k}: old spelling of objective.{new}, which is also set; keep one")
+            warnings.warn(
+                f"objective.{k} is deprecated for {cfg.name}; use objective.{new}", DeprecationWarning, stacklevel=2
+            )
+            k = new
+        out[k] = v
     return out
 
 
@@ -724,7 +732,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     defaults = _objective_defaults(cfg.objective.name)
     if defaults is not None:
         full = objective_hyper(cfg.objective)
-        cfg.objective.hyper = {k: full[k] for k in cfg.objective.hyper}
+        cfg.objective.hyper = {k: full[k] for k in _renamed(cfg.objective)}
     return cfg
 
 
@@ -934,6 +942,8 @@ def load_config(argv: list[str] | None = None, *, base: TrainConfig | None = Non
         _set(cfg, key, _parse_scalar(val), raw=val)
     for hyper, key in bare_hyper_flags.items():
         defaults = _objective_defaults(cfg.objective.name) or {}
+        mod = _objectives_module()
+        hyper = getattr(mod.get_objective(cfg.objective.name), "aliases", {}).get(hyper, hyper) if mod else hyper
         if hyper in defaults and _hyper_type(cfg.objective.name, hyper, defaults[hyper]) is not bool:
             raise ConfigError(f"--{key}: expected a value")
     return validate(cfg)

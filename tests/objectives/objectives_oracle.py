@@ -101,7 +101,7 @@ def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
                 s = math.exp(sum(seq_lr) / len(seq_lr))
                 val, g = ppo_token(s, a, hp.get("clip_eps_low", 3e-4), hp.get("clip_eps_high", 4e-4))
             elif name == "cispo":
-                w = clip(rho, 1 - hp.get("clip_eps_low", 1.0), 1 + hp.get("clip_eps_high", 4.0))
+                w = clip(rho, 1 - hp.get("trunc_eps_low", 1.0), 1 + hp.get("trunc_eps_high", 4.0))
                 val, g = -w * a * logp[i][t], -w * a
             elif name == "decoupled_ppo":
                 r = math.exp(logp[i][t] - prox[i][t])
@@ -117,7 +117,7 @@ def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
                 val, g = (-rho * a, -rho * a) if keep else (0.0, 0.0)
             elif name == "minpro":
                 m = 1.0 if run_min == math.inf else run_min
-                w = clip(m * rho, 1 - hp.get("clip_eps_low", 1.0), 1 + hp.get("clip_eps_high", 4.0))
+                w = clip(m * rho, 1 - hp.get("trunc_eps_low", 1.0), 1 + hp.get("trunc_eps_high", 4.0))
                 val, g = -w * a * logp[i][t], -w * a
                 run_min = min(run_min, rho)
             else:

@@ -104,7 +104,7 @@ def test_cispo_hand_values() -> None:
     loss, grad, stats = _run("cispo", _inp([lp], [[-2.0, -2.0]], [1.0]))
     assert loss.item() == pytest.approx(-(5 * lp[0] + 0.5 * lp[1]) / 2, rel=1e-6)
     torch.testing.assert_close(grad, torch.tensor([[-2.5, -0.25]]))
-    assert stats["capped_frac"].item() == pytest.approx(0.5)
+    assert stats["trunc_high_frac"].item() == pytest.approx(0.5)
 
 
 def test_minpro_hand_values() -> None:
@@ -156,7 +156,7 @@ def test_decoupled_ppo_hand_values() -> None:
     loss, grad, stats = _run("decoupled_ppo", inp)
     assert loss.item() == pytest.approx(-1.1, rel=1e-6)
     torch.testing.assert_close(grad, torch.tensor([[-1.1, 0.0]]))
-    assert stats["capped_frac"].item() == pytest.approx(0.5)
+    assert stats["behav_capped_frac"].item() == pytest.approx(0.5)
     # clamp mode: token 2 weight 5, r = 1: loss (−2.2 − 5)/2 = −3.6, grad (−1.1, −2.5)
     loss, grad, _ = _run("decoupled_ppo", inp, weight_mode="clamp")
     assert loss.item() == pytest.approx(-3.6, rel=1e-6)
@@ -199,13 +199,13 @@ def test_extra_terms_and_rollout_correction() -> None:
         ("grpo", {"clip_eps": 0.1, "dual_clip": 2.0, "agg": "token-mean"}),
         ("dapo", {}),
         ("gspo", {"clip_eps_low": 0.02, "clip_eps_high": 0.03}),
-        ("cispo", {"clip_eps_low": 0.5, "clip_eps_high": 0.2}),
+        ("cispo", {"trunc_eps_low": 0.5, "trunc_eps_high": 0.2}),
         ("decoupled_ppo", {}),
         ("decoupled_ppo", {"weight_mode": "clamp"}),
         ("m2po", {}),
         ("m2po", {"tau": 0.01}),
         ("minpro", {}),
-        ("minpro", {"clip_eps_low": 0.5, "clip_eps_high": 0.5}),
+        ("minpro", {"trunc_eps_low": 0.5, "trunc_eps_high": 0.5}),
         ("p3o", {"agg": "seq-mean-token-sum-norm"}),
     ],
 )
@@ -245,10 +245,10 @@ def test_p3o_with_cap_one_plus_eps_and_no_kl_is_cispo() -> None:
     per = p3o_token_loss(torch.where(mask, logp, 0.0), lr, adv, torch.tensor(1 + eps_h), kl=False)
     loss = reduce_tokens(per, mask, "token-mean")
     (g1,) = torch.autograd.grad(loss, logp)
-    loss2, g2, _ = _run("cispo", _inputs(d), clip_eps_high=eps_h)
+    loss2, g2, _ = _run("cispo", _inputs(d), trunc_eps_high=eps_h)
     torch.testing.assert_close(loss, loss2)
     torch.testing.assert_close(g1, g2)
-    assert cispo is get_objective("cispo").__wrapped__
+    assert cispo is get_objective("cispo").fn
 
 
 def test_m2po_threshold_matches_brute_force() -> None:
@@ -383,7 +383,7 @@ def test_registry_names_defaults_and_errors() -> None:
     assert objective_defaults("grpo")["agg"] == "seq-mean-token-mean"
     assert objective_defaults("p3o")["agg"] == "token-mean"
     assert objective_defaults("dapo")["clip_eps_high"] == 0.28
-    assert objective_defaults("cispo")["clip_eps_high"] == 4.0
+    assert objective_defaults("cispo")["trunc_eps_high"] == 4.0
     assert objective_defaults("m2po")["tau"] == 0.04
 
 
@@ -429,3 +429,15 @@ def test_p3o_capped_frac_ignores_float_noise_on_policy():
     down[0, 0] -= 0.5
     assert get_objective("p3o")(ObjectiveInputs(up, rollout, mask, torch.ones(4)))[1]["capped_frac"] == 1.0
     assert get_objective("p3o")(ObjectiveInputs(down, rollout, mask, torch.ones(4)))[1]["capped_frac"] == 31 / 32
+
+
+@pytest.mark.parametrize("name", ["cispo", "minpro"])
+def test_truncation_caps_keep_their_old_spelling_for_one_release(name: str) -> None:
+    inp = _inp([[0.9, -0.4, 0.3]], [[0.0, 0.0, 0.0]], [1.0])
+    new, g_new, _ = _run(name, inp, trunc_eps_low=0.5, trunc_eps_high=0.5)
+    with pytest.warns(DeprecationWarning, match=f"{name} keyword 'clip_eps_high' is deprecated; use 'trunc_eps_high'"):
+        old, g_old, _ = _run(name, _inp([[0.9, -0.4, 0.3]], [[0.0] * 3], [1.0]), clip_eps_low=0.5, clip_eps_high=0.5)
+    torch.testing.assert_close(new, old)
+    torch.testing.assert_close(g_new, g_old)
+    with pytest.raises(ObjectiveError, match="'clip_eps_high' and 'trunc_eps_high' are the same keyword"):
+        get_objective(name)(inp, clip_eps_high=1.0, trunc_eps_high=1.0)

@@ -17,7 +17,7 @@ from p3o.train.checkpoint import latest_checkpoint, load_checkpoint
 from p3o.train.loop import PromptStream, run
 
 CONTRACT_KEYS = [
-    "step", "reward_mean", "accuracy", "ess", "kl_weight", "capped_frac", "clipfrac", "ratio_max", "approx_kl",
+    "step", "reward_mean", "accuracy", "ess", "kl_weight", "capped_frac", "band_frac", "ratio_max", "approx_kl",
     "entropy", "response_len_mean", "truncated_frac", "lag_min", "lag_mean", "lag_max", "zero_adv_groups",
     "tokens_per_s", "time_gen_s", "time_train_s", "time_s",
 ]  # fmt: skip

@@ -129,3 +129,58 @@ def test_update_needs_advantages_and_valid_sizes():
         update(model, opt, None, batch, get_objective("p3o"), {})
     with pytest.raises(ConfigError, match=r"optim\.lr"):
         make_optimizer(model, 0.0)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The record is the only source of what an objective needs: a spy objective sees exactly those inputs.
+# --------------------------------------------------------------------------------------------------------------------
+
+_SIDE = ("old_logp", "prox_logp", "ref_logp", "entropy", "step_ess", "m2po_threshold")
+
+
+def _spy_record(calls: list, needs: frozenset[str]):
+    from p3o.objectives import Objective, reduce_tokens
+
+    def spy(
+        inputs,
+        *,
+        rollout_correction: str = "none",
+        ref_kl_coef: float = 0.0,
+        entropy_coef: float = 0.0,
+        scope: str = "micro-batch",
+        tau: float = 0.04,
+    ):
+        calls.append({k: getattr(inputs, k) for k in _SIDE})
+        per = -(inputs.logp - inputs.rollout_logp) * inputs.advantages[:, None]
+        return reduce_tokens(per, inputs.mask, "token-mean", inputs.num_tokens), {}
+
+    return Objective("spy", spy, needs=needs, coupling="batch")
+
+
+@pytest.mark.parametrize(
+    ("needs", "hyper", "want"),
+    [
+        (frozenset(), {}, set()),
+        (frozenset({"prox_logp"}), {}, {"prox_logp"}),
+        (frozenset({"prox_logp"}), {"rollout_correction": "token-tis"}, {"prox_logp", "old_logp"}),
+        (frozenset(), {"ref_kl_coef": 0.1, "entropy_coef": 0.01}, {"ref_logp", "entropy"}),
+        (frozenset(), {"scope": "step"}, {"step_ess"}),
+        (frozenset({"m2po_threshold"}), {"tau": 0.5}, {"m2po_threshold"}),
+    ],
+)
+def test_update_supplies_exactly_the_inputs_the_record_needs(needs, hyper, want):
+    calls: list = []
+    rec = _spy_record(calls, needs)
+    assert rec.inputs_needed(hyper) == want
+    model = make_tiny_lm()
+    batch = random_batch(make_tiny_lm(), n=6)
+    ref = make_tiny_lm() if "ref_logp" in want else None
+    update(model, make_optimizer(model, 1e-2), None, batch, rec, hyper, epochs=2, micro_batch_size=3, ref_model=ref)
+    assert len(calls) == 2 * 2  # 2 epochs × 2 micro-batches
+    for call in calls:
+        assert {k for k, v in call.items() if v is not None} == want
+    if {"prox_logp", "old_logp"} <= want:
+        # π_prox is the snapshot at the start of each epoch: at the first epoch it IS the pre-update policy
+        for call in calls[:2]:
+            torch.testing.assert_close(call["prox_logp"], call["old_logp"], rtol=0, atol=0)
+        assert not torch.equal(calls[2]["prox_logp"], calls[2]["old_logp"])  # the second epoch moved on

@@ -100,8 +100,8 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     # The MinPRO paper's GSPO: sequence-ratio clip at ε = 2e-3 on both sides.
     "gspo-2e-3": {"objective.name": "gspo", "objective.clip_eps_low": 2e-3, "objective.clip_eps_high": 2e-3},
     # CISPO and MinPRO with the MinPRO paper's truncation (ε_l, ε_h) = (1, 4); M2PO at τ = 0.04.
-    "cispo-1-4": {"objective.name": "cispo", "objective.clip_eps_low": 1.0, "objective.clip_eps_high": 4.0},
-    "minpro-1-4": {"objective.name": "minpro", "objective.clip_eps_low": 1.0, "objective.clip_eps_high": 4.0},
+    "cispo-1-4": {"objective.name": "cispo", "objective.trunc_eps_low": 1.0, "objective.trunc_eps_high": 4.0},
+    "minpro-1-4": {"objective.name": "minpro", "objective.trunc_eps_low": 1.0, "objective.trunc_eps_high": 4.0},
     "m2po-0.04": {"objective.name": "m2po", "objective.tau": 0.04},
     # MinPRO's prefix-statistic ablation (min is MinPRO itself).
     "minpro-mean": {"objective.name": "minpro", "objective.prefix_stat": "mean"},

@@ -75,11 +75,6 @@ from p3o.objectives import (
 
 Stats = dict[str, Tensor]
 
-#: Objectives whose per-token loss depends only on the token's own row (no batch-level statistic): S seeds are
-#: packed as S·n rows of one call (the aggregation denominators scale by S, which is multiplied back).
-ROW_SEPARABLE = frozenset({"grpo", "dapo", "gspo", "cispo", "minpro", "decoupled_ppo"})
-#: Objectives that need π_prox (a snapshot of the trainer at the start of each epoch of the update).
-NEEDS_PROX = frozenset({"decoupled_ppo", "p3o_two_anchor"})
 
 #: Named regimes (each is a ``+``-joined list of knobs for :func:`parse_regime`).
 REGIMES: dict[str, str] = {
@@ -412,7 +407,8 @@ def objective_loss(
     Each seed's loss is exactly ``get_objective(name)(ObjectiveInputs(logp[s], rollout_logp[s], mask, adv[s],
     ...), **hyper)`` on its own (n, T) batch; it is computed in one call when that is exact:
 
-    * ``rows`` (ROW_SEPARABLE objectives, P3O with ``scope="sequence"``): the S·n rows in one (S·n, T) batch —
+    * ``rows`` (records with ``coupling="row"``, and ``"ess-scope"`` ones such as P3O with ``scope="sequence"``):
+      the S·n rows in one (S·n, T) batch —
       the per-token losses only see their own row, and the aggregation's 1/(S·…) is multiplied back by S;
     * ``seed-rows`` (P3O with scope micro-batch / step): each seed's n·T tokens as ONE row of an (S, n·T) batch
       with ``scope="sequence"``, which gives each seed its own e_B = ESS over its batch (identical per-token loss;
@@ -430,11 +426,11 @@ def objective_loss(
     fn = get_objective(name)
     s, n, t_len = logp.shape
     side = {"prox_logp": prox_logp, "old_logp": old_logp, "ref_logp": ref_logp, "entropy": entropy}
-    scope = hyper.get("scope", "micro-batch")
+    scope = fn.resolve(hyper).get("scope")
     if layout == "auto":
-        if name in ROW_SEPARABLE or (name == "p3o" and scope == "sequence"):
+        if fn.coupling == "row" or (fn.coupling == "ess-scope" and scope == "sequence"):
             layout = "rows"
-        elif name == "p3o":
+        elif fn.coupling == "ess-scope":
             layout = "seed-rows"
         else:
             layout = "vmap"
@@ -497,8 +493,9 @@ def _vmapped(
     mask = torch.ones((n, t_len), dtype=torch.bool)
     keys = [k for k, v in side.items() if v is not None]
     args = [side[k] for k in keys]
-    if name == "m2po":
-        tau = float(hyper.get("tau", 0.04))
+    rec = get_objective(name)
+    if "m2po_threshold" in rec.inputs_needed(hyper):
+        tau = float(rec.resolve(hyper)["tau"])
         lr = logp.detach() - rollout_logp
         try:
             thr = torch.func.vmap(lambda x: m2po_threshold(x, mask, tau))(lr)
@@ -624,10 +621,11 @@ def _run(cfg: SyntheticConfig) -> dict[str, Any]:
     table_shape = theta.shape[1:]
     history: deque[Tensor] = deque([theta.clone()], maxlen=cfg.lag + 1)
     saved: list[Tensor] = [theta.clone()] if cfg.save_params else []
-    ref_log_pi = torch.log_softmax(theta, -1) if float(cfg.hyper.get("ref_kl_coef", 0.0) or 0.0) else None
-    needs_prox = cfg.objective in NEEDS_PROX
-    needs_old = cfg.hyper.get("rollout_correction", "none") != "none"
-    needs_ent = float(cfg.hyper.get("entropy_coef", 0.0) or 0.0) != 0.0
+    needs = get_objective(cfg.objective).inputs_needed(cfg.hyper)  # the record says which inputs it reads
+    ref_log_pi = torch.log_softmax(theta, -1) if "ref_logp" in needs else None
+    needs_prox = "prox_logp" in needs
+    needs_old = "old_logp" in needs
+    needs_ent = "entropy" in needs
     chunks = torch.arange(n_rows).chunk(cfg.mini_batches)
 
     rewards = [expected_reward(theta, task)]

@@ -38,14 +38,17 @@ from p3o.objectives.losses import (
     p3o_two_anchor,
     prefix_log_stat,
 )
-from p3o.objectives.registry import OBJECTIVES, get_objective, objective_defaults
+from p3o.objectives.registry import INPUTS, OBJECTIVES, Hyper, Objective, get_objective, objective_defaults
 
 __all__ = [
     "AGG_MODES",
     "ESS_SCOPES",
+    "INPUTS",
     "OBJECTIVES",
     "PREFIX_STATS",
     "ROLLOUT_CORRECTIONS",
+    "Hyper",
+    "Objective",
     "ObjectiveError",
     "ObjectiveInputs",
     "cispo",

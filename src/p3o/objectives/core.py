@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
 
 from p3o.errors import ConfigError
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-ESS_SCOPES = ("micro-batch", "step", "sequence")
-ROLLOUT_CORRECTIONS = ("none", "token-tis", "seq-mis")
+Agg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+EssScope = Literal["micro-batch", "step", "sequence"]
+RolloutCorrection = Literal["none", "token-tis", "seq-mis"]
+AGG_MODES: tuple[str, ...] = get_args(Agg)
+ESS_SCOPES: tuple[str, ...] = get_args(EssScope)
+ROLLOUT_CORRECTIONS: tuple[str, ...] = get_args(RolloutCorrection)
+BAND = 0.2  # band_frac counts tokens with |ρ − 1| > BAND: the same statistic for every objective
 KL_CLAMP = 20.0  # |lr| bound inside exp(-lr) of the k3 estimator: e^20 ~ 4.9e8 keeps every KL_t finite in float32
 
 
@@ -360,9 +364,10 @@ def finish(
     return loss, {k: v.detach().float().reshape(()) for k, v in stats.items()}
 
 
-def ratio_stats(log_ratio: torch.Tensor, mask: torch.Tensor, *, nominal_clip: float = 0.2) -> dict[str, torch.Tensor]:
+def ratio_stats(log_ratio: torch.Tensor, mask: torch.Tensor, *, band: float = BAND) -> dict[str, torch.Tensor]:
     """Standard diagnostics of ρ = e^{lr} over valid tokens: ratio_mean/min/max, approx_kl (mean k3), and
-    ``clipfrac`` (fraction of tokens with |ρ − 1| > ``nominal_clip``). All detached; min/max are 1 when empty."""
+    ``band_frac`` (fraction of tokens with |ρ − 1| > ``band``: what a PPO clip at ε = band would act on, reported
+    by every objective so objectives compare like with like). All detached; min/max are 1 when empty."""
     with torch.no_grad():
         lr = log_ratio.detach()
         ratio = torch.exp(lr)
@@ -376,5 +381,5 @@ def ratio_stats(log_ratio: torch.Tensor, mask: torch.Tensor, *, nominal_clip: fl
             "ratio_min": torch.where(any_valid, rmin, one),
             "ratio_max": torch.where(any_valid, rmax, one),
             "approx_kl": masked_mean(k3(lr), mask),
-            "clipfrac": masked_mean(((ratio - 1).abs() > nominal_clip).float(), mask),
+            "band_frac": masked_mean(((ratio - 1).abs() > band).float(), mask),
         }

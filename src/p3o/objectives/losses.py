@@ -10,13 +10,17 @@ docs/objectives.md; the symbols are those of the P3O paper (Eq. 4, 12) and the M
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 
 from p3o.objectives.core import (
     KL_CLAMP,
+    Agg,
+    EssScope,
     ObjectiveError,
     ObjectiveInputs,
+    RolloutCorrection,
     _ess,
     finish,
     k3,
@@ -28,7 +32,10 @@ from p3o.objectives.core import (
 
 Stats = dict[str, torch.Tensor]
 RATIO_LOG_CLAMP = 80.0  # lr bound inside exp(lr) where ρ carries gradient: e^80 ~ 5.5e34 keeps ρ·A finite in float32
-PREFIX_STATS = ("min", "mean", "geomean", "prod")
+PrefixStat = Literal["min", "mean", "geomean", "prod"]
+PREFIX_STATS: tuple[str, ...] = get_args(PrefixStat)
+WeightMode = Literal["mask", "clamp"]
+TwoAnchorVariant = Literal["sum", "mixture"]
 # capped_frac counts ρ_t > e_B beyond float noise: on-policy, fp32 ratios sit ~1e-7 either side of an ESS of 1.
 CAP_TOL = 1e-5
 
@@ -80,12 +87,12 @@ def p3o_token_loss(
 def p3o(
     inputs: ObjectiveInputs,
     *,
-    scope: str = "micro-batch",
+    scope: EssScope = "micro-batch",
     kl_clamp: float = KL_CLAMP,
-    agg: str = "token-mean",
+    agg: Agg = "token-mean",
     ref_kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
-    rollout_correction: str = "none",
+    rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
 ) -> tuple[torch.Tensor, Stats]:
     """P3O (Eq. 12): ESS-capped importance weights and an ESS-weighted KL to the behaviour policy.
@@ -100,7 +107,7 @@ def p3o(
         scope: B for the ESS: ``micro-batch`` (default, all-reduced over data-parallel ranks), ``step``
             (``inputs.step_ess`` precomputed by the loop) or ``sequence`` (one e_B per row).
         kl_clamp: bound on |lr_t| inside e^{−lr_t} (``kl_clamped`` counts the tokens beyond it).
-    Stats: ess, kl_weight, capped_frac, kl_behavior, approx_kl, ratio_mean/min/max, clipfrac (nominal ±0.2),
+    Stats: ess, kl_weight, capped_frac, kl_behavior, approx_kl, ratio_mean/min/max, band_frac (|ρ − 1| > 0.2),
         kl_clamped, ess_degenerate; diagnostics of MinPRO's prefix factor on the same ratios: m_mean,
         m_frac_above_0_5, m_frac_below_0_1.
     """
@@ -146,12 +153,12 @@ def p3o(
 def p3o_two_anchor(
     inputs: ObjectiveInputs,
     *,
-    variant: str = "sum",
+    variant: TwoAnchorVariant = "sum",
     kl_clamp: float = KL_CLAMP,
-    agg: str = "token-mean",
+    agg: Agg = "token-mean",
     ref_kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
-    rollout_correction: str = "none",
+    rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
 ) -> tuple[torch.Tensor, Stats]:
     """Two-anchor P3O (paper App. D, reconstructed from the authors' code): anchors π_b and π_prox.
@@ -262,10 +269,10 @@ def grpo(
     clip_eps_low: float | None = None,
     clip_eps_high: float | None = None,
     dual_clip: float | None = None,
-    agg: str = "seq-mean-token-mean",
+    agg: Agg = "seq-mean-token-mean",
     ref_kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
-    rollout_correction: str = "none",
+    rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
 ) -> tuple[torch.Tensor, Stats]:
     """GRPO / PPO clip (P3O paper Eq. 4): ℓ_t = −min(ρ_t·A_t, clip(ρ_t, 1−ε_l, 1+ε_h)·A_t).
@@ -286,10 +293,10 @@ def dapo(
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.28,
     dual_clip: float | None = None,
-    agg: str = "token-mean",
+    agg: Agg = "token-mean",
     ref_kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
-    rollout_correction: str = "none",
+    rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
 ) -> tuple[torch.Tensor, Stats]:
     """DAPO: the PPO clip with decoupled "clip-higher" ε_l = 0.2, ε_h = 0.28 and ``token-mean`` aggregation.
@@ -306,10 +313,10 @@ def gspo(
     *,
     clip_eps_low: float = 3e-4,
     clip_eps_high: float = 4e-4,
-    agg: str = "seq-mean-token-mean",
+    agg: Agg = "seq-mean-token-mean",
     ref_kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
-    rollout_correction: str = "none",
+    rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
 ) -> tuple[torch.Tensor, Stats]:
     """GSPO: a sequence-level ratio s_i = exp(mean_{t valid} lr_{i,t}) in token form
@@ -345,35 +352,36 @@ def gspo(
 def cispo(
     inputs: ObjectiveInputs,
     *,
-    clip_eps_low: float = 1.0,
-    clip_eps_high: float = 4.0,
-    agg: str = "token-mean",
+    trunc_eps_low: float = 1.0,
+    trunc_eps_high: float = 4.0,
+    agg: Agg = "token-mean",
     ref_kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
-    rollout_correction: str = "none",
+    rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
 ) -> tuple[torch.Tensor, Stats]:
     """CISPO: clipped, stop-gradient importance weights on a REINFORCE term — every token keeps a gradient.
 
         ℓ_t = − sg(clip(ρ_t, 1 − ε_l, 1 + ε_h))·A_t·logp_t
 
-    Defaults ε_l = 1 (no lower bound), ε_h = 4 (cap 5), as in the MinPRO paper's table. ``capped_frac`` and
-    ``clipfrac`` count tokens outside [1 − ε_l, 1 + ε_h].
+    Defaults ε_l = 1 (no lower bound), ε_h = 4 (cap 5), as in the MinPRO paper's table. ``trunc_frac`` counts
+    tokens whose weight is truncated (ρ outside [1 − ε_l, 1 + ε_h]), ``trunc_high_frac`` those above 1 + ε_h.
+    ``trunc_eps_low`` / ``trunc_eps_high`` were ``clip_eps_low`` / ``clip_eps_high`` (deprecated aliases).
     """
     common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
-    _check_eps("clip_eps_low", clip_eps_low, upper=1.0)
-    _check_eps("clip_eps_high", clip_eps_high)
+    _check_eps("trunc_eps_low", trunc_eps_low, upper=1.0)
+    _check_eps("trunc_eps_high", trunc_eps_high)
     prep = prepare(inputs)
     mask, lr = prep.mask, prep.log_ratio
     lr_d = lr.detach()
-    log_hi = math.log1p(clip_eps_high)
-    weight = torch.exp(lr_d.clamp(max=log_hi)).clamp(min=1.0 - clip_eps_low)
+    log_hi = math.log1p(trunc_eps_high)
+    weight = torch.exp(lr_d.clamp(max=log_hi)).clamp(min=1.0 - trunc_eps_low)
     per_token = -(weight * prep.adv) * prep.logp
     stats = _baseline_stats(lr, mask, inputs)
     with torch.no_grad():
-        out = (lr_d > log_hi) | (torch.exp(lr_d) < 1.0 - clip_eps_low)
-        stats["clipfrac"] = masked_mean(out.float(), mask)
-        stats["capped_frac"] = masked_mean((lr_d > log_hi).float(), mask)
+        out = (lr_d > log_hi) | (torch.exp(lr_d) < 1.0 - trunc_eps_low)
+        stats["trunc_frac"] = masked_mean(out.float(), mask)
+        stats["trunc_high_frac"] = masked_mean((lr_d > log_hi).float(), mask)
     return finish(per_token, inputs, prep, stats=stats, **common)
 
 
@@ -384,11 +392,11 @@ def decoupled_ppo(
     clip_eps_low: float | None = None,
     clip_eps_high: float | None = None,
     weight_cap: float = 5.0,
-    weight_mode: str = "mask",
-    agg: str = "token-mean",
+    weight_mode: WeightMode = "mask",
+    agg: Agg = "token-mean",
     ref_kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
-    rollout_correction: str = "none",
+    rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
 ) -> tuple[torch.Tensor, Stats]:
     """Decoupled PPO loss (Hilton et al. 2022; AReaL): the clip is taken against π_prox, π_b only reweights.
@@ -396,7 +404,7 @@ def decoupled_ppo(
         r_t = π_θ/π_prox,  w_t = sg(π_prox/π_b),  ℓ_t = −w_t·min(r_t·A_t, clip(r_t, 1−ε_l, 1+ε_h)·A_t)
 
     Tokens with w_t > ``weight_cap`` are dropped (``weight_mode="mask"``: weight 0, denominator unchanged, as
-    in AReaL) or get w_t = ``weight_cap`` (``"clamp"``). Needs ``inputs.prox_logp``. Stats: capped_frac
+    in AReaL) or get w_t = ``weight_cap`` (``"clamp"``). Needs ``inputs.prox_logp``. Stats: behav_capped_frac
     (w_t > cap), clipfrac (clip vs π_prox), ratio_* and ess vs π_b.
     """
     if weight_mode not in ("mask", "clamp"):
@@ -420,7 +428,7 @@ def decoupled_ppo(
     keep = ~over if weight_mode == "mask" else None
     stats = _baseline_stats(prep.log_ratio, mask, inputs)
     stats["clipfrac"] = masked_mean(was_clipped.float(), mask)
-    stats["capped_frac"] = masked_mean(over.float(), mask)
+    stats["behav_capped_frac"] = masked_mean(over.float(), mask)
     stats["behav_weight_mean"] = masked_mean(torch.exp(log_w.clamp(max=RATIO_LOG_CLAMP)), mask)
     return finish(per_token, inputs, prep, stats=stats, extra_mask=keep, **common)
 
@@ -463,10 +471,10 @@ def m2po(
     inputs: ObjectiveInputs,
     *,
     tau: float = 0.04,
-    agg: str = "token-mean",
+    agg: Agg = "token-mean",
     ref_kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
-    rollout_correction: str = "none",
+    rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
 ) -> tuple[torch.Tensor, Stats]:
     """M2PO (second-moment trust policy optimisation): no clip, mask the tokens with the largest lr².
@@ -575,14 +583,14 @@ def minpro_diagnostics(log_m: torch.Tensor, weight: torch.Tensor, mask: torch.Te
 def minpro(
     inputs: ObjectiveInputs,
     *,
-    clip_eps_low: float = 1.0,
-    clip_eps_high: float = 4.0,
-    prefix_stat: str = "min",
+    trunc_eps_low: float = 1.0,
+    trunc_eps_high: float = 4.0,
+    prefix_stat: PrefixStat = "min",
     include_one: bool = False,
-    agg: str = "token-mean",
+    agg: Agg = "token-mean",
     ref_kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
-    rollout_correction: str = "none",
+    rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
 ) -> tuple[torch.Tensor, Stats]:
     """MinPRO: the token's ratio scaled by the minimum ratio of its strictly preceding valid tokens.
@@ -591,21 +599,23 @@ def minpro(
 
     ε_l = 1, ε_h = 4 (the paper's table). ``prefix_stat`` ∈ {min, mean, geomean, prod} swaps the statistic
     (ablation; ``prod`` gives the cumulative prefix ratio ρ_{1:t}); ``include_one`` adds an implicit ρ = 1 to the
-    prefix. Stats add the diagnostics of :func:`minpro_diagnostics` and ``capped_frac`` (m_t·ρ_t above 1+ε_h).
+    prefix. Stats add the diagnostics of :func:`minpro_diagnostics` , ``trunc_frac`` (m_t·ρ_t
+    outside [1 − ε_l, 1 + ε_h]) and ``trunc_high_frac`` (above 1 + ε_h). ``trunc_eps_low`` / ``trunc_eps_high`` were
+    ``clip_eps_low`` / ``clip_eps_high`` (deprecated aliases).
     """
     common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
-    _check_eps("clip_eps_low", clip_eps_low, upper=1.0)
-    _check_eps("clip_eps_high", clip_eps_high)
+    _check_eps("trunc_eps_low", trunc_eps_low, upper=1.0)
+    _check_eps("trunc_eps_high", trunc_eps_high)
     prep = prepare(inputs)
     mask, lr = prep.mask, prep.log_ratio
     log_m = prefix_log_stat(lr, mask, prefix_stat, include_one=include_one)
     log_w = log_m + lr.detach()
-    log_hi = math.log1p(clip_eps_high)
-    weight = torch.exp(log_w.clamp(max=log_hi)).clamp(min=1.0 - clip_eps_low)
+    log_hi = math.log1p(trunc_eps_high)
+    weight = torch.exp(log_w.clamp(max=log_hi)).clamp(min=1.0 - trunc_eps_low)
     per_token = -(weight * prep.adv) * prep.logp
     stats = _baseline_stats(lr, mask, inputs)
     with torch.no_grad():
-        stats["capped_frac"] = masked_mean((log_w > log_hi).float(), mask)
-        stats["clipfrac"] = masked_mean(((log_w > log_hi) | (torch.exp(log_w) < 1.0 - clip_eps_low)).float(), mask)
+        stats["trunc_high_frac"] = masked_mean((log_w > log_hi).float(), mask)
+        stats["trunc_frac"] = masked_mean(((log_w > log_hi) | (torch.exp(log_w) < 1.0 - trunc_eps_low)).float(), mask)
         stats.update(minpro_diagnostics(log_m, weight, mask))
     return finish(per_token, inputs, prep, stats=stats, **common)

@@ -2,7 +2,7 @@
 
 A rollout batch of N sequences (this rank's share) is trained on for `epochs` passes; each pass splits it into
 `num_mini_batches` contiguous mini-batches (one optimizer step each — several steps per batch, and several
-epochs, make the data off-policy: knob 1 of OBJECTIVES.md) and each mini-batch into micro-batches of
+epochs, make the data off-policy: knob 1 of docs/objectives.md) and each mini-batch into micro-batches of
 `micro_batch_size` rows (gradient accumulation). For every micro-batch the objective receives
 
     num_tokens = Σ_{ranks} Σ_{micro-batches of the step} |valid tokens|     (the step's global token count)
@@ -31,32 +31,18 @@ from torch import Tensor, nn
 
 from p3o import dist
 from p3o.errors import ConfigError
+from p3o.objectives.registry import Objective
 from p3o.types import Rollouts
 
-NEEDS_PROX = frozenset({"decoupled_ppo", "p3o_two_anchor"})
-SCHEDULES = ("constant", "cosine", "linear")
+SCHEDULES = ("constant", "cosine")
 
 
 def objective_needs(name: str, hyper: dict[str, Any]) -> frozenset[str]:
-    """Which optional ObjectiveInputs fields objective `name` with `hyper` reads.
+    """Which optional ObjectiveInputs fields objective `name` with `hyper` reads: its registry record says
+    (:meth:`p3o.objectives.Objective.inputs_needed`)."""
+    from p3o.objectives import get_objective
 
-    prox_logp: decoupled_ppo, p3o_two_anchor; old_logp: rollout_correction != "none"; ref_logp: ref_kl_coef != 0;
-    entropy: entropy_coef != 0; step_ess: p3o with scope="step"; m2po_threshold: m2po.
-    """
-    needs = set()
-    if name in NEEDS_PROX:
-        needs.add("prox_logp")
-    if hyper.get("rollout_correction", "none") != "none":
-        needs.add("old_logp")
-    if float(hyper.get("ref_kl_coef", 0.0) or 0.0) != 0.0:
-        needs.add("ref_logp")
-    if float(hyper.get("entropy_coef", 0.0) or 0.0) != 0.0:
-        needs.add("entropy")
-    if name.startswith("p3o") and hyper.get("scope") == "step":
-        needs.add("step_ess")
-    if name == "m2po":
-        needs.add("m2po_threshold")
-    return frozenset(needs)
+    return get_objective(name).inputs_needed(hyper)
 
 
 def make_optimizer(
@@ -70,11 +56,10 @@ def make_optimizer(
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_factor: float = 0.1) -> float:
-    """Multiplier of the base LR at optimizer step `step` (0-based): linear warmup, then constant / cosine / linear.
+    """Multiplier of the base LR at optimizer step `step` (0-based): linear warmup, then constant or cosine.
 
     warmup: (step + 1) / warmup_steps for step < warmup_steps
     cosine: min_factor + (1 − min_factor)·½(1 + cos(π·p)),  p = (step − warmup) / (total − warmup) ∈ [0, 1]
-    linear: 1 − (1 − min_factor)·p
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -84,8 +69,6 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, 
     p = min(1.0, (step - warmup_steps) / span)
     if schedule == "cosine":
         return min_factor + (1 - min_factor) * 0.5 * (1 + math.cos(math.pi * p))
-    if schedule == "linear":
-        return 1 - (1 - min_factor) * p
     raise ConfigError(f"optim.schedule: unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
 
 
@@ -97,7 +80,7 @@ def make_scheduler(
     schedule: str = "constant",
     min_factor: float = 0.0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR stepping once per optimizer step with `lr_factor` (`min_factor`: the cosine/linear floor)."""
+    """A LambdaLR stepping once per optimizer step with `lr_factor` (`min_factor`: the cosine floor)."""
     if schedule not in SCHEDULES:
         raise ConfigError(f"optim.schedule: unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
     if warmup_steps < 0:
@@ -184,10 +167,10 @@ def update(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     batch: Rollouts,
-    objective_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]],
+    objective_fn: Objective | Callable[..., tuple[Tensor, dict[str, Tensor]]],
     hyper: dict[str, Any],
     *,
-    needs: frozenset[str] | set[str] = frozenset(),
+    needs: frozenset[str] | set[str] | None = None,
     num_mini_batches: int = 1,
     micro_batch_size: int = 8,
     epochs: int = 1,
@@ -207,8 +190,10 @@ def update(
     Args:
         policy: the trainer's model (float32 on CPU here); its parameters are updated in place.
         batch: Rollouts with N rows; prompt_ids (N, P), response_ids / mask / rollout_logp (N, T), advantages (N,).
-        objective_fn: `fn(ObjectiveInputs, **hyper) -> (loss 0-d, stats dict of 0-d tensors)`.
-        needs: optional inputs to compute (see `objective_needs`).
+        objective_fn: an objective record (`p3o.objectives.get_objective(name)`), or any
+            `fn(ObjectiveInputs, **hyper) -> (loss 0-d, stats dict of 0-d tensors)`.
+        needs: the optional inputs to compute and pass (exactly these; the others stay None). None: what the
+            record says (`objective_fn.inputs_needed(hyper)`); a plain function then gets none.
         temperature: the trainer-side temperature of the log-probs (`train.temperature`).
         ref_model: frozen reference for `ref_logp` (required when "ref_logp" in needs).
         group: data-parallel process group for the ESS (None: the default group when distributed).
@@ -219,6 +204,13 @@ def update(
     """
     from p3o.objectives import ObjectiveInputs, ess_from_parts, ess_parts, m2po_threshold
 
+    is_record = isinstance(objective_fn, Objective)
+    if needs is None:
+        needs = objective_fn.inputs_needed(hyper) if is_record else frozenset()
+    if "m2po_threshold" in needs:
+        if not is_record:
+            raise ValueError("update: the m2po_threshold pre-pass needs an objective record (for its tau)")
+        tau = float(objective_fn.resolve(hyper)["tau"])
     if batch.advantages is None:
         raise ValueError("update: batch.advantages is None (compute advantages before the update)")
     if num_mini_batches < 1 or micro_batch_size < 1 or epochs < 1:
@@ -280,7 +272,7 @@ def update(
                         step_ess = ess_from_parts([ess_parts(lr, m) for lr, m in lrs], group)
                     if "m2po_threshold" in needs:
                         flat = torch.cat([lr[m] for lr, m in lrs])[None]  # (1, K) this rank's step tokens
-                        thr = m2po_threshold(flat, torch.ones_like(flat, dtype=torch.bool), hyper.get("tau", 0.04))
+                        thr = m2po_threshold(flat, torch.ones_like(flat, dtype=torch.bool), tau)
             step_loss = torch.zeros((), device=dev)
             for mb in micros:
                 tt = mb.mask.shape[1]
@@ -290,7 +282,7 @@ def update(
                     rollout_logp=mb.rollout_logp,
                     mask=mb.mask,
                     advantages=mb.advantages,
-                    old_logp=None if old_logp is None else old_logp[mb.rows, :tt],
+                    old_logp=None if "old_logp" not in needs else old_logp[mb.rows, :tt],
                     prox_logp=None if prox_logp is None else prox_logp[mb.rows, :tt],
                     ref_logp=None if ref_logp is None else ref_logp[mb.rows, :tt],
                     entropy=ent if "entropy" in needs else None,
@@ -331,8 +323,11 @@ def update(
     means = [stat_sums[k] / weight_sum.clamp(min=1) for k in mean_keys]
     means += [ent_sum / ent_count.clamp(min=1)]
     vec = dist.all_reduce_mean(torch.stack(means).float()) if means else torch.zeros(0, device=dev)
-    maxes = dist.all_reduce_max(torch.stack([stat_max[k] for k in _MAX_KEYS if k in stat_max]).float().reshape(-1))
-    mins = dist.all_reduce_min(torch.stack([stat_min[k] for k in _MIN_KEYS if k in stat_min]).float().reshape(-1))
+    empty = torch.zeros(0, device=dev)  # an objective may report no max / min stat at all
+    maxes = [stat_max[k] for k in _MAX_KEYS if k in stat_max]
+    mins = [stat_min[k] for k in _MIN_KEYS if k in stat_min]
+    maxes = dist.all_reduce_max(torch.stack(maxes).float().reshape(-1)) if maxes else empty
+    mins = dist.all_reduce_min(torch.stack(mins).float().reshape(-1)) if mins else empty
     tail = torch.stack([torch.stack(losses).mean(), torch.stack(grad_norms).mean()])
     values = torch.cat([vec, maxes, mins, tail]).tolist()
     keys = [*mean_keys, "entropy"]
