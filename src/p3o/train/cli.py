@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import typing
 from typing import Any
 
 # Before torch loads OpenMP: idle worker threads sleep instead of spinning. On a shared or oversubscribed CPU,
@@ -46,8 +47,13 @@ def ess_scope_warning(cfg: Any, world_size: int = 1) -> str | None:
     `update.micro_batch_size` below the sequences one rank trains per optimizer step the memory setting changes the
     objective. An explicit `objective.scope` (micro-batch, step or sequence) is a choice and silences it.
     """
+    from p3o.objectives import get_objective
+
     name = cfg.objective.name
-    if name not in {"p3o", "p3o_two_anchor"} or "scope" in cfg.objective.hyper:
+    rec = get_objective(name)
+    # the record says whether the loss couples rows through a per-micro-batch statistic (M2PO's is step-wide)
+    per_micro = rec.coupling != "row" and "m2po_threshold" not in rec.needs
+    if not per_micro or "scope" in cfg.objective.hyper:
         return None
     per_rank = cfg.rollout.prompts_per_step * cfg.rollout.group_size // max(1, world_size)
     per_step = -(-per_rank // cfg.update.num_mini_batches)  # rows of this rank's largest mini-batch
@@ -56,8 +62,8 @@ def ess_scope_warning(cfg: Any, world_size: int = 1) -> str | None:
     fix = (
         "--objective.scope step takes one ESS per optimizer step (an extra no-grad pass, ~20% of a step on the tiny "
         "model), --objective.scope micro-batch keeps this and silences the warning"
-        if name == "p3o"
-        else "p3o_two_anchor has no step scope; raise update.micro_batch_size to make it step-wide"
+        if "scope" in rec.hypers and "step" in typing.get_args(rec.hypers["scope"].type)
+        else f"{name} has no step scope; raise update.micro_batch_size to make it step-wide"
     )
     return (
         f"p3o train: warning: {name}'s ESS is taken per micro-batch of {cfg.update.micro_batch_size} sequences, fewer "
