@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import importlib
 import inspect
 import math
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import pydantic
 import yaml
 
 from p3o.errors import ConfigError
@@ -410,10 +412,6 @@ def _unknown(key: str, objective_name: str | None) -> ConfigError:
 # Value parsing and type checking
 # --------------------------------------------------------------------------------------------------------------------
 
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-
-
 def _describe(tp: Any) -> str:
     """Human-readable type name used in error messages."""
     origin = typing.get_origin(tp)
@@ -431,113 +429,34 @@ def _describe(tp: Any) -> str:
     )
 
 
-class _Mismatch(Exception):
-    """Internal: the value does not fit the type."""
+@functools.cache
+def _adapter(tp: Any) -> pydantic.TypeAdapter:
+    """pydantic's validator for type ``tp`` (lax mode: '1e-4' -> 1e-4, 'yes' -> True, [1, 2] -> (1, 2))."""
+    return pydantic.TypeAdapter(tp)
 
 
-def _coerce(value: Any, tp: Any, *, strict: bool, raw: str | None = None) -> Any:
-    """Convert ``value`` to type ``tp`` or raise _Mismatch.
-
-    strict=True accepts only values already of the right kind (used first for unions, so `true` picks bool
-    before the string 'true'); strict=False also converts strings ('1e-4' -> 1e-4) and integral floats.
-    ``raw`` is the original command-line text (kept verbatim for str fields, so '007' stays '007').
-    """
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        for c in choices:
-            if value == c and type(value) is type(c):
-                return c
-        if not strict and isinstance(value, str | int | float):
-            text = (raw if raw is not None else str(value)).strip().lower()
-            for c in choices:
-                if isinstance(c, str) and text == c.lower():
-                    return c
-        raise _Mismatch
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise _Mismatch
-        for s in (True, False) if not strict else (True,):
-            for a in args:
-                if a is type(None):
-                    continue
-                try:
-                    return _coerce(value, a, strict=s, raw=raw)
-                except _Mismatch:
-                    pass
-        if not strict and type(None) in args and isinstance(value, str) and value.strip().lower() in {"null", "none"}:
-            return None
-        raise _Mismatch
-    if tp is type(None):
-        if value is None:
-            return None
-        raise _Mismatch
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if not strict and isinstance(value, str | int) and str(value).strip().lower() in _TRUE | _FALSE:
-            return str(value).strip().lower() in _TRUE
-        raise _Mismatch
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if not strict:
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            if isinstance(value, str):
-                text = value.strip().replace("_", "")
-                try:
-                    return int(text)
-                except ValueError:
-                    pass
-                try:
-                    f = float(text)
-                except ValueError:
-                    raise _Mismatch from None
-                if math.isfinite(f) and f.is_integer():
-                    return int(f)
-        raise _Mismatch
-    if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if not strict and isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                raise _Mismatch from None
-        raise _Mismatch
-    if tp is str:
-        if isinstance(value, str):
-            return value if raw is None else raw
-        if not strict and isinstance(value, int | float) and not isinstance(value, bool):
-            return raw if raw is not None else str(value)
-        raise _Mismatch
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, list | tuple):
-            raise _Mismatch
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], strict=strict) for v in value)
-        if len(value) != len(args):
-            raise _Mismatch
-        return tuple(_coerce(v, a, strict=strict) for v, a in zip(value, args))
-    if origin is dict or tp is dict:
-        if isinstance(value, Mapping):
-            return dict(value)
-        raise _Mismatch
-    raise _Mismatch
+def _is_text(tp: Any) -> bool:
+    """``str`` or ``str | None``: command-line text is kept verbatim ('007' stays '007', not 7)."""
+    return tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp))
 
 
 def _check(key: str, value: Any, tp: Any, raw: str | None = None) -> Any:
-    """Coerce ``value`` to ``tp`` or raise a one-line ConfigError naming ``key``."""
+    """Coerce ``value`` to ``tp`` (pydantic, lax) or raise a one-line ConfigError naming ``key``.
+
+    ``raw`` is the original command-line text: a string field keeps it verbatim, and errors quote it.
+    """
+    if tp is Any:
+        return value
+    # a text-only field (str, str | None) takes the command-line text verbatim; int | str keeps a parsed number
+    text_only = set(typing.get_args(tp) or (tp,)) <= {str, type(None)}
+    if raw is not None and value is not None and _is_text(tp) and (isinstance(value, str) or text_only):
+        value = raw
+    if isinstance(value, str) and typing.get_origin(tp) is Literal:  # choices match case-insensitively
+        text = value.strip().lower()
+        value = next((c for c in typing.get_args(tp) if isinstance(c, str) and c.lower() == text), value)
     try:
-        return _coerce(value, tp, strict=False, raw=raw)
-    except _Mismatch:
+        return _adapter(tp).validate_python(value)
+    except pydantic.ValidationError:
         got = raw if raw is not None else value
         raise ConfigError(f"{key}: expected {_describe(tp)}, got {got!r}") from None
 
