@@ -23,6 +23,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+from numpy.typing import NDArray
+
 from p3o.errors import DataError, P3OError
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "main",
     "plot_run",
     "read_metrics",
+    "smooth",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -346,15 +350,40 @@ CAPTIONS: dict[str, str] = {
 
 SMOOTHED = {"reward_mean", "accuracy"}
 
+SmoothMode = Literal["trailing", "centred"]
 
-def moving_average(ys: list[float], window: int) -> list[float]:
-    """Centred moving average over ``window`` points (shorter at the ends), NaN entries skipped."""
-    half = window // 2
-    out = []
-    for i in range(len(ys)):
-        vals = [y for y in ys[max(0, i - half) : i + half + 1] if math.isfinite(y)]
-        out.append(sum(vals) / len(vals) if vals else math.nan)
-    return out
+
+def smooth(
+    y: Sequence[float] | NDArray[np.float64], window: int, *, mode: SmoothMode = "trailing"
+) -> NDArray[np.float64]:
+    """Moving average of a curve over ``window`` points, NaN entries skipped; shape (S,) → (S,) float64.
+
+    The one smoother of p3o (``plot.png``, the experiment report's figures and its statistics):
+
+    * ``"trailing"``: s_t = mean of the finite y_{t−w+1 … t} — past points only, so a statistic read at step t
+      (collapse detection, the report's first reward) never sees later steps;
+    * ``"centred"``: s_t = mean of the finite y_{t−⌊w/2⌋ … t+⌊w/2⌋} — no lag, for drawing a curve.
+
+    Windows are cut at the ends of the curve (they average what exists, no bias towards 0); a point whose window
+    holds no finite value is NaN. ``window`` ≤ 1 returns a copy.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    if window <= 1 or y.size == 0:
+        return y.copy()
+    if mode not in ("trailing", "centred"):
+        raise ValueError(f"smooth: unknown mode {mode!r}; known: trailing, centred")
+    finite = np.isfinite(y)
+    vals = np.concatenate([[0.0], np.cumsum(np.where(finite, y, 0.0))])
+    cnt = np.concatenate([[0], np.cumsum(finite)])
+    t = np.arange(y.size)
+    if mode == "trailing":
+        lo, hi = np.maximum(t + 1 - window, 0), t + 1
+    else:
+        half = window // 2
+        lo, hi = np.maximum(t - half, 0), np.minimum(t + half + 1, y.size)
+    total, count = vals[hi] - vals[lo], cnt[hi] - cnt[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]] | None:
@@ -413,7 +442,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
                 (line,) = ax.plot(xs, ys, alpha=0.3, linewidth=0.8)
                 ax.plot(
                     xs,
-                    moving_average(ys, max(5, len(ys) // 15)),
+                    smooth(ys, max(5, len(ys) // 15), mode="centred"),
                     color=line.get_color(),
                     label=f"{label} (moving avg)",
                 )

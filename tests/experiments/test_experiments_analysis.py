@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from p3o.experiments.analysis import aggregate_seeds, batch_noise, detect_collapse, final_value, read_metrics, smooth
+from p3o.experiments.analysis import aggregate_seeds, batch_noise, detect_collapse, final_value, read_curves, smooth
 
 
 def rise(n: int = 60, top: float = 0.8) -> np.ndarray:
@@ -88,12 +88,12 @@ def test_read_metrics_tolerates_partial_lines_and_missing_keys(tmp_path: Path) -
         '{"step": 4, "reward_me',  # killed mid-write
     ]
     p.write_text("\n".join(lines))
-    c = read_metrics(p)
+    c = read_curves(p)
     np.testing.assert_allclose(c["step"], [1, 2, 3])
     np.testing.assert_allclose(c["reward_mean"], [0.1, 0.25, 0.3])
     np.testing.assert_allclose(c["ess"], [0.9, 0.8, 0.7])
     assert "note" not in c
-    assert read_metrics(tmp_path / "missing.jsonl") == {}
+    assert read_curves(tmp_path / "missing.jsonl") == {}
 
 
 def test_aggregate_seeds_aligns_on_steps() -> None:

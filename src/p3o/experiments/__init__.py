@@ -6,7 +6,7 @@ Usage:
     run_grid(expand(exp), log_root=exp.out_dir / "logs", jobs=2); write_report(collect(exp), exp.out_dir / "report.md")
 """
 
-from p3o.experiments.analysis import aggregate_seeds, detect_collapse, read_metrics, smooth
+from p3o.experiments.analysis import aggregate_seeds, detect_collapse, read_curves, smooth
 from p3o.experiments.regimes import OBJECTIVE_PRESETS, REGIMES, objective_overrides, regime_overrides
 from p3o.experiments.report import collect, render_report, write_report
 from p3o.experiments.runner import is_finished, run_grid, train_argv
@@ -25,7 +25,7 @@ __all__ = [
     "load_experiment",
     "objective_overrides",
     "parse_experiment",
-    "read_metrics",
+    "read_curves",
     "regime_overrides",
     "render_report",
     "run_grid",

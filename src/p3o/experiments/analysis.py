@@ -1,60 +1,61 @@
-"""Curves of finished runs: reading metrics.jsonl, smoothing, collapse detection and aggregation over seeds.
+"""Curves of finished runs: metrics.jsonl as arrays, collapse detection and aggregation over seeds.
 
 Usage:
 
-    curves = read_metrics(run_dir / "metrics.jsonl")        # {"step": (S,), "reward_mean": (S,), ...}
+    curves = read_curves(run_dir / "metrics.jsonl")          # {"step": (S,), "reward_mean": (S,), ...}
     info = detect_collapse(curves["reward_mean"], drop=0.3)  # a fall from the peak that does not recover
-    agg = aggregate_seeds([curves_seed0, curves_seed1], "reward_mean", smooth=5)
+    agg = aggregate_seeds([curves_seed0, curves_seed1], "reward_mean", smooth_window=5)
+
+Reading and smoothing are `p3o.metrics.read_metrics` and `p3o.metrics.smooth` (re-exported here as `smooth`):
+statistics use its trailing mean (past steps only), figures its centred one, as `plot.png` does.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from p3o.metrics import SmoothMode, smooth
+from p3o.metrics import read_metrics as read_metric_lines
+
 Curves = dict[str, NDArray[np.float64]]
 
 
-def read_metrics(path: str | Path) -> Curves:
-    """One float64 array per key of a metrics.jsonl file, aligned on its lines (NaN where a line lacks the key).
+def read_curves(path: str | Path) -> Curves:
+    """One float64 array per numeric key of a run's metrics.jsonl, aligned on its steps (NaN where a line lacks it).
 
-    Lines that are not JSON objects (e.g. a half-written last line of a killed run) are skipped; when a step
-    appears twice (a resumed run re-logging it), the later line wins. Returns {} for a missing or empty file.
+    The lines are read by :func:`p3o.metrics.read_metrics` (a torn last line of a killed run is skipped, any other
+    malformed line raises DataError naming file:line). Steps come out sorted; when a step appears twice (a run
+    resumed without truncating its file) the later line wins. Text values are left out. Returns {} for a missing or
+    empty file (a run that failed before logging), so a report can list it as missing.
+
+    Returns:
+        {"step": (S,), key: (S,), ...}.
     """
     path = Path(path)
     if not path.is_file():
         return {}
-    rows: dict[float, dict] = {}
-    order: list[float] = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(row, dict):
-            continue
-        step = row.get("step", i)
-        step = float(step) if isinstance(step, (int, float)) else float(i)
-        if step not in rows:
-            order.append(step)
-        rows[step] = row
+    rows: dict[float, dict[str, Any]] = {}
+    for i, row in enumerate(read_metric_lines(path)):
+        step = row.get("step")
+        rows[float(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else float(i)] = row
     if not rows:
         return {}
-    order.sort()
+    order = sorted(rows)
     keys = sorted({k for row in rows.values() for k, v in row.items() if _is_number(v)})
-    out: Curves = {}
-    for key in keys:
-        out[key] = np.array([_to_float(rows[s].get(key)) for s in order], dtype=np.float64)
+    out: Curves = {key: np.array([_to_float(rows[s].get(key)) for s in order], dtype=np.float64) for key in keys}
     out["step"] = np.array(order, dtype=np.float64)
     return out
+
+
+# Deprecated name, kept only because experiments/report.py imports it: switch it to `read_curves`, then delete this
+# alias (it is not `p3o.metrics.read_metrics`, which returns the raw records).
+read_metrics = read_curves
 
 
 def _is_number(v: object) -> bool:
@@ -65,25 +66,6 @@ def _to_float(v: object) -> float:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
     return math.nan
-
-
-def smooth(y: NDArray[np.float64], window: int) -> NDArray[np.float64]:
-    """Trailing moving average over the last `window` finite values: s_t = mean(y_{t−w+1..t}), NaNs ignored.
-
-    Early points average what exists so far (no warm-up bias towards 0); a point with no finite value in its
-    window stays NaN. Shape (S,) → (S,).
-    """
-    y = np.asarray(y, dtype=np.float64)
-    if window <= 1 or y.size == 0:
-        return y.copy()
-    finite = np.isfinite(y)
-    vals = np.concatenate([[0.0], np.cumsum(np.where(finite, y, 0.0))])
-    cnt = np.concatenate([[0], np.cumsum(finite)])
-    idx = np.arange(1, y.size + 1)
-    lo = np.maximum(idx - window, 0)
-    total, count = vals[idx] - vals[lo], cnt[idx] - cnt[lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
 @dataclass
@@ -137,7 +119,7 @@ def detect_collapse(
         rewards: (S,) the run's per-step mean reward, in step order (NaN allowed).
     """
     raw = np.asarray(rewards, dtype=np.float64)
-    s = smooth(raw, window)
+    s = smooth(raw, window, mode="trailing")
     finite = np.isfinite(s)
     if not finite.any():
         return CollapseInfo(False, math.nan, -1, math.nan, 0.0, None, False)
@@ -183,12 +165,17 @@ class SeedAggregate:
     """(S,) how many seeds had a finite value at each step."""
 
 
-def aggregate_seeds(runs: list[Curves], key: str, smooth_window: int = 1) -> SeedAggregate | None:
+def aggregate_seeds(
+    runs: list[Curves], key: str, smooth_window: int = 1, *, mode: SmoothMode = "centred"
+) -> SeedAggregate | None:
     """Align the seeds' curves of `key` on the union of their steps and take mean / population std / min / max.
 
-    Each curve is smoothed first; a seed missing a step contributes nothing there. None when no run has `key`.
+    Each curve is smoothed first (`p3o.metrics.smooth` over `smooth_window` points; centred by default, as a
+    figure's curve, like `plot.png`); a seed missing a step contributes nothing there. None when no run has `key`.
     """
-    series = [(c["step"], smooth(c[key], smooth_window)) for c in runs if key in c and np.isfinite(c[key]).any()]
+    series = [
+        (c["step"], smooth(c[key], smooth_window, mode=mode)) for c in runs if key in c and np.isfinite(c[key]).any()
+    ]
     if not series:
         return None
     steps = np.unique(np.concatenate([s for s, _ in series]))
