@@ -287,6 +287,9 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "metrics"})
     ckpt: CkptConfig = field(default_factory=CkptConfig, metadata={"help": "checkpoints"})
 
+    def _cross_check(self) -> None:
+        _check_train(self)
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Introspection helpers
@@ -375,9 +378,9 @@ def _hyper_type(name: str, hyper: str, default: Any) -> Any:
     return Any
 
 
-def _all_keys(objective_name: str | None = None) -> list[str]:
-    """Every valid dotted key (leaf fields, plus objective.<hyper> when the objective module is available)."""
-    keys = [k for k, _, _ in _leaf_fields() if k != "objective.hyper"]
+def _all_keys(objective_name: str | None = None, cls: type | None = None) -> list[str]:
+    """Every valid dotted key of root ``cls`` (default TrainConfig): leaf fields, plus objective.<hyper>."""
+    keys = [k for k, _, _ in _leaf_fields(cls or TrainConfig) if k != "objective.hyper"]
     if objective_name is not None:
         try:
             defaults = _objective_defaults(objective_name)
@@ -402,8 +405,8 @@ def _nearest(key: str, candidates: list[str]) -> str | None:
     return by_last[near[0]] if near else None
 
 
-def _unknown(key: str, objective_name: str | None) -> ConfigError:
-    near = _nearest(key, _all_keys(objective_name))
+def _unknown(key: str, objective_name: str | None, cls: type | None = None) -> ConfigError:
+    near = _nearest(key, _all_keys(objective_name, cls))
     hint = f" (did you mean '{near}'?)" if near else ""
     return ConfigError(f"unknown key '{key}'{hint}")
 
@@ -411,6 +414,7 @@ def _unknown(key: str, objective_name: str | None) -> ConfigError:
 # --------------------------------------------------------------------------------------------------------------------
 # Value parsing and type checking
 # --------------------------------------------------------------------------------------------------------------------
+
 
 def _describe(tp: Any) -> str:
     """Human-readable type name used in error messages."""
@@ -474,7 +478,12 @@ def _parse_scalar(text: str) -> Any:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _set(cfg: TrainConfig, key: str, value: Any, *, raw: str | None = None) -> None:
+def _objective_name(cfg: Any) -> str | None:
+    """The objective name of a config that has an ``objective`` section (TrainConfig), else None."""
+    return getattr(getattr(cfg, "objective", None), "name", None)
+
+
+def _set(cfg: Any, key: str, value: Any, *, raw: str | None = None) -> None:
     """Set dotted ``key`` on ``cfg`` in place, type-checking the value (hyper keys go to objective.hyper)."""
     parts = key.split(".")
     if any(not p for p in parts):
@@ -483,7 +492,7 @@ def _set(cfg: TrainConfig, key: str, value: Any, *, raw: str | None = None) -> N
     for i, part in enumerate(parts):
         if isinstance(obj, ObjectiveConfig) and part not in {"name", "hyper"}:
             if i != len(parts) - 1:
-                raise _unknown(key, cfg.objective.name)
+                raise _unknown(key, _objective_name(cfg), type(cfg))
             obj.hyper[part] = value  # typed against the objective's signature in validate()
             return
         if isinstance(obj, ObjectiveConfig) and part == "hyper" and i == len(parts) - 2:
@@ -491,7 +500,7 @@ def _set(cfg: TrainConfig, key: str, value: Any, *, raw: str | None = None) -> N
             return
         names = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
         if part not in names:
-            raise _unknown(key, cfg.objective.name)
+            raise _unknown(key, _objective_name(cfg), type(cfg))
         tp = _hints(type(obj))[part]
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(tp):
@@ -600,14 +609,16 @@ def _objectives_with(hyper: str) -> list[str]:
     return out
 
 
-def validate(cfg: TrainConfig) -> TrainConfig:
-    """Check types, ranges and cross-field constraints; raises a one-line ConfigError. Returns ``cfg``.
+def validate(cfg: Any) -> Any:
+    """Check types, ranges and cross-field constraints of any config dataclass (TrainConfig, SFTConfig, the
+    experiment specs); raises a one-line ConfigError. Returns ``cfg``.
 
-    Also normalises objective hyper-parameter types to those of the objective's defaults.
+    Cross-field checks live in the class's ``_cross_check(self)`` method. For a TrainConfig this also normalises
+    the objective's hyper-parameter types to those its registry record declares.
     """
-    if not isinstance(cfg, TrainConfig):
-        raise ConfigError(f"expected a TrainConfig, got {type(cfg).__name__}")
-    for key, f, tp in _leaf_fields():
+    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+        raise ConfigError(f"expected a config dataclass, got {type(cfg).__name__}")
+    for key, f, tp in _leaf_fields(type(cfg)):
         obj: Any = cfg
         for part in key.split(".")[:-1]:
             obj = getattr(obj, part)
@@ -627,6 +638,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             ):
                 if op in md and bad(value, md[op]):
                     raise ConfigError(f"{key}: must be {text} {md[op]}, got {value}")
+    check = getattr(cfg, "_cross_check", None)
+    if check is not None:
+        check()
+    return cfg
+
+
+def _check_train(cfg: TrainConfig) -> None:
+    """TrainConfig's cross-field constraints (and its objective's hyper-parameters, typed by the record)."""
     b1, b2 = cfg.optim.betas
     if not (0 <= b1 < 1 and 0 <= b2 < 1):
         raise ConfigError(f"optim.betas: each beta must be in [0, 1), got [{b1}, {b2}]")
@@ -652,7 +671,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if defaults is not None:
         full = objective_hyper(cfg.objective)
         cfg.objective.hyper = {k: full[k] for k in _renamed(cfg.objective)}
-    return cfg
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -792,14 +810,17 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, Any]]
     return pairs + _flatten(data)
 
 
-def load_config(argv: list[str] | None = None, *, base: TrainConfig | None = None) -> TrainConfig:
-    """Parse ``--config PATH_OR_PRESET``, dotted overrides and ``--resume`` into a validated TrainConfig.
+def load_config(argv: list[str] | None = None, *, base: Any = None, cls: type | None = None) -> Any:
+    """Parse ``--config PATH_OR_PRESET``, dotted overrides and ``--resume`` into a validated config.
 
-    ``argv`` None or [] gives ``base`` (default: the embedded defaults). Accepted forms:
+    The one command-line mechanism of ``p3o train`` (root ``TrainConfig``), ``p3o sft`` (``SFTConfig``) and
+    ``p3o compare`` (its options): ``cls`` is the root dataclass (default: ``type(base)``, else TrainConfig).
+    ``argv`` None or [] gives ``base`` (default: ``cls()``, the embedded defaults). Accepted forms:
     ``--config quick``, ``--config=path.yaml``, ``--optim.lr 3e-4``, ``--optim.lr=3e-4``, a bare boolean flag
-    ``--loop.dynamic_sampling`` (= true), ``--resume`` (= ``--ckpt.resume true``). ``--help`` is not handled here
-    (see :func:`config_help`).
+    ``--loop.dynamic_sampling`` (= true), ``--resume`` (= ``--ckpt.resume true``); ``-`` and ``_`` are the same in
+    a key (``--batch-size`` = ``--batch_size``). ``--help`` is not handled here (see :func:`config_help`).
     """
+    cls = cls or (type(base) if base is not None else TrainConfig)
     argv = list(argv or [])
     configs: list[str] = []
     overrides: list[tuple[str, str | None]] = []
@@ -809,6 +830,7 @@ def load_config(argv: list[str] | None = None, *, base: TrainConfig | None = Non
         if not tok.startswith("--") or tok == "--":
             raise ConfigError(f"unexpected argument '{tok}' (options look like --key value or --key=value)")
         name, eq, val = tok[2:].partition("=")
+        name = name.replace("-", "_")
         if not eq:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             is_flag = nxt is None or (nxt.startswith("--") and len(nxt) > 2)
@@ -824,12 +846,12 @@ def load_config(argv: list[str] | None = None, *, base: TrainConfig | None = Non
             if not val:
                 raise ConfigError("--config: expected a file path or preset name")
             configs.append(val)
-        elif name == "resume":
+        elif name == "resume" and cls is TrainConfig:
             overrides.append(("ckpt.resume", "true" if val is None else val))
         else:
             overrides.append((name, val))
 
-    cfg = copy.deepcopy(base) if base is not None else TrainConfig()
+    cfg = copy.deepcopy(base) if base is not None else cls()
     for c in configs:
         path = preset_path(c)
         try:
@@ -848,7 +870,7 @@ def load_config(argv: list[str] | None = None, *, base: TrainConfig | None = Non
             else:
                 bare_hyper_flags.pop(parts[1], None)
         if val is None:
-            if _flag_is_bool(key):
+            if _flag_is_bool(key, cls):
                 val = "true"
             else:
                 # Report unknown keys and sections before complaining about the missing value.
@@ -868,8 +890,8 @@ def load_config(argv: list[str] | None = None, *, base: TrainConfig | None = Non
     return validate(cfg)
 
 
-def _flag_is_bool(key: str) -> bool:
-    for k, _, tp in _leaf_fields():
+def _flag_is_bool(key: str, cls: type) -> bool:
+    for k, _, tp in _leaf_fields(cls):
         if k == key:
             return tp is bool
     return False
@@ -895,29 +917,47 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def config_help() -> str:
-    """Every option grouped by section, with its type, default and help (for ``p3o train --help``)."""
-    default = TrainConfig()
-    rows: list[tuple[str, str] | str] = [
-        "general:",
-        ("--config PATH_OR_PRESET", "YAML file or preset: " + ", ".join(list_presets())),
-        ("--resume", "resume from the latest checkpoint in run_dir (= --ckpt.resume true)"),
-    ]
+def config_help(cls: type | None = None, extra: list[tuple[str, str]] | None = None) -> str:
+    """Every option of root ``cls`` (default TrainConfig) grouped by section, with its type, default and help.
+
+    The ``--help`` of ``p3o train``, ``p3o sft`` and ``p3o compare``; ``extra`` adds (option, help) rows that are
+    not config fields (``p3o sft --out``). For TrainConfig the objectives and their typed ``objective.<hyper>``
+    keys are listed from the registry records.
+    """
+    cls = cls or TrainConfig
+    default = cls()
+    rows: list[tuple[str, str] | str] = ["general:"]
+    if cls is TrainConfig:
+        rows.append(("--config PATH_OR_PRESET", "YAML file or preset: " + ", ".join(list_presets())))
+        rows.append(("--resume", "resume from the latest checkpoint in run_dir (= --ckpt.resume true)"))
+    else:
+        rows.append(("--config PATH", "YAML file of these keys (applied before the command-line options)"))
+    rows += list(extra or [])
     section = None
-    for key, f, tp in _leaf_fields():
+    for key, f, tp in _leaf_fields(cls):
         head = key.split(".")[0] if "." in key else None
         if head != section:
             section = head
             if head is not None:
-                cls = _hints(TrainConfig)[head]
-                rows.append(f"{head}: {(cls.__doc__ or '').strip().splitlines()[0].replace('``', '')}")
+                sub = _hints(cls)[head]
+                rows.append(f"{head}: {(sub.__doc__ or '').strip().splitlines()[0].replace('``', '')}")
         if key == "objective.hyper":
-            rows.append(("--objective.<hyper> VALUE", "any keyword hyper-parameter of the chosen objective"))
+            rows.append(("--objective.<hyper> VALUE", "a keyword hyper-parameter of the chosen objective (below)"))
             continue
         obj: Any = default
         for part in key.split("."):
             obj = getattr(obj, part)
         rows.append((f"--{key} {_metavar(tp)}", f"{f.metadata['help']} [default: {_shown(obj)}]"))
+    mod = _objectives_module() if cls is TrainConfig else None
+    records = list(getattr(mod, "OBJECTIVES", {}).values())
+    common = set.intersection(*(set(r.hypers) for r in records)) if records else set()
+    for i, rec in enumerate(records):
+        rows.append(f"objective.name {rec.name}: {rec.summary}")
+        for h in rec.hypers.values():
+            if h.name not in common or i == len(records) - 1:
+                rows.append((f"--objective.{h.name} {_metavar(h.type)}", f"[default: {_shown(h.default)}]"))
+        if i == len(records) - 1 and common:
+            rows.append(f"(every objective also takes {', '.join(sorted(common))}; defaults as for {rec.name})")
     width = min(48, max(len(r[0]) for r in rows if isinstance(r, tuple)) + 2)
     lines = ["options (--key value or --key=value; values are YAML scalars):"]
     for r in rows:
