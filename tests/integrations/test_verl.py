@@ -5,10 +5,12 @@ errors, the ESS all-reduce over two gloo ranks; then the checks against verl 0.9
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,9 @@ VERL_CHECKS = [
     "objectives_match_p3o_library",
     "p3o_off_policy_is_capped_by_the_ess",
     "every_verl_agg_mode_matches_verl_agg_loss",
-    "rollout_is_weights_multiply_the_token_loss",
+    "exact_rollout_is_settings_parse",
+    "untruncated_weights_fold_into_the_ratio",
+    "truncated_masked_and_sequence_weights_warn_once",
     "verl_ppo_loss_call_site",
     "verl_use_external_modules_imports_the_plugin",
     "env_kwargs_reach_the_objective",
@@ -77,6 +81,60 @@ def test_token_mean_uses_verls_global_token_count_times_dp_size():
     torch.testing.assert_close(loss, local * n_local / 50 * 4)
     with pytest.raises(ValueError, match="batch_num_tokens is required"):
         plugin.make_policy_loss("p3o")(**b, config={"global_batch_info": {**info, "batch_num_tokens": None}})
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """The plug-in warns once per kind per process: give each test its own memory of what it warned."""
+    monkeypatch.setattr(plugin, "_WARNED", set())
+
+
+@pytest.mark.parametrize("objective", ["p3o", "minpro", "m2po", "cispo", "dapo"])
+def test_untruncated_weights_fold_into_the_ratio(objective, fresh_warnings, recwarn):
+    """w = π_old/π_rollout from a known π_rollout: the loss, gradient and ESS are the objective's with π_rollout."""
+    b = batch(seed=11, spread=0.3)
+    g = torch.Generator().manual_seed(12)
+    rollout = b["old_log_prob"] + 0.4 * torch.randn(b["old_log_prob"].shape, generator=g)
+    w = torch.exp(b["old_log_prob"] - rollout) * b["response_mask"]  # verl zeroes the padding
+    got, metrics = plugin.make_policy_loss(objective)(**b, rollout_is_weights=w)
+    inputs = ObjectiveInputs(b["log_prob"], rollout, b["response_mask"], b["advantages"])
+    want, stats = get_objective(objective)(inputs, agg="token-mean")
+    torch.testing.assert_close(got, want)
+    (g_got,) = torch.autograd.grad(got, b["log_prob"])
+    (g_want,) = torch.autograd.grad(want, b["log_prob"])
+    torch.testing.assert_close(g_got, g_want)
+    assert metrics["actor/objective/ess"] == pytest.approx(stats["ess"].item(), rel=1e-6)
+    assert metrics["actor/objective/rollout_is_folded_frac"] == 1.0
+    assert not [w for w in recwarn if issubclass(w.category, plugin.RolloutWeightsWarning)]
+
+
+def test_split_rollout_weights_tells_truncated_masked_and_sequence_weights():
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    exact = torch.tensor([[1.3, 0.7, 2.9], [0.2, 1.1, 0.0]])
+    split = plugin.split_rollout_weights(exact, mask)
+    assert split.issues == {} and split.mult_log is None and split.folded_frac.item() == 1.0
+    torch.testing.assert_close(split.fold_log, torch.where(mask, exact.log(), 0.0))
+    assert plugin.split_rollout_weights(exact.clamp(max=2.0), mask).issues == {"truncated": {"cap": 2.0}}
+    assert "truncated" in plugin.split_rollout_weights(exact.clamp(max=1.2), mask).issues  # a tie at the max
+    masked = plugin.split_rollout_weights(torch.tensor([[1.3, 0.0, 2.9], [0.2, 1.1, 0.0]]), mask)
+    assert masked.issues == {"masked": {"count": 1}} and masked.folded_frac.item() == pytest.approx(0.8)
+    assert masked.mult_log is not None and masked.mult_log[0, 1] == -math.inf and masked.fold_log[0, 1] == 0
+    seq = plugin.split_rollout_weights(torch.tensor([[1.7, 1.7, 1.7], [0.4, 0.4, 0.0]]), mask)
+    assert seq.issues == {"sequence": {}} and seq.folded_frac.item() == 0.0 and not seq.fold_log.any()
+    # no mismatch at all (w ≡ 1) is token-level and exact
+    assert plugin.split_rollout_weights(mask.float(), mask).issues == {}
+
+
+def test_weights_that_cannot_be_folded_warn_once(fresh_warnings):
+    b = batch(seed=13)
+    w = torch.exp(b["old_log_prob"] - b["old_log_prob"].roll(1, 1)).clamp(max=2.0) * b["response_mask"]
+    assert (w[b["response_mask"]] == 2.0).any()
+    loss_fn = plugin.make_policy_loss("p3o")
+    with pytest.warns(plugin.RolloutWeightsWarning, match="rollout_is_threshold=inf"):
+        loss_fn(**b, rollout_is_weights=w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", plugin.RolloutWeightsWarning)
+        loss_fn(**b, rollout_is_weights=w)  # once per kind and process
 
 
 def test_bad_names_kwargs_and_env_fail_with_one_line(monkeypatch):

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -114,73 +115,183 @@ def every_verl_agg_mode_matches_verl_agg_loss() -> None:
             close(grad_of(got, b["log_prob"]), grad_of(want, b["log_prob"]), f"{mode} grad")
 
 
-@check
-def rollout_is_weights_multiply_the_token_loss() -> None:
-    from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn
+def ppo_batch(
+    seed: int, mismatch: float = 0.0
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """A batch as verl's trainer hands it to the actor: prompts, responses, masks, π_old (``old_log_probs``), the
+    rollout engine's log-probs π_rollout = π_old + mismatch noise (``rollout_log_probs``), advantages. Returns the
+    tensors, the model's (N, T) log-probs (a leaf with grad) and ``to_flat``, which lays (N, T) log-probs out the way
+    verl's model output holds them (no padding, response token k of a row at the position that predicts it: verl
+    left-shifts by one), differentiably, so gradients can be compared on the (N, T) leaf."""
+    g = torch.Generator().manual_seed(seed)
+    n, p, t = 4, 4, 6
+    response_mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]])
+    prompt_mask = torch.ones(n, p, dtype=torch.long)
+    prompt_mask[1, :2] = 0
+    old = -torch.rand(n, t, generator=g) * 2
+    rollout = old + mismatch * torch.randn(n, t, generator=g)
+    adv = torch.randn(n, 1, generator=g).expand(n, t).clone()
+    tensors = {
+        "prompts": torch.randint(3, 50, (n, p), generator=g),
+        "responses": torch.randint(3, 50, (n, t), generator=g),
+        "attention_mask": torch.cat([prompt_mask, response_mask], 1),
+        "response_mask": response_mask,
+        "old_log_probs": old,
+        "rollout_log_probs": rollout,
+        "advantages": adv,
+    }
+    logp = (old + 0.3 * torch.randn(n, t, generator=g)).masked_fill(response_mask == 0, 0.0).requires_grad_()
 
-    b = batch(seed=4)
-    mask = b["response_mask"]
-    w = torch.rand(mask.shape, generator=torch.Generator().manual_seed(5)) * 2 * mask
-    w[0, 1] = 0.0  # a rejected token (IcePop-style zero weight)
-    lr = (b["log_prob"] - b["old_log_prob"]).masked_fill(~mask, 0.0)
-    loss_mat = p3o_token_loss(b["log_prob"], lr, b["advantages"], _ess(lr, mask)[0]) * w
-    got, _ = get_policy_loss_fn("p3o")(**b, loss_agg_mode="token-mean", config=None, rollout_is_weights=w)
-    want = agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode="token-mean")
-    close(got, want, "loss")
-    close(grad_of(got, b["log_prob"]), grad_of(want, b["log_prob"]), "grad")
+    def to_flat(x: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for i in range(n):
+            plen, rlen = int(prompt_mask[i].sum()), int(response_mask[i].sum())
+            rows += [x.new_zeros(plen - 1), x[i, :rlen], x.new_zeros(1)]
+        return torch.cat(rows)
+
+    return tensors, logp, to_flat
 
 
-@check
-def verl_ppo_loss_call_site() -> None:
-    """verl's own per-micro-batch call (verl.workers.utils.losses.ppo_loss) with policy_loss.loss_mode=p3o."""
+def call_ppo_loss(
+    loss_mode: str, tensors: dict[str, torch.Tensor], logp: torch.Tensor, to_flat: Callable, weights: Any = None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl's own per-micro-batch call (verl.workers.utils.losses.ppo_loss) with policy_loss.loss_mode=loss_mode,
+    as one of two equal micro-batches of a dp_size=1 step (batch_num_tokens, global_batch_size of the step)."""
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.workers.config import FSDPActorConfig, PolicyLossConfig
     from verl.workers.utils.losses import ppo_loss
 
     cfg = FSDPActorConfig(
-        strategy="fsdp", ppo_micro_batch_size_per_gpu=2, rollout_n=1, policy_loss=PolicyLossConfig(loss_mode="p3o")
+        strategy="fsdp", ppo_micro_batch_size_per_gpu=2, rollout_n=1, policy_loss=PolicyLossConfig(loss_mode=loss_mode)
     )
-    g = torch.Generator().manual_seed(6)
-    n, p, t = 3, 4, 5
-    response_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
-    prompt_mask = torch.ones(n, p, dtype=torch.long)
-    prompt_mask[1, :2] = 0
-    attention_mask = torch.cat([prompt_mask, response_mask], 1)
-    old = -torch.rand(n, t, generator=g) * 2
-    adv = torch.randn(n, 1, generator=g).expand(n, t).clone()
-    data = TensorDict(
-        {
-            "prompts": torch.randint(3, 50, (n, p), generator=g),
-            "responses": torch.randint(3, 50, (n, t), generator=g),
-            "attention_mask": attention_mask,
-            "response_mask": response_mask,
-            "old_log_probs": old,
-            "advantages": adv,
-        },
-        batch_size=[n],
-    )
-    n_tok = int(response_mask.sum())
-    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=2 * n_tok, global_batch_size=2 * n)  # 2 micro-batches
-    # the model's log-probs without padding: one value per real token, response token k of a row at the position
-    # that predicts it (verl left-shifts by one), built by placing the wanted (N, T) values there
-    logp_want = (old + 0.3 * torch.randn(n, t, generator=g)).masked_fill(response_mask == 0, 0.0)
-    flat = []
-    for i in range(n):
-        plen, rlen = int(prompt_mask[i].sum()), int(response_mask[i].sum())
-        row = torch.zeros(plen + rlen)
-        row[plen - 1 : plen - 1 + rlen] = logp_want[i, :rlen]
-        flat.append(row)
-    logp_flat = torch.cat(flat).requires_grad_()
-    loss, metrics = ppo_loss(cfg, {"log_probs": logp_flat}, data)
-    value = {k: (m.values[0] if hasattr(m, "values") else m) for k, m in metrics.items()}
-    inputs = ObjectiveInputs(logp_want, old, response_mask.bool(), adv, num_tokens=2 * n_tok)
+    fields = {k: v for k, v in tensors.items() if k != "rollout_log_probs"}  # the actor never sees them
+    if weights is not None:
+        fields["rollout_is_weights"] = weights
+    data = TensorDict(fields, batch_size=[logp.shape[0]])
+    n_tok = int(tensors["response_mask"].sum())
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=2 * n_tok, global_batch_size=2 * logp.shape[0])
+    loss, metrics = ppo_loss(cfg, {"log_probs": to_flat(logp)}, data)
+    return loss, {k: float(m.values[0] if hasattr(m, "values") else m) for k, m in metrics.items()}
+
+
+def verl_weights(tensors: dict[str, torch.Tensor], **rollout_correction: Any) -> torch.Tensor:
+    """rollout_is_weights as verl's trainer computes them (compute_rollout_correction_and_add_to_batch, the
+    decoupled-mode path of ray_trainer) from ``algorithm.rollout_correction`` settings."""
+    from verl.protocol import DataProto
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+    keys = ("old_log_probs", "rollout_log_probs", "response_mask")
+    batch = DataProto.from_dict(tensors={k: tensors[k].clone() for k in keys})
+    batch, _ = compute_rollout_correction_and_add_to_batch(batch, RolloutCorrectionConfig(**rollout_correction))
+    return batch.batch["rollout_is_weights"]
+
+
+def caught(fn: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """fn()'s result and the RolloutWeightsWarning messages it issued (the once-per-kind memory cleared first)."""
+    import warnings
+
+    plugin._WARNED.clear()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [str(w.message) for w in got if issubclass(w.category, plugin.RolloutWeightsWarning)]
+
+
+@check
+def exact_rollout_is_settings_parse() -> None:
+    """The documented settings, as a command line gives them, reach verl's threshold parser as +inf (no cap)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo.rollout_corr_helper import _parse_rollout_is_threshold
+
+    value = OverridesParser.create().parse_override("algorithm.rollout_correction.rollout_is_threshold=inf").value()
+    cfg = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=value)
+    assert _parse_rollout_is_threshold(cfg.rollout_is_threshold) == (float("inf"), None), value
+
+
+@check
+def untruncated_weights_fold_into_the_ratio() -> None:
+    """verl's ppo_loss with rollout_is_weights from rollout_is=token, rollout_is_threshold=inf == the p3o
+    objective called with π_rollout as rollout_logp directly: loss, gradient and ESS, for every loss mode."""
+    import math
+
+    tensors, logp, to_flat = ppo_batch(seed=8, mismatch=0.5)
+    w = verl_weights(tensors, rollout_is="token", rollout_is_threshold=math.inf)
+    mask = tensors["response_mask"].bool()
+    assert ((w - 1).abs() > 0.2)[mask].any()  # a real mismatch
+    n_tok = int(mask.sum())
+    for mode, objective in plugin.LOSS_MODES.items():
+        (got, metrics), warned = caught(lambda m=mode: call_ppo_loss(m, tensors, logp, to_flat, w))
+        assert not warned, warned
+        inputs = ObjectiveInputs(logp, tensors["rollout_log_probs"], mask, tensors["advantages"], num_tokens=2 * n_tok)
+        want, stats = get_objective(objective)(inputs, agg="token-mean")
+        close(got, want, f"{mode} loss")
+        close(grad_of(got, logp), grad_of(want, logp), f"{mode} grad")
+        assert abs(metrics["actor/objective/ess"] - stats["ess"].item()) < 1e-6, (mode, metrics, stats["ess"])
+        assert metrics["actor/objective/rollout_is_folded_frac"] == 1.0, mode
+    _, plain = call_ppo_loss("p3o", tensors, logp, to_flat)  # no weights: the ratio against π_old
+    folded = call_ppo_loss("p3o", tensors, logp, to_flat, w)[1]
+    assert abs(plain["actor/objective/ess"] - folded["actor/objective/ess"]) > 1e-2  # the test can tell them apart
+
+
+@check
+def truncated_masked_and_sequence_weights_warn_once() -> None:
+    """Weights that cannot give the exact ratio: each kind warns once and acts as documented."""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    tensors, logp, to_flat = ppo_batch(seed=9, mismatch=0.8)
+    mask = tensors["response_mask"].bool()
+    old, adv = tensors["old_log_probs"], tensors["advantages"]
+    n_tok = int(mask.sum())
+
+    def p3o_oracle(rollout_logp: torch.Tensor, multiplier: torch.Tensor) -> torch.Tensor:
+        lr = (logp - rollout_logp).masked_fill(~mask, 0.0)
+        loss_mat = p3o_token_loss(logp, lr, adv, _ess(lr, mask)[0]) * multiplier
+        return agg_loss(
+            loss_mat=loss_mat, loss_mask=mask, loss_agg_mode="token-mean", dp_size=1, batch_num_tokens=2 * n_tok
+        )
+
+    # TIS (verl's default threshold 2.0): folded as min(w, 2)
+    w = verl_weights(tensors, rollout_is="token", rollout_is_threshold=2.0)
+    assert (w[mask] == 2.0).any()
+    (got, _), warned = caught(lambda: [call_ppo_loss("p3o", tensors, logp, to_flat, w) for _ in range(2)][-1])
+    assert len(warned) == 1 and "truncated" in warned[0] and "rollout_is_threshold=inf" in warned[0], warned
+    close(got, p3o_oracle(old - torch.log(w.clamp(min=1e-30)), torch.ones_like(w)), "TIS loss")
+    # IcePop: zero weights multiply their token's loss by 0, the others are folded
+    w = verl_weights(tensors, rollout_is="token", rollout_is_threshold="0.5_5.0")
+    zero = mask & (w == 0)
+    assert zero.any() and (mask & (w > 0)).any()
+    (got, metrics), warned = caught(lambda: call_ppo_loss("p3o", tensors, logp, to_flat, w))
+    assert len(warned) == 1 and "0 at" in warned[0], warned
+    rollout = torch.where(zero, old, old - torch.log(w.clamp(min=1e-30)))
+    want = p3o_oracle(rollout, (~zero).float())
+    close(got, want, "IcePop loss")
+    close(grad_of(got, logp), grad_of(want, logp), "IcePop grad")
+    frac = metrics["actor/objective/rollout_is_folded_frac"]
+    assert abs(frac - (mask & (w > 0)).sum().item() / n_tok) < 1e-6, frac
+    # sequence-level weights: verl's semantics (a multiplier), the ratio stays against π_old
+    w = verl_weights(tensors, rollout_is="sequence", rollout_is_threshold=float("inf"))
+    (got, _), warned = caught(lambda: call_ppo_loss("p3o", tensors, logp, to_flat, w))
+    assert len(warned) == 1 and "sequence" in warned[0], warned
+    close(got, p3o_oracle(old, w), "sequence loss")
+
+
+@check
+def verl_ppo_loss_call_site() -> None:
+    """verl's own per-micro-batch call (verl.workers.utils.losses.ppo_loss) with policy_loss.loss_mode=p3o and no
+    rollout weights: the p3o objective against π_old (old_log_probs), loss, gradient and ESS."""
+    tensors, logp, to_flat = ppo_batch(seed=6)
+    mask = tensors["response_mask"].bool()
+    loss, metrics = call_ppo_loss("p3o", tensors, logp, to_flat)
+    n_tok = int(mask.sum())
+    inputs = ObjectiveInputs(logp, tensors["old_log_probs"], mask, tensors["advantages"], num_tokens=2 * n_tok)
     want, stats = get_objective("p3o")(inputs)
-    close(loss.detach(), want.detach(), "pg_loss")
-    assert abs(float(value["actor/objective/ess"]) - stats["ess"].item()) < 1e-6, value["actor/objective/ess"]
-    assert stats["ess"] < 1
-    loss.backward()
-    assert logp_flat.grad is not None and logp_flat.grad.abs().sum() > 0
+    close(loss, want, "pg_loss")
+    close(grad_of(loss, logp), grad_of(want, logp), "grad")
+    assert abs(metrics["actor/objective/ess"] - stats["ess"].item()) < 1e-6, metrics["actor/objective/ess"]
+    assert stats["ess"] < 1 and "actor/objective/rollout_is_folded_frac" not in metrics
 
 
 @check

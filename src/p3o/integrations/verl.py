@@ -13,13 +13,21 @@ without verl is fine: registration happens in :func:`register`, called on import
 What verl hands a policy loss, and how it maps onto ``p3o.objectives.ObjectiveInputs`` (verl 0.9.1,
 ``verl/workers/utils/losses.py::ppo_loss`` calls the loss once per micro-batch):
 
-* ``old_log_prob`` (N, T) → ``rollout_logp``, the ratio's denominator: the actor's recomputed π_old, or — with
-  ``algorithm.rollout_correction.bypass_mode=true`` — the rollout engine's own log-probs. (In verl 0.9.1 bypass
-  mode also forces ``loss_mode=bypass_mode``, so with this plug-in the anchor is π_old; verl's rollout
-  correction below then handles the engine mismatch.)
-* ``rollout_is_weights`` (N, T) or None (verl's truncated/masked π_old/π_rollout weights, detached) multiply the
-  per-token loss, as in verl's built-in losses. It is passed to the objective's own ``token-tis`` modifier with an
-  infinite cap through ``old_logp`` = old_log_prob + log w, which reproduces w exactly.
+* ``old_log_prob`` (N, T): π_old, the actor's recomputation at the start of the step (``prox_logp``), and the
+  ratio's anchor when verl passes no weights. (``algorithm.rollout_correction.bypass_mode=true`` would make it the
+  rollout engine's log-probs, but in verl 0.9.1 bypass mode also forces ``loss_mode=bypass_mode``, so it cannot be
+  combined with this plug-in.)
+* ``rollout_is_weights`` (N, T) or None: verl's w_t = π_old/π_rollout (``algorithm.rollout_correction``, computed
+  once per batch on the driver). Token-level weights are **folded into the ratio**:
+
+      rollout_logp = old_log_prob − log w,   ρ_t = exp(logp_t − old_log_prob_t) · w_t = π_θ/π_rollout
+
+  so P3O's ESS, cap and KL term (MinPRO's prefix minimum, M2PO's second moment, every baseline's clip) see the
+  train–inference mismatch. Exact with ``rollout_is=token``, ``rollout_is_threshold=inf``,
+  ``rollout_is_batch_normalize=false`` (docs/integrations.md). Weights that cannot be folded exactly warn once
+  (:class:`RolloutWeightsWarning`): truncated ones (a weight exactly at a cap) are folded as min(w, C); a weight of
+  0 (IcePop) multiplies that token's loss by 0; sequence-level weights multiply the per-token loss as in verl's
+  built-in losses (:func:`split_rollout_weights`).
 * ``loss_agg_mode`` and ``config.global_batch_info`` (dp_size, batch_num_tokens, global_batch_size,
   loss_scale_factor) reproduce verl's ``agg_loss`` exactly: e.g. ``token-mean`` is Σ ℓ / batch_num_tokens · dp_size
   (FSDP averages gradients over the dp ranks). Hence ``agg`` may not be set in the objective's keywords.
@@ -31,8 +39,9 @@ What verl hands a policy loss, and how it maps onto ``p3o.objectives.ObjectiveIn
 Hyper-parameters: ``register_objective("minpro_eps2", "minpro", clip_eps_high=2.0)`` in a module of your own
 (listed in VERL_USE_EXTERNAL_MODULES), or the environment variable ``P3O_OBJECTIVE_KWARGS`` (a JSON object, e.g.
 ``'{"clip_eps_high": 2.0}'``) read by every p3o loss at call time. The objective's stats appear in verl's metrics
-as ``actor/objective/<stat>`` (``actor/objective/ess``, ``actor/objective/kl_weight``, ...), plus verl's usual
-``actor/pg_clipfrac`` and ``actor/ppo_kl``.
+as ``actor/objective/<stat>`` (``actor/objective/ess``, ``actor/objective/kl_weight``, ...;
+``actor/objective/rollout_is_folded_frac`` when verl passes weights), plus verl's usual ``actor/pg_clipfrac`` and
+``actor/ppo_kl`` (mean of old_log_prob − logp).
 """
 
 from __future__ import annotations
@@ -43,7 +52,9 @@ import json
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,7 +64,17 @@ from p3o.errors import ConfigError
 from p3o.integrations._common import default_group, resolve_objective, stats_to_floats
 from p3o.objectives import ObjectiveInputs
 
-__all__ = ["ENV_KWARGS", "LOSS_MODES", "data_parallel_group", "make_policy_loss", "register", "register_objective"]
+__all__ = [
+    "ENV_KWARGS",
+    "LOSS_MODES",
+    "RolloutWeights",
+    "RolloutWeightsWarning",
+    "data_parallel_group",
+    "make_policy_loss",
+    "register",
+    "register_objective",
+    "split_rollout_weights",
+]
 
 LOSS_MODES: dict[str, str] = {
     "p3o": "p3o",
@@ -172,6 +193,118 @@ def _aggregation(
     return "seq-mean-token-sum-norm", None, global_batch_size, scale
 
 
+COMMON_CAPS: tuple[float, ...] = (1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 8.0, 10.0, 20.0, 100.0)
+"""Weight values that signal a truncation cap when a valid weight sits exactly on one (verl's TIS default 2.0,
+IcePop's 5.0, ...): an untruncated weight exp(log π_old − log π_rollout) lands exactly on one with probability ~0."""
+
+VERL_SAFETY_BOUND = 20.0
+"""verl clamps the log-weight to ±20 before ``exp`` (``rollout_corr_helper.SAFETY_BOUND``): weights beyond e^±20
+are truncated even with an infinite threshold."""
+
+
+class RolloutWeightsWarning(UserWarning):
+    """verl's ``rollout_is_weights`` cannot give P3O the exact ratio against π_rollout (issued once per kind)."""
+
+
+_WARNED: set[str] = set()
+
+_WARNINGS = {
+    "sequence": (
+        "verl's rollout_is_weights are constant along each sequence (algorithm.rollout_correction.rollout_is="
+        "sequence): a sequence weight cannot be folded into a token ratio, so it multiplies the loss and P3O's ESS, "
+        "cap and KL term see only pi_theta/pi_old, not the train-inference mismatch. For the exact ratio against "
+        "the rollout engine set rollout_is=token, rollout_is_threshold=inf, rollout_is_batch_normalize=false"
+    ),
+    "truncated": (
+        "verl's rollout_is_weights look truncated (a weight sits exactly at {cap:g}): they are folded into the ratio "
+        "as rho = pi_theta/pi_old * min(w, C), so at capped tokens rho understates pi_theta/pi_rollout: P3O's ESS "
+        "reads high, its KL weight 1 - ESS low and its cap loose (MinPRO's prefix minimum and every other "
+        "objective's ratio likewise). For the exact ratio set algorithm.rollout_correction.rollout_is_threshold=inf "
+        "(rollout_is=token, rollout_is_batch_normalize=false)"
+    ),
+    "masked": (
+        "verl's rollout_is_weights are 0 at {count} valid token(s) (IcePop 'lower_upper' threshold): a zero weight "
+        "cannot be folded into the ratio (log 0), so those tokens' policy term is multiplied by 0 and their ratio "
+        "in P3O's ESS is pi_theta/pi_old, without the mismatch. For the exact ratio use a single threshold "
+        "rollout_is_threshold=inf; to drop mismatched tokens use rollout_rs, which removes them from response_mask"
+    ),
+}
+
+
+def _warn_once(kind: str, **fmt: Any) -> None:
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        warnings.warn(_WARNINGS[kind].format(**fmt), RolloutWeightsWarning, stacklevel=3)
+
+
+@dataclass(frozen=True)
+class RolloutWeights:
+    """verl's π_old/π_rollout weights split into the part folded into the ratio and the part that multiplies ℓ.
+
+    w_t = f_t · m_t per valid token, with
+
+        rollout_logp_t = old_log_prob_t − log f_t        (the behaviour anchor of the objective's ratio)
+        ℓ_t ← m_t · ℓ_t                                  (only where m ≠ 1: zero or sequence-level weights)
+
+    so with untruncated token-level weights f = w, m = 1 and ρ_t = exp(logp_t − old_log_prob_t) · w_t =
+    π_θ/π_rollout exactly.
+    """
+
+    fold_log: torch.Tensor
+    """(N, T) float32: log f_t (0 at masked positions and where nothing is folded)."""
+    mult_log: torch.Tensor | None
+    """(N, T) float32: log m_t (−inf for a zero weight), or None when m ≡ 1."""
+    folded_frac: torch.Tensor
+    """0-d: share of valid tokens whose weight was folded into the ratio."""
+    issues: dict[str, dict[str, Any]]
+    """Why the ratio is not exactly π_θ/π_rollout: ``sequence`` / ``truncated`` / ``masked`` -> message fields."""
+
+
+def split_rollout_weights(weights: torch.Tensor, mask: torch.Tensor) -> RolloutWeights:
+    """Decide how verl's ``rollout_is_weights`` (N, T) enter the objective, for the valid tokens of ``mask`` (N, T).
+
+    * token-level, positive, finite weights are folded: f = w (exact when verl did not truncate them);
+    * a weight of exactly 0 (IcePop rejects the token) cannot be folded (log 0): m = 0 there;
+    * sequence-level weights (every row with ≥ 2 valid tokens constant, some row ≠ 1: ``rollout_is=sequence``)
+      are not token ratios: m = w, nothing folded (verl's own semantics);
+    * truncation is detected, not undone: a valid weight > 1 exactly at a value of :data:`COMMON_CAPS`, at
+      e^20 (verl's safety clamp), or a maximum > 1 reached by ≥ 2 tokens exactly (a clamp at any cap).
+    """
+    with torch.no_grad():
+        w = weights.detach().float().expand(mask.shape)
+        zeros = torch.zeros((), device=w.device)
+        issues: dict[str, dict[str, Any]] = {}
+        valid_w = w[mask]
+        if valid_w.numel() == 0:
+            return RolloutWeights(torch.zeros_like(w), None, zeros, issues)
+        rows = mask.sum(-1) >= 2
+        if bool(rows.any()):
+            inf = torch.full((), math.inf, device=w.device)
+            row_max = torch.where(mask, w, -inf).amax(-1)[rows]
+            row_min = torch.where(mask, w, inf).amin(-1)[rows]
+            if bool((row_max == row_min).all()) and bool((row_max != 1.0).any()):
+                issues["sequence"] = {}
+                return RolloutWeights(torch.zeros_like(w), torch.where(mask, torch.log(w), zeros), zeros, issues)
+        foldable = mask & torch.isfinite(w) & (w > 0)
+        fold_log = torch.where(foldable, torch.log(torch.where(foldable, w, 1.0)), zeros)
+        rest = mask & ~foldable
+        mult_log = torch.where(rest, torch.log(w), zeros) if bool(rest.any()) else None
+        n_zero = int((mask & (w == 0)).sum())
+        if n_zero:
+            issues["masked"] = {"count": n_zero}
+        top = float(valid_w.max())
+        caps = torch.tensor(COMMON_CAPS, device=w.device)
+        if top > 1.0 and (
+            bool((valid_w[:, None] == caps).any())
+            or top >= math.exp(VERL_SAFETY_BOUND) * (1 - 1e-6)
+            or int((valid_w == top).sum()) >= 2
+        ):
+            hit = valid_w[(valid_w[:, None] == caps).any(-1)]
+            issues["truncated"] = {"cap": float(hit.max()) if hit.numel() else top}
+        folded_frac = foldable.sum().float() / mask.sum().float()
+        return RolloutWeights(fold_log, mult_log, folded_frac, issues)
+
+
 def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
     """A verl policy-loss function (verl 0.9 ``PolicyLossFn`` signature) computing the p3o objective ``objective``.
 
@@ -198,19 +331,26 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
         hyper = {**base, **_env_kwargs(objective)}
         info = dict(_cfg_get(config, "global_batch_info", {}) or {})
         agg, num_tokens, num_seqs, scale = _aggregation(loss_agg_mode, mask, info)
-        old_logp = None
+        old = old_log_prob.detach()
+        rollout_logp, old_logp, folded_frac = old, old, None
         if rollout_is_weights is not None:
-            # The objective's token-tis modifier multiplies ℓ_t by min(exp(old_logp − rollout_logp), cap); with
-            # rollout_logp = old_log_prob, old_logp = old_log_prob + log w and cap = ∞ that factor is w exactly.
-            weights = rollout_is_weights.detach().float().expand_as(log_prob)
-            old_logp = old_log_prob.detach().float() + torch.log(weights)
-            hyper.update(rollout_correction="token-tis", rollout_correction_cap=math.inf)
+            split = split_rollout_weights(rollout_is_weights, mask)
+            for kind, fields in split.issues.items():
+                _warn_once(kind, **fields)
+            rollout_logp = old.float() - split.fold_log  # π_rollout where w is folded: ρ = π_θ/π_old · w
+            folded_frac = split.folded_frac
+            if split.mult_log is not None:
+                # The objective's token-tis modifier multiplies ℓ_t by min(exp(old_logp − rollout_logp), cap); with
+                # old_logp = rollout_logp + log m and cap = ∞ that factor is m exactly (0 where log m = −inf).
+                old_logp = rollout_logp + split.mult_log
+                hyper.update(rollout_correction="token-tis", rollout_correction_cap=math.inf)
         inputs = ObjectiveInputs(
             logp=log_prob,
-            rollout_logp=old_log_prob.detach(),
+            rollout_logp=rollout_logp,
             mask=mask,
             advantages=advantages,
             old_logp=old_logp,
+            prox_logp=old,
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             group=data_parallel_group(),
@@ -219,7 +359,10 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
         loss = loss * scale
         with torch.no_grad():
             ppo_kl = torch.where(mask, old_log_prob.detach() - log_prob.detach(), 0.0).sum() / mask.sum().clamp(min=1)
-        values = stats_to_floats({**stats, "__ppo_kl": ppo_kl})
+        extra = {"__ppo_kl": ppo_kl}
+        if folded_frac is not None:
+            extra["rollout_is_folded_frac"] = folded_frac
+        values = stats_to_floats({**stats, **extra})
         metrics: dict[str, Any] = {
             "actor/pg_clipfrac": values.get("clipfrac", 0.0),
             "actor/ppo_kl": values.pop("__ppo_kl"),
