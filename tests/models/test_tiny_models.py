@@ -10,8 +10,7 @@ import torch
 
 from p3o.errors import ConfigError
 from p3o.models import SIZES, ensure_base, load_policy, qwen3_config
-from p3o.models.hub import base_key
-from p3o.models.sft import SFTConfig
+from p3o.models.sft import SFTConfig, base_key
 from p3o.models.tokenizer import EOS, train_tokenizer
 from p3o.tasks import Problem, format_prompt
 

@@ -1,25 +1,35 @@
-"""Benchmark a policy on a task: sample n completions per problem, verify them, report pass@k, length, truncation.
+"""Evaluation, in one place: sample n completions per prompt with a rollout engine, verify them, summarise.
 
 Usage:
 
     result = evaluate(model, tokenizer, load_task("arithmetic", "test", n=200), n_samples=8, ks=(1, 2, 4, 8))
     result.pass_at_k[1], result.mean_response_len, result.truncation_rate
+    heldout_metrics(policy, tok, prompt_ids, answers, "exact-int", seed=0)  # {"eval_accuracy", "eval_score"}
     policy_dir, run_dir = find_run("runs/mine")     # runs/mine/final and runs/mine (its config.yaml)
+
+`sample_batches` is the one sampler: `evaluate` (``p3o eval``), `heldout_metrics` (the training loop's held-out
+pass@1) and the warm start's pass@1 (`p3o.models.sft.pass_at_1`) all draw their completions through it.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from p3o.errors import ConfigError
 from p3o.eval.passk import mean_pass_at_k
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+    from p3o.rollout.base import RolloutEngine
+    from p3o.types import Rollouts
 
 
 @dataclass
@@ -98,6 +108,90 @@ def encode_prompts(texts: Sequence[str], tokenizer: Any) -> list[list[int]]:
     return [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
 
 
+def sample_batches(
+    engine: RolloutEngine,
+    prompt_ids: Sequence[Sequence[int]],
+    answers: Sequence[str],
+    n_samples: int,
+    *,
+    batch_size: int = 64,
+    seed: int = 0,
+    batch_seed: Callable[[int], int] | None = None,
+) -> Iterator[tuple[int, Rollouts]]:
+    """The one evaluation sampler: `n_samples` completions of every prompt, `batch_size` prompts per `generate` call.
+
+    Yields ``(lo, rollouts)`` per batch: prompts lo … lo+b−1, with rows grouped (prompt lo+i gives rows
+    i·n … i·n+n−1) and ``rollouts.answers`` set. A batch is sampled with seed ``batch_seed(lo)`` when given,
+    else ``seed + lo``: a function of the batch's position only, so a result never depends on earlier calls.
+    """
+    if n_samples < 1:
+        raise ConfigError(f"--n-samples: must be ≥ 1, got {n_samples}")
+    for lo in range(0, len(prompt_ids), batch_size):
+        ids = [list(p) for p in prompt_ids[lo : lo + batch_size]]
+        s = batch_seed(lo) if batch_seed is not None else seed + lo
+        yield lo, engine.generate(ids, n_samples, seed=s, answers=list(answers[lo : lo + batch_size]))
+
+
+def heldout_metrics(
+    policy: nn.Module,
+    tokenizer: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    answers: Sequence[str],
+    reward: str | Callable[[Rollouts], Tensor],
+    *,
+    n_samples: int = 1,
+    seed: int = 0,
+    batch_seed: Callable[[int], int] | None = None,
+    engine: str | Callable[[nn.Module], RolloutEngine] = "hf",
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    device: str = "auto",
+    batch_size: int = 64,
+    timeout_s: float = 1.0,
+) -> dict[str, float]:
+    """Held-out pass@1 of `policy` as the training loop logs it: ``{"eval_accuracy", "eval_score"}``.
+
+    eval_accuracy = (1/M) Σ_j 1[s_j > 0.5] and eval_score = (1/M) Σ_j s_j over the M = len(prompt_ids) · n_samples
+    completions, s_j their rewards; ``{}`` when there are no prompts.
+
+    Args:
+        policy: the model to sample from (the engine works on its own copy; with LoRA pass the merged model).
+        prompt_ids: token ids of the formatted prompts, one list per problem; answers: their reference answers.
+        reward: a verifier name (`p3o.rewards.make_reward_fn`, time limit `timeout_s`) or
+            ``reward_fn(rollouts) -> (N,)`` (the training loop's own).
+        engine: an engine kind for `p3o.rollout.factory.make_engine` (then `max_new_tokens`, `temperature`,
+            `device` and `seed` configure it), or a factory ``make_engine(policy) -> engine`` (the loop's
+            ``Components.make_engine``: the held-out engine then samples exactly as the rollout engine does).
+        seed, batch_seed: the batch seeds of `sample_batches`.
+    """
+    import torch
+
+    from p3o.rewards import make_reward_fn
+    from p3o.rollout.factory import make_engine
+
+    if not prompt_ids:
+        return {}
+    reward_fn = make_reward_fn(reward, timeout_s=timeout_s) if isinstance(reward, str) else reward
+    if isinstance(engine, str):
+        sampler = make_engine(
+            engine,
+            policy,
+            tokenizer,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            device=resolve_device(device),
+        )
+    else:
+        sampler = engine(policy)
+    batches = sample_batches(
+        sampler, prompt_ids, answers, n_samples, batch_size=batch_size, seed=seed, batch_seed=batch_seed
+    )
+    s = torch.cat([reward_fn(r).float() for _, r in batches])
+    acc, mean = torch.stack([(s > 0.5).float().mean(), s.mean()]).tolist()
+    return {"eval_accuracy": acc, "eval_score": mean}
+
+
 def evaluate(
     model: Any,
     tokenizer: Any,
@@ -137,7 +231,7 @@ def evaluate(
     """
     from p3o.rewards import get_verifier, score
     from p3o.rollout.factory import make_engine
-    from p3o.tasks import format_prompt
+    from p3o.tasks import default_verifier, format_prompt
 
     if not problems:
         raise ConfigError("eval: the task gave no problems (check --task / --split / --n-problems)")
@@ -163,13 +257,13 @@ def evaluate(
     rewards: list[float] = []
     lengths: list[int] = []
     truncated: list[bool] = []
-    for lo in range(0, len(problems), batch_prompts):
+    prompt_ids = encode_prompts(
+        [format_prompt(p, tokenizer, template, system=system_prompt) for p in problems], tokenizer
+    )
+    answers = [p.answer for p in problems]
+    for lo, rollouts in sample_batches(sampler, prompt_ids, answers, n_samples, batch_size=batch_prompts, seed=seed):
         batch = problems[lo : lo + batch_prompts]
-        texts = [format_prompt(p, tokenizer, template, system=system_prompt) for p in batch]
-        prompt_ids = encode_prompts(texts, tokenizer)
-        answers = [p.answer for p in batch]
-        rollouts = sampler.generate(prompt_ids, n_samples, seed=seed + lo, answers=answers)
-        names = [verifier or p.meta.get("verifier", "math") for p in batch]
+        names = [verifier or default_verifier(task, [p]) for p in batch]
         for name in set(names):
             if name not in verifiers:
                 try:

@@ -6,17 +6,10 @@ model, tok = load_policy("Qwen/Qwen3-0.6B")  # a Hugging Face Hub id (transforme
 path = ensure_base()                    # the cached base dir (1m by default)
 """
 
+from p3o.models.cache import cache_root
 from p3o.models.configs import SIZES, qwen3_config
-from p3o.models.hub import (
-    DEFAULT_SIZE,
-    cache_root,
-    ensure_base,
-    ensure_tokenizer,
-    is_hub_id,
-    load_hub,
-    load_policy,
-    load_pretrained,
-)
+from p3o.models.hub import ensure_tokenizer, is_hub_id, load_hub, load_policy, load_pretrained
+from p3o.models.sft import DEFAULT_SIZE, ensure_base
 
 __all__ = [
     "DEFAULT_SIZE",

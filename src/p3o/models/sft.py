@@ -11,19 +11,21 @@ so that RL has signal and room to improve.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
-import math
 import random
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from p3o.errors import ConfigError
+from p3o.models.cache import atomic_build, cache_root
 
 VERSION = 2  # bump when the recipe changes: cached bases are keyed by it
+DEFAULT_SIZE = "1m"  # the size whose warm start fits the ~2 min / 2-core budget (5m needs ~4x the compute)
 
 
 @dataclass
@@ -40,7 +42,7 @@ class SFTConfig:
         seed: seed for data, init and sampling.
         steps: optimiser steps (the early stop that keeps the base imperfect).
         batch_size: sequences per step.
-        lr: peak AdamW learning rate (linear warm-up, cosine decay to 10%).
+        lr: peak AdamW learning rate (linear warm-up, cosine decay to 10%: `p3o.train.step.lr_factor`).
         warmup_steps: linear warm-up length.
         weight_decay: AdamW weight decay.
         vocab_size: target BPE vocabulary size (the tokenizer may stop earlier on a small corpus).
@@ -91,41 +93,6 @@ def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, 
     return {"input_ids": ids, "attention_mask": attn, "labels": labels}
 
 
-@torch.no_grad()
-def sample_completions(
-    model: Any,
-    tokenizer: Any,
-    prompts: list[str],
-    *,
-    temperature: float = 1.0,
-    max_new_tokens: int = 48,
-    batch_size: int = 64,
-    seed: int = 0,
-) -> list[str]:
-    """Sample one completion per prompt with `model.generate` (temperature T, no top-k/top-p; T=0 = greedy)."""
-    model.eval()
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    torch.manual_seed(seed)
-    out: list[str] = []
-    try:
-        for i in range(0, len(prompts), batch_size):
-            enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-            kwargs: dict[str, Any] = dict(
-                max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
-            )
-            if temperature > 0:
-                kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-            else:
-                kwargs.update(do_sample=False)
-            gen = model.generate(**enc, **kwargs)
-            new = gen[:, enc["input_ids"].shape[1] :]
-            out += tokenizer.batch_decode(new, skip_special_tokens=True)
-    finally:
-        tokenizer.padding_side = old_side
-    return out
-
-
 def pass_at_1(
     model: Any,
     tokenizer: Any,
@@ -136,28 +103,33 @@ def pass_at_1(
     seed: int = 0,
     template: str = "default",
     verifier: str | None = None,
+    task: str = "arithmetic",
 ) -> float:
-    """Mean reward of one sample per problem: pass@1 = (1/n) Σ_i verifier(y_i, answer_i), y_i ~ π(·|x_i) at T."""
-    from p3o.rewards import score
-    from p3o.tasks import format_prompt
+    """Mean reward of one sample per problem: pass@1 = (1/n) Σ_i r(y_i, answer_i), y_i ~ π(·|x_i) at temperature T.
+
+    Sampled and scored by `p3o.eval.runner.evaluate` (the one evaluation sampler); the verifier is `verifier`, else
+    the task's own (`p3o.tasks.default_verifier`). 0.0 for no problems.
+    """
+    from p3o.eval.runner import evaluate
+    from p3o.tasks import default_verifier
 
     if not problems:
         return 0.0
-    prompts = [format_prompt(p, tokenizer, template=template) for p in problems]
-    texts = sample_completions(
-        model, tokenizer, prompts, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed
+    result = evaluate(
+        model,
+        tokenizer,
+        problems,
+        n_samples=1,
+        ks=(1,),
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        verifier=verifier or default_verifier(task, problems),
+        template=template,
+        batch_prompts=64,
+        seed=seed,
+        task=task,
     )
-    name = verifier or problems[0].meta.get("verifier", "exact-int")
-    rewards = score(texts, [p.answer for p in problems], name)
-    return sum(rewards) / len(rewards)
-
-
-def _lr_at(step: int, cfg: SFTConfig) -> float:
-    """Linear warm-up to cfg.lr, then cosine decay to 0.1·lr at the last step."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+    return result.mean_reward
 
 
 def warm_start(cfg: SFTConfig, out_dir: str | Path, log: bool = True) -> dict[str, Any]:
@@ -171,6 +143,7 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, log: bool = True) -> dict[st
     from p3o.models.configs import qwen3_config
     from p3o.models.tokenizer import build_tokenizer
     from p3o.tasks import format_prompt, load_task
+    from p3o.train.step import make_scheduler
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -189,16 +162,19 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, log: bool = True) -> dict[st
     problems = problems[:n_train]
     examples = encode_examples(tok, [format_prompt(p, tok) for p in problems], [p.solution for p in problems])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    # linear warm-up, then cosine decay to 0.1·lr at the last step: the trainer's own schedule
+    sched = make_scheduler(
+        opt, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps, schedule="cosine", min_factor=0.1
+    )
     loss_val = float("nan")
     for step in range(cfg.steps):
         batch = collate(examples[step * cfg.batch_size : (step + 1) * cfg.batch_size], tok.pad_token_id)
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, cfg)
         loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         loss_val = float(loss.detach())
         if log and (step % 50 == 0 or step == cfg.steps - 1):
             print(f"sft step {step:4d}  loss {loss_val:.4f}  {time.perf_counter() - t0:6.1f}s", flush=True)
@@ -228,7 +204,13 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, log: bool = True) -> dict[st
         t1 = time.perf_counter()
         test = load_task(cfg.task, "test", seed=cfg.seed, n=cfg.eval_n, difficulty=cfg.difficulty)
         stats["pass_at_1"] = pass_at_1(
-            model, tok, test, temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
+            model,
+            tok,
+            test,
+            temperature=cfg.eval_temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=cfg.seed,
+            task=cfg.task,
         )
         stats["eval_s"] = round(time.perf_counter() - t1, 2)
     out = Path(out_dir)
@@ -237,6 +219,42 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, log: bool = True) -> dict[st
     tok.save_pretrained(out)
     (out / "sft.json").write_text(json.dumps({"config": asdict(cfg), "stats": stats, "version": VERSION}, indent=2))
     return stats
+
+
+def base_key(size: str, task: str, difficulty: Any, seed: int, sft: SFTConfig | None = None) -> str:
+    """Cache key of a warm-started base: (size, task, difficulty, seed, recipe version) [+ hash of a custom recipe]."""
+    key = f"tiny-{size}-{task}-d{difficulty}-s{seed}-v{VERSION}"
+    if sft is not None:
+        custom = asdict(replace(sft, size=size, task=task, difficulty=difficulty, seed=seed, threads=0))
+        default = asdict(replace(SFTConfig(), size=size, task=task, difficulty=difficulty, seed=seed, threads=0))
+        if custom != default:
+            key += "-" + hashlib.sha1(json.dumps(custom, sort_keys=True).encode()).hexdigest()[:8]
+    return key
+
+
+def ensure_base(
+    size: str = DEFAULT_SIZE,
+    cache_dir: str | Path | None = None,
+    *,
+    task: str = "arithmetic",
+    difficulty: int = 2,
+    seed: int = 0,
+    force: bool = False,
+    sft: SFTConfig | None = None,
+) -> Path:
+    """Path of the warm-started base for (size, task, difficulty, seed), training and caching it on first use.
+
+    The entry is ``<cache>/models/<base_key(...)>``, built by `warm_start` through `p3o.models.cache.atomic_build`.
+    `sft` overrides the recipe; its size/task/difficulty/seed are replaced by the arguments here, and a non-default
+    recipe gets its own cache entry (a hash of the recipe is appended to the key).
+    """
+    from p3o.models.configs import SIZES
+
+    if size not in SIZES:
+        raise ConfigError(f"model size: unknown {size!r}; known: {', '.join(SIZES)}")
+    cfg = replace(sft or SFTConfig(), size=size, task=task, difficulty=difficulty, seed=seed)
+    target = cache_root(cache_dir) / "models" / base_key(size, task, difficulty, seed, sft)
+    return atomic_build(target, lambda tmp: warm_start(cfg, tmp), force=force)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -270,8 +288,6 @@ def main(argv: list[str] | None = None) -> int:
         stats = warm_start(cfg, args.out)
         path = Path(args.out)
     else:
-        from p3o.models.hub import ensure_base
-
         path = ensure_base(
             cfg.size, task=cfg.task, difficulty=cfg.difficulty, seed=cfg.seed, force=args.force, sft=cfg
         )

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from p3o.errors import P3OError
+from p3o.models.cache import atomic_build, cache_root, is_complete
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_NAME = "smollm2-135m-instruct"
@@ -81,13 +82,10 @@ def convert(out_dir: str | Path, gguf_path: str | Path | None = None) -> dict[st
 
 def ensure_smollm2(cache_dir: str | Path | None = None, force: bool = False) -> Path:
     """Path of the converted SmolLM2 checkpoint in the cache, converting on first use (atomically)."""
-    from p3o.models.hub import atomic_build, cache_root, is_complete
-
     target = cache_root(cache_dir) / "models" / CACHE_NAME
     if is_complete(target) and not force:
         return target
     gguf_path = find_gguf()  # fail fast with the install hint, before taking the lock
-    target.parent.mkdir(parents=True, exist_ok=True)
     return atomic_build(target, lambda tmp: convert(tmp, gguf_path), force=force)
 
 

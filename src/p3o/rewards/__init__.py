@@ -3,6 +3,7 @@
 score(completions, answers, "gsm8k")            # -> list[float]
 get_verifier("math")("... \\boxed{2}", "2")     # -> 1.0
 get_verifier("my_rewards:score")               # your own fn(completion, answer) -> float, time-limited
+reward_fn = make_reward_fn("math", timeout_s=1.0)   # rollouts -> (N,) float32 rewards
 """
 
 from p3o.rewards.extract import hash_answer, last_boxed, parse_int, parse_number
@@ -13,6 +14,7 @@ from p3o.rewards.verifiers import (
     format_reward,
     get_verifier,
     gsm8k,
+    make_reward_fn,
     math_equal,
     math_reward,
     safe_for_sympy,
@@ -28,6 +30,7 @@ __all__ = [
     "gsm8k",
     "hash_answer",
     "last_boxed",
+    "make_reward_fn",
     "math_equal",
     "math_reward",
     "parse_int",

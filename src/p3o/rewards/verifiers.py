@@ -21,10 +21,16 @@ import inspect
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from p3o.errors import ConfigError
 from p3o.rewards.extract import MAX_ANSWER_CHARS, hash_answer, last_boxed, parse_int, parse_number
 from p3o.rewards.sandbox import Worker
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from p3o.types import Rollouts
 
 Verifier = Callable[[str, str], float]
 
@@ -239,3 +245,24 @@ def score(
         except Exception:
             out.append(0.0)
     return out
+
+
+def make_reward_fn(
+    verifier: str | Verifier, *, timeout_s: float = 1.0, option: str = "task.verifier"
+) -> Callable[[Rollouts], Tensor]:
+    """The reward of a batch of rollouts: ``reward_fn(r) -> (N,) float32``, r_i = verifier(r.texts[i], r.answers[i]).
+
+    Each call is time-limited as in :func:`score` (``timeout_s``). A verifier name is resolved once, here, so an
+    unknown name or an unusable ``module:function`` fails at once: ConfigError ``"<option>: ..."``.
+    """
+    try:
+        fn = get_verifier(verifier) if isinstance(verifier, str) else verifier
+    except ConfigError as err:
+        raise ConfigError(f"{option}: {err}") from None
+
+    def reward_fn(r: Rollouts) -> Tensor:
+        import torch
+
+        return torch.tensor(score(r.texts, r.answers, fn, timeout_s=timeout_s), dtype=torch.float32)
+
+    return reward_fn

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from p3o.errors import ConfigError
 from p3o.tasks.base import Problem
 
+VERIFIER = "exact-int"  # the task's own verifier (`p3o.tasks.default_verifier`): integer answers after `####`
 TEST_PERCENT = 10  # share of the canonical-problem hash space that belongs to the test split
 SPLITS = ("train", "test")
 KINDS = ("word", "expr", "mix")
@@ -209,7 +210,7 @@ def make_problem(
         answer=str(answer),
         solution="\n".join([*lines, f"#### {answer}"]),
         meta={
-            "verifier": "exact-int",
+            "verifier": VERIFIER,
             "answer_format": "####",
             "source": "arithmetic",
             "kind": kind,

@@ -24,12 +24,13 @@ import json
 import os
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError, DataError
+from p3o.tasks import arithmetic
 from p3o.tasks.arithmetic import load_arithmetic
 from p3o.tasks.base import Problem
 
@@ -357,6 +358,27 @@ def resolve_source(name: str, path: str | Path | None = None) -> tuple[Preset, P
         known = ", ".join(["arithmetic", *PRESETS])
         raise ConfigError(f"task.name: {name!r} is neither a known task ({known}) nor an existing path")
     return _AUTO, where
+
+
+def default_verifier(task_name: str, problems: Sequence[Problem] = ()) -> str:
+    """The verifier a task is scored with when none is named (`task.verifier` unset): the task's own.
+
+    1. the first problem's ``meta["verifier"]`` — every loader stamps it: the built-in task ``"exact-int"``, a
+       preset its ``Preset.verifier``, a data file ``"gsm8k"`` when its answers carry ``#### n``, else ``"math"``;
+    2. else by the task's name: ``"arithmetic"`` → ``arithmetic.VERIFIER`` (``"exact-int"``), a preset (also
+       ``"preset:path"``) → its ``Preset.verifier``, anything else (a data path) → ``"math"`` (numbers exactly,
+       LaTeX by math-verify).
+
+    The training loop, ``p3o eval`` and the warm start's pass@1 all resolve the verifier here; a name given with
+    ``task.verifier`` / ``--verifier`` (e.g. your own ``package.module:function``) overrides it.
+    """
+    meta = getattr(problems[0], "meta", None) if problems else None
+    if isinstance(meta, dict) and meta.get("verifier"):
+        return str(meta["verifier"])
+    if task_name == "arithmetic":
+        return arithmetic.VERIFIER
+    preset = PRESETS.get(task_name.partition(":")[0])
+    return preset.verifier if preset is not None else _AUTO.verifier
 
 
 def load_task(name: str, split: str = "train", *, seed: int = 0, n: int | None = None, **kwargs: Any) -> list[Problem]:

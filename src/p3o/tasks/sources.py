@@ -22,7 +22,7 @@ from typing import Any
 
 from p3o.errors import ConfigError
 from p3o.tasks.base import Problem
-from p3o.tasks.loaders import DEFAULT_TEST_FRACTION, holdout_key, is_single_source, resolve_source
+from p3o.tasks.loaders import DEFAULT_TEST_FRACTION, default_verifier, holdout_key, is_single_source, resolve_source
 
 BUILTIN = "arithmetic"
 
@@ -54,6 +54,12 @@ def task_options(task: Any, name: str) -> dict[str, Any]:
     if fields:
         opts["fields"] = fields
     return opts
+
+
+def task_verifier(task: Any, problems: Sequence[Problem] = ()) -> str:
+    """The verifier name that scores `task` (a TaskConfig): `task.verifier` when set, else the task's own
+    (`p3o.tasks.default_verifier(task.name, problems)`)."""
+    return _opt(task, "verifier") or default_verifier(task.name, problems)
 
 
 def _single(name: str) -> bool:
