@@ -54,6 +54,7 @@ __all__ = [
     "UpdateConfig",
     "apply_overrides",
     "config_help",
+    "config_field",
     "default_preset_text",
     "from_dict",
     "list_presets",
@@ -66,14 +67,22 @@ __all__ = [
 ]
 
 
-def _f(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, **bounds: float) -> Any:
-    """A dataclass field with its help text and optional numeric bounds (gt, ge, lt, le) in the metadata."""
+def config_field(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, **bounds: float) -> Any:
+    """A dataclass field with its help text and optional numeric bounds (gt, ge, lt, le) in the metadata.
+
+    Every config of the project (train, sft, the experiment files' sections) declares its fields with it, so the
+    one mechanism (:func:`load_config`, :func:`from_dict`, :func:`validate`, :func:`config_help`) types, bounds
+    and documents them all the same way.
+    """
     assert help, "every config field needs a help text"
     assert set(bounds) <= {"gt", "ge", "lt", "le"}, bounds
     metadata = {"help": help, **bounds}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+_f = config_field
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -700,12 +709,14 @@ def to_dict(cfg: TrainConfig, *, resolve_objective: bool = False) -> dict[str, A
     return conv(cfg)
 
 
-def from_dict(d: Mapping[str, Any], *, base: TrainConfig | None = None, source: str | None = None) -> TrainConfig:
-    """A validated TrainConfig from a (nested or dotted) dict laid over ``base`` (default: the embedded defaults).
+def from_dict(d: Mapping[str, Any], *, base: Any = None, source: str | None = None, cls: type | None = None) -> Any:
+    """A validated config of root ``cls`` (default: ``type(base)``, else TrainConfig) from a (nested or dotted)
+    dict laid over ``base`` (default: ``cls()``, the embedded defaults).
 
-    ``source`` (a file name) prefixes error messages.
+    ``source`` (a file name, or ``file: section``) prefixes error messages.
     """
-    cfg = copy.deepcopy(base) if base is not None else TrainConfig()
+    cls = cls or (type(base) if base is not None else TrainConfig)
+    cfg = copy.deepcopy(base) if base is not None else cls()
     try:
         for key, value in _flatten(d):
             _set(cfg, key, value)

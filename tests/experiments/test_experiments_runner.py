@@ -116,7 +116,7 @@ def test_compare_cli_bad_input_is_one_line(tmp_path: Path, capsys: pytest.Captur
     path = tmp_path / "e.yaml"
     path.write_text(yaml.safe_dump(experiment(tmp_path, ["p3o"])))
     assert p3o_main(["compare", str(path), "--jobs", "0"]) == 2
-    assert "--jobs" in capsys.readouterr().err
+    assert "jobs: must be >= 1" in capsys.readouterr().err
 
 
 def test_compare_exit_code_when_a_run_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,7 +75,7 @@ def test_parse_and_expand_merges_base_regime_objective(tmp_path: Path) -> None:
         ({"objectives": ["p3o", "p3o"]}, "duplicate label"),
         ({"objectives": [{"overrides": {}}]}, "needs a 'label'"),
         ({"objectives": [{"label": "a/b", "overrides": {}}]}, "plain name"),
-        ({"eval": {"n_sample": 3}}, r"eval: unknown key\(s\) \['n_sample'\]"),
+        ({"eval": {"n_sample": 3}}, r"eval: unknown key 'n_sample' \(did you mean 'n_samples'\?\)"),
         ({"analysis": {"collapse_drop": 1.5}}, "collapse_drop"),
         (
             {"claims": [{"id": "a", "title": "t", "kind": "tracks", "regimes": ["on-policy"], "objectives": ["p3o"]}]},

@@ -9,42 +9,60 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from p3o.config import config_field as _f
+from p3o.config import config_help, load_config
 from p3o.errors import ConfigError
 from p3o.experiments.report import collect, write_report
 from p3o.experiments.runner import DEFAULT_TRAIN_CMD, RunOutcome, run_grid
 from p3o.experiments.spec import Experiment, RunSpec, expand, flatten, load_experiment
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like every p3o command
-        raise ConfigError(message)
+@dataclass
+class CompareOptions:
+    """Options of ``p3o compare`` (parsed, typed and documented by the same mechanism as ``p3o train``)."""
+
+    experiment: str = _f("", "experiment YAML (see configs/experiments/); also the first positional argument")
+    jobs: int = _f(1, "training processes at once", ge=1)
+    report: str | None = _f(None, "report path (None: OUT_DIR/report.md)")
+    figures: str | None = _f(None, "figure directory (None: REPORT_DIR/figures)")
+    out_dir: str | None = _f(None, "override the experiment's out_dir")
+    report_only: bool = _f(False, "train nothing; aggregate what has finished")
+    no_eval: bool = _f(False, "skip the final pass@k evaluation of each run")
+    dry_run: bool = _f(False, "print the training commands and exit")
+    train_cmd: str | None = _f(None, "training command (None: python -m p3o train)")
+    in_process: bool = _f(False, "train in this process (no start-up cost; --jobs 1)")
+    timeout: float | None = _f(None, "per-run wall-clock limit in seconds", gt=0)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="p3o compare", description="run an experiment grid and write a markdown report with figures")
-    p.add_argument("experiment", type=Path, help="experiment YAML (see configs/experiments/)")
-    p.add_argument("--jobs", type=int, default=1, help="training processes at once (default 1)")
-    p.add_argument("--report", type=Path, default=None, help="report path (default: OUT_DIR/report.md)")
-    p.add_argument("--figures", type=Path, default=None, help="figure directory (default: REPORT_DIR/figures)")
-    p.add_argument("--out-dir", type=Path, default=None, help="override the experiment's out_dir")
-    p.add_argument("--report-only", action="store_true", help="train nothing; aggregate what has finished")
-    p.add_argument("--no-eval", action="store_true", help="skip the final pass@k evaluation of each run")
-    p.add_argument("--dry-run", action="store_true", help="print the training commands and exit")
-    p.add_argument("--train-cmd", default=None, help="training command (default: python -m p3o train)")
-    p.add_argument("--in-process", action="store_true", help="train in this process (no start-up cost; --jobs 1)")
-    p.add_argument("--timeout", type=float, default=None, help="per-run wall-clock limit in seconds")
-    return p
+USAGE = "usage: p3o compare EXPERIMENT.yaml [--jobs N] [--report PATH] [--key value ...]"
+
+
+def parse_args(argv: list[str]) -> CompareOptions:
+    """``p3o compare EXPERIMENT [--option value ...]`` -> validated options (one-line ConfigError on bad input)."""
+    argv = list(argv)
+    if argv and not argv[0].startswith("--"):
+        argv = ["--experiment", *argv]
+    opts = load_config(argv, cls=CompareOptions)
+    if not opts.experiment:
+        raise ConfigError("p3o compare: expected an experiment file (p3o compare EXPERIMENT.yaml ...)")
+    return opts
+
+
+def help_text() -> str:
+    """``p3o compare --help``."""
+    about = "run an experiment grid and write a markdown report with figures"
+    return f"{USAGE}\n\n{about}\n\n{config_help(CompareOptions)}"
 
 
 def _eval_run(spec: RunSpec, exp: Experiment) -> str:
@@ -118,6 +136,10 @@ def _eval_locked(spec: RunSpec, exp: Experiment, lock: threading.Lock) -> str:
         return _eval_run(spec, exp)
 
 
+def _path(text: str | None) -> Path | None:
+    return Path(text) if text else None
+
+
 def _instrument(path: Path | str) -> str:
     """The `instrument:` key of an experiment file ("lm" when absent or unreadable: load_experiment reports it)."""
     try:
@@ -129,18 +151,20 @@ def _instrument(path: Path | str) -> str:
 
 def main(argv: list[str]) -> int:
     """Run `p3o compare`; exit 0 when every run finished, 1 when some failed (the report is written anyway)."""
-    args = build_parser().parse_args(argv)
+    if any(a in {"-h", "--help"} for a in argv):
+        print(help_text())
+        return 0
+    args = parse_args(argv)
     if _instrument(args.experiment) == "synthetic":  # the tabular toy: cells of many paired seeds, no subprocesses
         from p3o.experiments import synthetic_study
 
         command = "p3o compare " + shlex.join([a for a in argv if a])
-        return synthetic_study.main(args.experiment, args.report, args.figures, command)
+        report = Path(args.report) if args.report else None
+        return synthetic_study.main(Path(args.experiment), report, _path(args.figures), command)
     # another trainer has other keys; aggregating finished runs needs no check
     exp = load_experiment(args.experiment, check_config=not (args.train_cmd or args.report_only))
     if args.out_dir is not None:
-        exp.out_dir = args.out_dir
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs: must be ≥ 1, got {args.jobs}")
+        exp.out_dir = Path(args.out_dir)
     if args.in_process and (args.jobs > 1 or args.train_cmd):
         raise ConfigError("--in-process: runs one at a time with the built-in trainer (no --jobs, no --train-cmd)")
     train_cmd = shlex.split(args.train_cmd) if args.train_cmd else list(DEFAULT_TRAIN_CMD)
@@ -190,9 +214,9 @@ def main(argv: list[str]) -> int:
         failed = [o for o in outcomes if o.status == "failed"]
     if exp.calibration and not args.no_eval:
         _eval_base(exp)
-    report = args.report or exp.out_dir / "report.md"
+    report = _path(args.report) or exp.out_dir / "report.md"
     command = "p3o compare " + shlex.join([a for a in argv if a])
-    write_report(collect(exp), report, figure_dir=args.figures, command=command)
+    write_report(collect(exp), report, figure_dir=_path(args.figures), command=command)
     print(f"report: {report} ({time.perf_counter() - start:.0f} s)", flush=True)
     if failed:
         print(f"{len(failed)} run(s) failed; see the logs under {exp.out_dir / 'logs'}", file=sys.stderr)

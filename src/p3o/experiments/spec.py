@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from p3o.config import config_field as _f
+from p3o.config import from_dict
 from p3o.errors import ConfigError
 from p3o.experiments.regimes import OBJECTIVE_PRESETS, REGIMES, Overrides
 
@@ -62,32 +64,24 @@ class Arm:
 class EvalSpec:
     """Final-policy evaluation of every run (pass@k on the task's test split); n_samples = 0 turns it off."""
 
-    n_samples: int = 4
-    """Samples per test problem."""
-    n_problems: int = 64
-    """Test problems (the first n of the split)."""
-    split: str = "test"
-    """Task split to evaluate on."""
-    temperature: float = 1.0
-    """Sampling temperature of the evaluation."""
-    max_new_tokens: int | None = None
-    """Generation budget; None = the run's rollout.max_new_tokens."""
+    n_samples: int = _f(4, "samples per test problem (0: no final evaluation)", ge=0)
+    n_problems: int = _f(64, "test problems (the first n of the split)", ge=1)
+    split: str = _f("test", "task split to evaluate on")
+    temperature: float = _f(1.0, "sampling temperature of the evaluation", gt=0)
+    max_new_tokens: int | None = _f(None, "generation budget (None: the run's rollout.max_new_tokens)", ge=1)
 
 
 @dataclass
 class AnalysisSpec:
     """How curves are smoothed and what counts as a collapse."""
 
-    smooth: int = 5
-    """Trailing moving-average window (steps) for curves and collapse detection."""
-    collapse_drop: float = 0.3
-    """A collapse is a fall of more than this fraction below the run's smoothed peak reward, lasting to the end."""
-    min_peak: float = 0.05
-    """Peaks below this reward are too small to call a fall from them a collapse."""
-    noise_z: float = 3.0
-    """A collapse must also exceed this many standard errors of the per-step batch noise (see detect_collapse)."""
-    final_frac: float = 0.2
-    """'Final' reward = mean over this last fraction of the steps."""
+    smooth: int = _f(5, "trailing moving-average window (steps) for curves and collapse detection", ge=1)
+    collapse_drop: float = _f(
+        0.3, "a collapse is a fall of more than this fraction below the smoothed peak reward, to the end", gt=0, lt=1
+    )
+    min_peak: float = _f(0.05, "peaks below this reward are too small to call a fall from them a collapse", ge=0)
+    noise_z: float = _f(3.0, "a collapse must also exceed this many standard errors of the batch noise", ge=0)
+    final_frac: float = _f(0.2, "'final' reward = mean over this last fraction of the steps", gt=0, le=1)
 
 
 @dataclass
@@ -99,16 +93,15 @@ class PrimarySpec:
     `margin` as the equivalence margin of `tracks` claims (TOST).
     """
 
-    metric: str = "final_reward"
-    """Per-run number the verdicts use: final_reward (mean training reward over the last `analysis.final_frac`),
-    pass@1 (final evaluation), late_eval (mean in-training held-out accuracy over the last third), or any
-    per-run summary key (ess, min_ess, ...)."""
-    alpha: float = 0.05
-    """Family-wise error rate of the report's verdicts."""
-    margin: float = 0.03
-    """Equivalence margin δ (absolute, in the metric's units) for `tracks` claims."""
-    secondary: list[str] = field(default_factory=list)
-    """Metrics reported beside the primary one (no verdicts)."""
+    metric: str = _f(
+        "final_reward",
+        "per-run number the verdicts use: final_reward, pass@1, late_eval, or any per-run summary key (ess, ...)",
+    )
+    alpha: float = _f(0.05, "family-wise error rate of the report's verdicts", gt=0, lt=1)
+    margin: float = _f(0.03, "equivalence margin δ (absolute, in the metric's units) of `tracks` claims", gt=0)
+    secondary: list[str] = field(
+        default_factory=list, metadata={"help": "metrics reported beside the primary one (no verdicts)"}
+    )
 
 
 @dataclass
@@ -232,15 +225,33 @@ def _arms(raw: Any, presets: dict[str, Overrides], where: str, subset: bool = Fa
 
 
 def _dataclass_from(cls: type, raw: Any, where: str) -> Any:
+    """A section of the file as ``cls``: the project's one config mechanism (types, bounds, nearest-name errors)."""
     if raw is None:
         return cls()
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping, got {raw!r}")
-    names = set(cls.__dataclass_fields__)
-    unknown = set(raw) - names
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known: {', '.join(sorted(names))}")
-    return cls(**raw)
+    return from_dict(raw, cls=cls, source=where)
+
+
+def _claim_from(raw: dict, where: str) -> Claim:
+    """A claim entry, its fields typed (pydantic validates the dataclass); unknown keys name the nearest one."""
+    import difflib
+
+    import pydantic
+
+    names = list(Claim.__dataclass_fields__)
+    for key in raw:
+        if key not in names:
+            near = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise ConfigError(f"{where}: unknown key '{key}'{hint}; known: {', '.join(names)}")
+    raw = {**raw, "regimes": [raw["regimes"]] if isinstance(raw.get("regimes"), str) else raw.get("regimes")}
+    try:
+        return pydantic.TypeAdapter(Claim).validate_python(raw)
+    except pydantic.ValidationError as err:
+        e = err.errors()[0]
+        field_name = ".".join(str(p) for p in e["loc"])
+        raise ConfigError(f"{where}.{field_name}: {e['msg'].lower()}, got {e.get('input')!r}") from None
 
 
 def parse_experiment(raw: Any, source: Path | None = None, *, check_config: bool = False) -> Experiment:
@@ -295,12 +306,6 @@ def parse_experiment(raw: Any, source: Path | None = None, *, check_config: bool
         ):
             raise ConfigError(f"{where}: calibration: expected {{objective: <one of the objectives>}}")
         exp.calibration = str(cal["objective"])
-    if not 0 < exp.primary.alpha < 1 or not exp.primary.margin > 0:
-        raise ConfigError(f"{where}: primary: need 0 < alpha < 1 and margin > 0")
-    if exp.eval.n_samples < 0 or exp.eval.n_problems < 1:
-        raise ConfigError(f"{where}: eval: n_samples must be ≥ 0 and n_problems ≥ 1")
-    if not 0.0 < exp.analysis.collapse_drop < 1.0 or exp.analysis.smooth < 1 or not 0 < exp.analysis.final_frac <= 1:
-        raise ConfigError(f"{where}: analysis: need 0 < collapse_drop < 1, smooth ≥ 1, 0 < final_frac ≤ 1")
     labels = {a.label for a in exp.objectives}
     for i, arm in enumerate(exp.regimes):
         for label in arm.objectives or []:
@@ -341,11 +346,9 @@ def _claims(raw: Any, exp: Experiment, where: str) -> list[Claim]:
     out = []
     for i, entry in enumerate(raw):
         here = f"{where}: claims[{i}]"
-        claim = _dataclass_from(Claim, entry, here) if isinstance(entry, dict) else None
-        if claim is None:
+        if not isinstance(entry, dict):
             raise ConfigError(f"{here}: expected a mapping")
-        if isinstance(claim.regimes, str):
-            claim.regimes = [claim.regimes]
+        claim = _claim_from(entry, here)
         if claim.kind not in CLAIM_KINDS:
             raise ConfigError(f"{here}.kind: '{claim.kind}' is not one of {', '.join(CLAIM_KINDS)}")
         for label in [*claim.objectives, *claim.reference, *claim.expected]:
