@@ -65,6 +65,12 @@ def token_lag(batch: Rollouts, version: int) -> torch.Tensor:
 class BatchSource(Protocol):
     """What the training loop asks of a data source."""
 
+    overlaps_generation: bool
+    """True when batches are generated while the trainer updates (async): `get` then only waits, it does not
+    generate, and the loop does not book its time as generation time."""
+    dropped_rows: int
+    """Rows dropped so far for violating the lag bound (0 for every source but async)."""
+
     def get(self, step: int) -> Batch: ...
 
     def push_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
@@ -76,6 +82,9 @@ class BatchSource(Protocol):
 
 class SyncSource:
     """Produce batch s at step s with the engine at version s."""
+
+    overlaps_generation = False
+    dropped_rows = 0
 
     def __init__(self, produce: Produce, engine: Any) -> None:
         self.produce, self.engine = produce, engine
@@ -159,6 +168,8 @@ class AsyncSource:
 
     The data index passed to `produce` counts produced batches (it equals the step when nothing is dropped).
     """
+
+    overlaps_generation = True
 
     def __init__(
         self,
