@@ -12,7 +12,7 @@ import torch
 import p3o.rollout
 from p3o.cli import main as p3o_main
 from p3o.eval.passk import pass_at_k
-from p3o.eval.runner import evaluate
+from p3o.eval.runner import evaluate, heldout_metrics, sample_batches
 from p3o.tasks import Problem
 from p3o.types import Rollouts
 
@@ -117,3 +117,47 @@ def test_eval_cli_writes_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     d = json.loads(out.read_text())
     assert d["n_problems"] == 3 and d["correct"] == CORRECT[:3] and d["model"] == "m"
     assert d["pass_at_k"]["4"] == pytest.approx(2 / 3)
+
+
+def test_sample_batches_seeds_are_a_function_of_the_batch_position() -> None:
+    seen: list[int | None] = []
+
+    class Recorder(ScriptedEngine):
+        def generate(self, prompt_ids, n, *, seed=None, answers):  # type: ignore[override]
+            seen.append(seed)
+            return super().generate(prompt_ids, n, seed=seed, answers=answers)
+
+    ids, answers = [[5]] * 5, ["0", "1", "2", "3", "4"]
+    batches = list(sample_batches(Recorder(None), ids, answers, 2, batch_size=2, seed=10))
+    assert [lo for lo, _ in batches] == [0, 2, 4] and seen == [10, 12, 14]
+    assert [r.answers for _, r in batches][1] == ["2", "2", "3", "3"]  # rows grouped, answers set
+    seen.clear()
+    list(sample_batches(Recorder(None), ids, answers, 1, batch_size=2, batch_seed=lambda lo: 1000 + 7 * lo))
+    assert seen == [1000, 1014, 1028]
+
+
+def test_heldout_metrics_is_the_loops_eval_formula(monkeypatch: pytest.MonkeyPatch) -> None:
+    # eval_accuracy = share of samples with score > 0.5, eval_score = mean score; a 0.5 score is not correct
+    monkeypatch.setattr(p3o.rollout, "HFEngine", ScriptedEngine)
+    model, tok = torch.nn.Linear(2, 3), CharTokenizer()
+    ids, answers = [[5]] * 5, [str(i) for i in range(5)]
+    got = heldout_metrics(model, tok, ids, answers, "exact-int", n_samples=4, batch_size=2)
+    assert got == pytest.approx({"eval_accuracy": sum(CORRECT) / 20, "eval_score": sum(CORRECT) / 20})
+    # the same numbers through `evaluate` (one sampler, one verifier)
+    problems = [Problem(prompt=f"q{i}", answer=str(i), meta={"verifier": "exact-int"}) for i in range(5)]
+    assert evaluate(model, tok, problems, n_samples=4, ks=[1]).mean_reward == pytest.approx(got["eval_score"])
+
+    def half(r: Rollouts) -> torch.Tensor:  # the loop's own reward_fn: a 0.5 score counts in eval_score only
+        return torch.tensor([0.5 if "#### -1" in t else 1.0 for t in r.texts])
+
+    made: list[object] = []
+
+    def factory(policy: torch.nn.Module) -> ScriptedEngine:  # the loop's Components.make_engine
+        made.append(policy)
+        return ScriptedEngine(policy)
+
+    got = heldout_metrics(model, None, ids, answers, half, n_samples=4, engine=factory, batch_seed=lambda lo: lo)
+    assert made == [model]
+    right = sum(CORRECT)
+    assert got == pytest.approx({"eval_accuracy": right / 20, "eval_score": (right + 0.5 * (20 - right)) / 20})
+    assert heldout_metrics(model, tok, [], [], "exact-int") == {}

@@ -129,3 +129,20 @@ def test_batch_noise_estimates_sigma_and_ignores_a_jump() -> None:
     y[2000:] -= 5.0  # one jump barely moves the robust estimate
     assert batch_noise(y) == pytest.approx(0.1, rel=0.05)
     assert batch_noise(np.array([1.0, 2.0])) == 0.0
+
+
+def test_read_curves_raises_on_a_bad_line_that_is_not_the_last(tmp_path: Path) -> None:
+    from p3o.errors import DataError
+
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1, "reward_mean": 0.1}\n{"step": 2, "rew\n{"step": 3, "reward_mean": 0.3}\n')
+    with pytest.raises(DataError, match=r"metrics.jsonl:2: malformed"):
+        read_curves(p)
+
+
+def test_smooth_modes_trailing_for_statistics_centred_for_figures() -> None:
+    y = np.array([0.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    np.testing.assert_allclose(smooth(y, 3), [0, 0, 0, 1 / 3, 2 / 3, 1])  # trailing (the default): past points only
+    np.testing.assert_allclose(smooth(y, 3, mode="centred"), [0, 0, 1 / 3, 2 / 3, 1, 1])
+    with pytest.raises(ValueError, match="unknown mode"):
+        smooth(y, 3, mode="causal")  # type: ignore[arg-type]

@@ -156,3 +156,22 @@ def test_bad_files(tmp_path: Path) -> None:
         load_task("gsm8k", path=str(f), colour="red")
     with pytest.raises(ConfigError, match="unknown key"):
         load_task(str(f), fields={"query": "question"})
+
+
+def test_a_task_owns_its_default_verifier(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from p3o.tasks import Problem, default_verifier, task_verifier
+
+    # by name, when the problems do not say (hand-made Problems without meta)
+    assert default_verifier("arithmetic") == "exact-int"
+    assert default_verifier("gsm8k") == default_verifier("gsm8k:data/gsm8k.jsonl") == "gsm8k"
+    assert default_verifier("math500") == default_verifier("data/mine.jsonl", [Problem("q", "1")]) == "math"
+    # what the loaders stamp on each problem wins
+    assert default_verifier("arithmetic", load_task("arithmetic", n=2)) == "exact-int"
+    f = _jsonl(tmp_path / "mine.jsonl", [{"question": "Q?", "answer": "so\n#### 5"}])
+    assert default_verifier(str(f), load_task(str(f), "all")) == "gsm8k"
+    assert default_verifier("arithmetic", [Problem("q", "1", meta={"verifier": "format"})]) == "format"
+    # task.verifier overrides the task's own
+    assert task_verifier(SimpleNamespace(name="arithmetic", verifier=None)) == "exact-int"
+    assert task_verifier(SimpleNamespace(name="arithmetic", verifier="math+format")) == "math+format"
