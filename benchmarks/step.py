@@ -185,7 +185,7 @@ def main() -> None:
     import transformers
     import trl
 
-    from p3o.train.loop import build_components
+    from p3o.train.wiring import build_components
 
     comps = build_components(make_config(args, tempfile.gettempdir(), args.steps))
     n_params = sum(p.numel() for p in comps.policy.parameters())

@@ -10,7 +10,7 @@ import pytest
 from p3o.config import load_config
 from p3o.errors import P3OError
 from p3o.tasks import in_test_split
-from p3o.train.loop import build_components
+from p3o.train.wiring import build_components
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "own_task.jsonl"
 OWN = ["--task.name", str(DATA), "--task.question_key", "q", "--task.answer_key", "a", "--model.name", "tiny-random"]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from p3o.config import TrainConfig, apply_overrides
-from p3o.train.loop import Components
+from p3o.train.wiring import Components
 from p3o.types import Rollouts
 
 VOCAB = 64

@@ -596,7 +596,7 @@ def _probe_lm(
     from p3o.policy import token_logprobs
     from p3o.rollout import HFEngine
     from p3o.train.checkpoint import checkpoint_step, list_checkpoints, load_policy_weights
-    from p3o.train.loop import build_components
+    from p3o.train.wiring import build_components
 
     t0 = time.perf_counter()
     cfg = load_config(["--config", str(run_dir / "config.yaml")])

@@ -46,13 +46,18 @@ def objective_needs(name: str, hyper: dict[str, Any]) -> frozenset[str]:
 
 
 def make_optimizer(
-    model: nn.Module, lr: float, *, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999)
+    model: nn.Module,
+    lr: float,
+    *,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
 ) -> torch.optim.AdamW:
     """AdamW over the trainable parameters of `model`."""
     if not lr > 0:
         raise ConfigError(f"optim.lr: must be > 0, got {lr}")
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps)
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_factor: float = 0.1) -> float:

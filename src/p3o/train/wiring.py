@@ -1,0 +1,260 @@
+"""Wiring: turn a TrainConfig into the objects the loop runs — model, task, verifier, engine factory, optimizer.
+
+    comps = build_components(cfg)                          # model, tokenizer, prompts, reward_fn, make_engine, ...
+    optimizer, scheduler = build_optimizer(comps.policy, cfg.optim, cfg.update, cfg.steps)
+    check_run_dir(cfg.run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
+
+Each component receives its own sub-config: the engine factory the rollout section, the optimizer the optim and
+update sections; the task decides its default verifier (`p3o.tasks.default_verifier`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from p3o import dist
+from p3o.errors import ConfigError
+from p3o.train.buffer import BatchSource
+from p3o.train.step import make_optimizer, make_scheduler
+from p3o.types import Rollouts
+
+if TYPE_CHECKING:
+    from p3o.config import OptimConfig, UpdateConfig
+
+
+@dataclass
+class Components:
+    """Everything the loop needs that is not a config value (built by `build_components`; tests inject fakes).
+
+    Attributes:
+        policy: the trainer's causal LM (updated in place).
+        tokenizer: saved with checkpoints (None allowed).
+        prompts: tokenized training prompts, one token-id list per problem.
+        answers: the reference answer of each prompt (passed to the reward function).
+        reward_fn: rewards of a batch: `reward_fn(rollouts) -> (N,) float32` (verifier scores in [0, 1]).
+        make_engine: builds a RolloutEngine holding its OWN copy of a model: `make_engine(policy) -> engine`.
+        ref_model: frozen reference policy (for ref_kl_coef), or None.
+        pad_id: pad token id used when concatenating batches.
+        eval_prompts, eval_answers: held-out prompts for `eval_accuracy` (empty: no evaluation).
+    """
+
+    policy: nn.Module
+    tokenizer: Any
+    prompts: list[list[int]]
+    answers: list[str]
+    reward_fn: Callable[[Rollouts], Tensor]
+    make_engine: Callable[[nn.Module], Any]
+    ref_model: nn.Module | None = None
+    pad_id: int = 0
+    eval_prompts: list[list[int]] = field(default_factory=list)
+    eval_answers: list[str] = field(default_factory=list)
+
+
+def resolve_device(cfg_device: str) -> torch.device:
+    if cfg_device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg_device)
+
+
+def build_components(cfg: Any) -> Components:
+    """Load the model, tokenizer, task, verifier and rollout-engine factory named by `cfg` (a TrainConfig).
+
+    Problems come from `p3o.tasks.load_train_problems` / `load_eval_problems`: a single data file is split by a
+    hash of the question (share `task.test_fraction`), `task.eval_name` names other evaluation data, and no
+    evaluation problem is a training problem unless `task.allow_train_eval_overlap`. Every prompt is
+    `format_prompt(problem, tokenizer, task.template, system=task.system_prompt)`. The task and the verifier are
+    resolved before the model is loaded, so a wrong path or `module:function` fails at once.
+    """
+    from p3o.models import load_policy
+    from p3o.rewards import get_verifier, score
+    from p3o.rollout.factory import make_engine as _make
+    from p3o.tasks import format_prompt, load_eval_problems, load_train_problems
+
+    task = cfg.task
+    problems = load_train_problems(task, seed=cfg.seed, n=task.n_train)
+    eval_problems = []
+    if task.n_eval > 0:
+        eval_problems = load_eval_problems(task, seed=cfg.seed, n=task.n_eval, train=problems)
+    verifier_name = task.verifier or _default_verifier(task.name, problems)
+    try:
+        verifier = get_verifier(verifier_name)
+    except ConfigError as err:
+        raise ConfigError(f"task.verifier: {err}") from None
+    timeout = task.reward_timeout_s
+
+    device = resolve_device(cfg.model.device)
+    policy, tokenizer = load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)
+    policy = policy.to(device=device, dtype=getattr(torch, cfg.model.dtype))
+    if cfg.train.gradient_checkpointing and hasattr(policy, "gradient_checkpointing_enable"):
+        policy.gradient_checkpointing_enable()
+
+    def encode(probs: list[Any]) -> list[list[int]]:
+        texts = [format_prompt(p, tokenizer, task.template, system=task.system_prompt) for p in probs]
+        return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    prompts, answers = encode(problems), [p.answer for p in problems]
+
+    def reward_fn(r: Rollouts) -> Tensor:
+        return torch.tensor(score(r.texts, r.answers, verifier, timeout_s=timeout), dtype=torch.float32)
+
+    ro = cfg.rollout
+
+    def make_engine(model: nn.Module) -> Any:
+        return _make(
+            ro.engine,
+            model,
+            tokenizer,
+            precision=ro.precision,
+            temperature=ro.temperature,
+            top_p=ro.top_p,
+            top_k=ro.top_k,
+            max_new_tokens=ro.max_new_tokens,
+            logprob_mode=ro.logprob_mode,
+            seed=cfg.seed,
+            device=device,
+        )
+
+    ref = None
+    if cfg.train.ref_model and not cfg.model.lora.r:  # with LoRA, `run` uses the base with adapters disabled
+        ref = copy.deepcopy(policy).eval().requires_grad_(False)
+    pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else 0
+    return Components(
+        policy,
+        tokenizer,
+        prompts,
+        answers,
+        reward_fn,
+        make_engine,
+        ref,
+        int(pad),
+        eval_prompts=encode(eval_problems) if eval_problems else [],
+        eval_answers=[p.answer for p in eval_problems],
+    )
+
+
+def _default_verifier(task: str, problems: list[Any]) -> str:
+    """The task's own verifier: Problem.meta["verifier"] when set, else by task name (a file: "math").
+
+    A file's rows get "gsm8k" when their answers carry `#### n`, else "math" (numbers exactly, LaTeX by
+    math-verify); `task.verifier` overrides it, e.g. with your own `package.module:function`.
+    """
+    meta = getattr(problems[0], "meta", None) or {}
+    if isinstance(meta, dict) and meta.get("verifier"):
+        return str(meta["verifier"])
+    return {"arithmetic": "exact-int", "gsm8k": "gsm8k"}.get(task, "math")
+
+
+def engine_model(policy: nn.Module) -> nn.Module:
+    """What a rollout engine copies: the policy, or with LoRA a plain HF model with the adapters merged."""
+    from p3o.models.lora import is_lora, merged_copy
+
+    return merged_copy(policy) if is_lora(policy) else policy
+
+
+def sync_weights(policy: nn.Module) -> dict[str, Tensor]:
+    """The tensors an engine sync sends: the full state dict, or with LoRA only the merged adapted layers."""
+    from p3o.models.lora import is_lora, merged_weights
+
+    return merged_weights(policy) if is_lora(policy) else policy.state_dict()
+
+
+def build_optimizer(
+    policy: nn.Module, optim: OptimConfig, update: UpdateConfig, steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable parameters and its schedule over the run's optimizer steps.
+
+    total optimizer steps = steps × update.num_mini_batches × update.epochs (the schedule's horizon).
+    """
+    optimizer = make_optimizer(
+        policy, optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas), eps=optim.eps
+    )
+    scheduler = make_scheduler(
+        optimizer,
+        warmup_steps=optim.warmup_steps,
+        total_steps=steps * update.num_mini_batches * update.epochs,
+        schedule=optim.schedule,
+        min_factor=optim.min_lr_ratio,
+    )
+    return optimizer, scheduler
+
+
+def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse (ConfigError, on every rank together) a run_dir this run must not write into; create it otherwise.
+
+    A fresh run (no `resume`) never silently replaces another: a run_dir holding an earlier run's outputs is
+    refused unless `overwrite`. `resume` over a finished run with no checkpoint is refused too.
+    """
+    from p3o.train.checkpoint import latest_checkpoint, run_outputs
+
+    problem = None
+    if dist.is_main():
+        outputs = run_outputs(run_dir)
+        if outputs and not resume and not overwrite:
+            problem = (
+                f"run_dir {run_dir} holds an earlier run ({', '.join(outputs)}); pass --resume to continue it or "
+                f"--overwrite to replace it (or choose another --run_dir)"
+            )
+        elif resume and "final" in outputs and latest_checkpoint(run_dir) is None:
+            problem = (
+                f"run_dir {run_dir} holds a finished run with no checkpoint to resume from; pass --overwrite "
+                f"(without --resume) to replace it, or choose another --run_dir"
+            )
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+    problem = dist.broadcast_object(problem)  # every rank stops together (identity at world size 1)
+    if problem:
+        raise ConfigError(problem)
+
+
+def save_loop_checkpoint(
+    run_dir: Path,
+    step: int,
+    comps: Components,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    source: BatchSource,
+    keep_last: int,
+) -> None:
+    """Rank 0 writes the checkpoint; the loop state carries every rank's buffer and torch RNG (gathered).
+
+    loop_state = {"rank_source": {rank: source.state()}, "rank_rng": {rank: torch RNG state}}: all `run` reads
+    back (the data stream needs no cursor; the engine version is the step).
+    """
+    from p3o.train.checkpoint import save_checkpoint
+
+    states = dist.all_gather_object({"source": source.state(), "rng": torch.get_rng_state()})
+    if dist.is_main():
+        loop_state = {
+            "rank_source": {r: s["source"] for r, s in enumerate(states)},
+            "rank_rng": {r: s["rng"] for r, s in enumerate(states)},
+        }
+        save_checkpoint(
+            run_dir,
+            step,
+            model=comps.policy,
+            tokenizer=comps.tokenizer,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            loop_state=loop_state,
+            keep_last=keep_last,
+        )
+    dist.barrier()
+
+
+__all__ = [
+    "Components",
+    "build_components",
+    "build_optimizer",
+    "check_run_dir",
+    "engine_model",
+    "resolve_device",
+    "save_loop_checkpoint",
+    "sync_weights",
+]
