@@ -74,8 +74,13 @@ def _lines(path: Path) -> int:
         return 0
 
 
-def test_sigkill_at_random_step_then_resume(tmp_path, reference, resumed_from):
-    kill_after = random.Random().randint(2, STEPS - 2)  # a random step, different on every run
+# The kill point is random but seeded, so a failure reproduces: P3O_KILL_SEED=<seed in the failure> pytest ...
+KILL_SEEDS = [int(os.environ["P3O_KILL_SEED"])] if "P3O_KILL_SEED" in os.environ else [20261130]
+
+
+@pytest.mark.parametrize("kill_seed", KILL_SEEDS)
+def test_sigkill_at_random_step_then_resume(tmp_path, reference, resumed_from, kill_seed):
+    kill_after = random.Random(kill_seed).randint(2, STEPS - 2)  # a seeded random step (the seed is in the test id)
     proc = _spawn(tmp_path)
     deadline = time.monotonic() + 120
     while _lines(tmp_path / "metrics.jsonl") < kill_after and proc.poll() is None and time.monotonic() < deadline:
