@@ -192,3 +192,64 @@ def test_save_policy_is_loadable_with_from_pretrained(tmp_path, tiny_lm):
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
+
+
+def test_trainer_state_is_plain_and_loads_with_weights_only(tmp_path, tiny_lm):
+    model, opt, sched = _trained(tiny_lm)
+    fifo = [(3, {"texts": ["a"], "rewards": torch.ones(2), "advantages": None}, {"accuracy": 0.5})]
+    path = save_checkpoint(tmp_path, 4, model=model, optimizer=opt, scheduler=sched, loop_state={"fifo": fifo})
+    state = torch.load(path / "trainer_state.pt", weights_only=True)  # no allowlist: tensors and plain values
+    assert state["format"] == 2 and set(state["rng"]) == {0}
+    assert state["loop_state"]["fifo"][0][1]["texts"] == ["a"]
+
+    class Opaque:
+        pass
+
+    with pytest.raises(P3OError, match=r"loop_state\['fifo'\]\[0\]\[2\]: a Opaque cannot be saved"):
+        save_checkpoint(tmp_path, 5, model=model, loop_state={"fifo": [(4, {}, Opaque())]})
+    assert latest_checkpoint(tmp_path).name == "step_000004"
+
+
+def test_each_rank_restores_its_own_rng(tmp_path, monkeypatch):
+    lin = torch.nn.Linear(2, 2)
+    states = {}
+    for rank, seed in ((0, 10), (1, 11)):  # what gather_rng_states collects: each rank's own generators
+        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        states[rank] = ckpt_mod.rng_state()
+    expected = {}
+    for rank in (0, 1):
+        ckpt_mod.set_rng_state(states[rank])
+        expected[rank] = _draws()
+    save_checkpoint(tmp_path, 1, model=lin, rng=states)
+    for rank in (1, 0):
+        monkeypatch.setattr(ckpt_mod.dist, "rank", lambda r=rank: r)
+        load_checkpoint(tmp_path)
+        got = _draws()
+        assert got[:2] == expected[rank][:2] and torch.equal(got[2], expected[rank][2]), rank
+    # a rank the checkpoint has no state for keeps its own generators
+    monkeypatch.setattr(ckpt_mod.dist, "rank", lambda: 2)
+    torch.manual_seed(5)
+    ahead = torch.rand(2)
+    torch.manual_seed(5)
+    load_checkpoint(tmp_path)
+    assert torch.equal(torch.rand(2), ahead)
+
+
+def test_format_1_checkpoint_still_loads(tmp_path, monkeypatch):
+    """Format 1 (before per-rank RNG): rank 0's states, NumPy's as an ndarray; only rank 0 restores them."""
+    lin = torch.nn.Linear(2, 2)
+    path = save_checkpoint(tmp_path, 1, model=lin)
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    old_rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    expected = _draws()
+    state = torch.load(path / "trainer_state.pt", weights_only=True)
+    torch.save({**state, "format": 1, "rng": old_rng}, path / "trainer_state.pt")
+    assert load_checkpoint(tmp_path)["step"] == 1
+    got = _draws()
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+    monkeypatch.setattr(ckpt_mod.dist, "rank", lambda: 1)
+    torch.manual_seed(5)
+    ahead = torch.rand(2)
+    torch.manual_seed(5)
+    load_checkpoint(tmp_path)
+    assert torch.equal(torch.rand(2), ahead)  # rank 1 does not take rank 0's generators

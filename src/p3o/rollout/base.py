@@ -1,7 +1,7 @@
 """The rollout-engine seam: anything that samples completions and records their per-token log-probs and versions.
 
-engine: RolloutEngine = HFEngine(model, tokenizer, precision="fp8")
-rollouts = engine.generate([[1, 5, 7], [1, 9]], n=4, seed=0)
+engine: RolloutEngine = make_engine("hf", model, tokenizer, precision="fp8")   # p3o.rollout.factory
+rollouts = engine.generate([[1, 5, 7], [1, 9]], n=4, seed=0)                   # 8 rows: prompt 0 → rows 0–3
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ class RolloutEngine(Protocol):
     def generate(
         self, prompt_ids: list[list[int]], n: int, *, seed: int | None = None, answers: list[str] | None = None
     ) -> Rollouts:
-        """Rows are grouped: prompt i gives rows i·n … i·n+n−1 with group id i + group_offset."""
+        """Sample `n` completions of every prompt; rows are grouped: prompt i gives rows i·n … i·n+n−1.
+
+        `group_ids` (N,) gives the rows of one prompt the same id and different prompts different ids; the values
+        themselves are the engine's (an engine may number them on across calls): callers that need batch-wide ids
+        assign their own, as the training loop does. `seed` makes the call reproducible; `answers` (one per prompt)
+        are copied onto their rows.
+        """
         ...
 
     def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:

@@ -38,7 +38,8 @@ Produce = Callable[[int, Any], Batch]
 
 
 def rollouts_to_state(r: Rollouts) -> dict[str, Any]:
-    """A plain dict of tensors and lists (safe for `torch.load(weights_only=True)`)."""
+    """A plain dict of tensors and lists: what checkpoints store (`p3o.train.checkpoint` reads them back with
+    `torch.load(weights_only=True)`, which rebuilds no Python classes)."""
     return {f.name: getattr(r, f.name) for f in fields(r)}
 
 

@@ -6,12 +6,13 @@ Layout under a run directory::
       step_000020/
         policy/               save_pretrained (safetensors) + tokenizer files; with LoRA the adapters only
                               (PEFT format: adapter_model.safetensors + adapter_config.json)
-        trainer_state.pt      {"format", "step", "optimizer", "scheduler", "rng", "loop_state"}
+        trainer_state.pt      {"format", "step", "optimizer", "scheduler", "rng": {rank: states}, "loop_state"}
         meta.json             written last: {"step", "format"}; a directory without it is incomplete
       step_000040/ ...
       latest                  text file naming the newest complete checkpoint ("step_000040")
 
-    path = save_checkpoint(run_dir, 40, model=model, tokenizer=tok, optimizer=opt, loop_state={"buffer": buf})
+    rng = gather_rng_states()              # every rank calls it (a collective); rank 0 then saves
+    path = save_checkpoint(run_dir, 40, model=model, tokenizer=tok, optimizer=opt, rng=rng, loop_state={"fifo": [...]})
     state = load_checkpoint(run_dir, model=model, optimizer=opt)   # None when there is none; state["step"] == 40
 
 Atomicity: everything is written into a hidden temporary directory in ``checkpoints/`` (same filesystem),
@@ -20,8 +21,15 @@ pointer is replaced atomically. A crash at any point leaves the previous checkpo
 left-over temporary directories are ignored by the loader and removed by the next save. Only one process
 (rank 0) should call :func:`save_checkpoint`.
 
-Security: ``trainer_state.pt`` is read with ``torch.load(weights_only=False)`` because the loop state may hold
-arbitrary Python objects (e.g. buffered ``Rollouts``); load only checkpoints you trust.
+RNG: every rank's own generators (Python, NumPy, torch CPU, CUDA) are saved under its rank and each rank restores
+its own; a rank the checkpoint holds no state for (or, in a format-1 checkpoint, any rank but 0) keeps the
+generators it seeded itself.
+
+Security: ``trainer_state.pt`` is read with ``torch.load(weights_only=True)``: tensors and plain Python values
+(dict, list, tuple, str, int, float, bool, None) only, so loading a checkpoint never runs code from it.
+``save_checkpoint`` refuses a ``loop_state`` holding anything else (buffered ``Rollouts`` are stored as plain dicts,
+``p3o.train.buffer.rollouts_to_state``). Format-1 checkpoints, whose NumPy RNG state is an ndarray, load through
+an allowlist of exactly the NumPy types that state needs.
 """
 
 from __future__ import annotations
@@ -34,13 +42,14 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from p3o import dist
 from p3o.errors import P3OError
 
 __all__ = [
@@ -50,6 +59,7 @@ __all__ = [
     "RUN_OUTPUTS",
     "checkpoint_step",
     "clear_run_outputs",
+    "gather_rng_states",
     "is_complete",
     "latest_checkpoint",
     "list_checkpoints",
@@ -62,7 +72,7 @@ __all__ = [
     "set_rng_state",
 ]
 
-FORMAT = 1
+FORMAT = 2  # 2: per-rank RNG states, NumPy's as a tensor (weights_only loadable); 1: rank 0's RNG, NumPy ndarray
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "trainer_state.pt"
@@ -231,10 +241,15 @@ def _load_adapters(model: torch.nn.Module, state: dict[str, torch.Tensor], polic
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU (and CUDA when available) generator states."""
+    """This process's Python, NumPy, torch CPU (and CUDA when available) generator states.
+
+    Plain values and tensors only (``torch.load(weights_only=True)`` reads them): NumPy's MT19937 state is kept as
+    ``(name, keys (624,) int64 tensor, pos, has_gauss, cached_gaussian)``.
+    """
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -242,10 +257,17 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def gather_rng_states() -> dict[int, dict[str, Any]]:
+    """``{rank: rng_state() of that rank}`` on every rank (a collective: all ranks call it); ``{0: ...}`` alone."""
+    return dict(enumerate(dist.all_gather_object(rng_state())))
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore the generator states captured by :func:`rng_state` (CUDA only when present on both sides)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, *rest = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else keys
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         cuda = state["cuda"]
@@ -372,6 +394,7 @@ def save_checkpoint(
     scheduler: Any = None,
     loop_state: dict[str, Any] | None = None,
     keep_last: int = 2,
+    rng: Mapping[int, dict[str, Any]] | None = None,
 ) -> Path:
     """Atomically write ``run_dir/checkpoints/step_{step:06d}/`` and point ``latest`` at it; returns its path.
 
@@ -381,8 +404,12 @@ def save_checkpoint(
         model: the policy (DDP/FSDP/compile wrappers are unwrapped); saved with ``save_pretrained`` (safetensors).
         tokenizer: saved next to the weights when given.
         optimizer, scheduler: their ``state_dict()`` go to ``trainer_state.pt``.
-        loop_state: anything picklable the loop needs to resume (buffers of Rollouts, engine version, counters).
+        loop_state: what the loop needs to resume (its sources' buffers, ...): tensors and plain Python values
+            only (dict, list, tuple, str, int, float, bool, None), as ``torch.load(weights_only=True)`` reads them;
+            anything else raises P3OError naming where it sits.
         keep_last: complete step checkpoints kept after this save (older ones are deleted; >= 1).
+        rng: every rank's generator states, ``{rank: rng_state()}`` (:func:`gather_rng_states`); None saves only
+            this process's, under its own rank.
 
     A failure anywhere before the final rename leaves only a hidden ``.tmp-*`` directory, which loaders ignore.
     """
@@ -390,6 +417,7 @@ def save_checkpoint(
         raise P3OError(f"ckpt.keep_last: must be >= 1, got {keep_last}")
     if step < 0:
         raise P3OError(f"checkpoint step must be >= 0, got {step}")
+    _check_plain(loop_state, "loop_state")
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(f"{_TMP_PREFIX}step_*"):  # debris of an earlier crash
@@ -407,7 +435,7 @@ def save_checkpoint(
             "step": int(step),
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "rng": rng_state(),
+            "rng": {int(r): s for r, s in rng.items()} if rng is not None else {dist.rank(): rng_state()},
             "loop_state": loop_state,
         }
         torch.save(state, tmp / STATE_FILE)
@@ -420,6 +448,53 @@ def save_checkpoint(
     _atomic_write_text(root / LATEST, name + "\n")
     _prune(root, keep_last, keep=final)
     return final
+
+
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor)
+
+
+def _check_plain(obj: Any, where: str) -> None:
+    """Raise P3OError unless ``obj`` is made of tensors and plain Python values (what weights_only loading reads)."""
+    if isinstance(obj, _PLAIN):
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int)):
+                raise P3OError(f"checkpoint {where}: key {k!r} of type {type(k).__name__} (use str or int keys)")
+            _check_plain(v, f"{where}[{k!r}]")
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _check_plain(v, f"{where}[{i}]")
+        return
+    raise P3OError(
+        f"checkpoint {where}: a {type(obj).__name__} cannot be saved (tensors and plain Python values only, which "
+        "torch.load(weights_only=True) reads back; convert it, e.g. rollouts_to_state for Rollouts)"
+    )
+
+
+def _legacy_numpy_globals() -> list[Any]:
+    """The NumPy types a format-1 checkpoint's RNG state (an ndarray of uint32) needs to unpickle."""
+    core = getattr(np, "_core", None) or np.core
+    return [np.ndarray, np.dtype, core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+
+
+def _read_state(path: Path, map_location: str | torch.device) -> Any:
+    """``torch.load(weights_only=True)`` of a trainer state (format-1 files through the NumPy allowlist)."""
+    with torch.serialization.safe_globals(_legacy_numpy_globals()):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def _restore_own_rng(saved: Any) -> None:
+    """Restore this rank's generators from a checkpoint's ``rng`` entry (format 2: by rank; format 1: rank 0 only)."""
+    if not isinstance(saved, dict):
+        return
+    if "python" in saved:  # format 1 holds rank 0's states: other ranks keep the generators they seeded themselves
+        own = saved if dist.rank() == 0 else None
+    else:
+        own = saved.get(dist.rank())
+    if own is not None:
+        set_rng_state(own)
 
 
 def _prune(root: Path, keep_last: int, keep: Path) -> None:
@@ -457,16 +532,16 @@ def load_checkpoint(
 
     ``path_or_run_dir`` is a run directory (or its ``checkpoints/``), which picks the newest complete checkpoint and
     falls back to older ones when one cannot be read, or one ``step_XXXXXX`` directory. ``model`` weights are loaded
-    in place; ``optimizer`` / ``scheduler`` states when given and saved; RNG states when ``restore_rng``.
+    in place; ``optimizer`` / ``scheduler`` states when given and saved; when ``restore_rng``, this rank's own RNG
+    states (a rank the checkpoint has none for keeps its generators as they are).
 
-    Returns ``{"step": int, "loop_state": dict | None, "path": Path}``. Uses ``torch.load(weights_only=False)``:
-    trusted checkpoints only.
+    Returns ``{"step": int, "loop_state": dict | None, "path": Path}``. Reads with ``torch.load(weights_only=True)``.
     """
     candidates = _resolve(path_or_run_dir)
     errors: list[str] = []
     for ckpt in candidates:
         try:
-            state = torch.load(ckpt / STATE_FILE, map_location=map_location, weights_only=False)
+            state = _read_state(ckpt / STATE_FILE, map_location)
             if not isinstance(state, dict) or "step" not in state:
                 raise P3OError(f"{ckpt / STATE_FILE}: not a p3o trainer state")
         except Exception as err:  # a corrupt file: try the previous checkpoint
@@ -481,8 +556,8 @@ def load_checkpoint(
             optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None and state.get("scheduler") is not None:
             scheduler.load_state_dict(state["scheduler"])
-        if restore_rng and state.get("rng") is not None:
-            set_rng_state(state["rng"])
+        if restore_rng:
+            _restore_own_rng(state.get("rng"))
         return {"step": int(state["step"]), "loop_state": state.get("loop_state"), "path": ckpt}
     if errors:
         raise P3OError(f"{path_or_run_dir}: no readable checkpoint ({', '.join(errors)})")
