@@ -128,7 +128,9 @@ def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
         "ess",
         "kl_weight",
         "capped_frac",
+        "band_frac",
         "clipfrac",
+        "trunc_frac",
         "approx_kl",
         "ratio_max",
         "lag_mean",
@@ -168,7 +170,8 @@ def _plot_band(ax: Any, runs: list[Curves], key: str, window: int, label: str, c
 
 def plot_regime(summary: GridSummary, regime: str, path: Path) -> Path:
     """Five panels for one regime (mean over seeds, band = min..max, smoothed): reward, ESS, KL weight, the share of
-    tokens with |ρ − 1| > 0.2 (``clipfrac``: GRPO's clipped share, P3O's nominal band) and the prefix factor m_t."""
+    tokens with |ρ − 1| > 0.2 (``band_frac``: the same statistic for every objective, so like is compared with like)
+    and the prefix factor m_t."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,7 +182,7 @@ def plot_regime(summary: GridSummary, regime: str, path: Path) -> Path:
         (REWARD_KEY, "reward (mean over seeds, band = min–max)"),
         ("ess", "ESS"),
         ("kl_weight", "KL weight"),
-        ("clipfrac", "share of tokens with |ρ − 1| > 0.2"),
+        ("band_frac", "share of tokens with |ρ − 1| > 0.2"),
         ("m_mean", "mean prefix factor m_t"),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(20, 3.8))
@@ -463,7 +466,7 @@ def calibration_table(summary: GridSummary, objective: str) -> str:
     """How off-policy each regime makes the data: the calibration objective's runs, every seed pooled.
 
     Columns: lr; mean and 10th percentile of the per-step ESS (all steps of all seeds); its minimum; the share of
-    tokens with |ρ − 1| > 0.2 (what a GRPO clip at ε = 0.2 would clip: P3O's ``clipfrac``); MinPRO's prefix factor
+    tokens with |ρ − 1| > 0.2 (``band_frac``: what a GRPO clip at ε = 0.2 would act on); MinPRO's prefix factor
     m_t of the same ratios (mean, share > 0.5, share < 0.1); the final pass@1 and its change from the base policy's
     pass@1 under the same evaluation (``out_dir/base_eval.json``, written by ``p3o compare``).
     """
@@ -497,8 +500,8 @@ def calibration_table(summary: GridSummary, objective: str) -> str:
         mess = f"{ess.mean():.4f}" if ess.size else "–"
         mn = f"{ess.min():.4f}" if ess.size else "–"
         rows.append(
-            f"| {arm.label} | {len(cell)} | {lr} | {mess} | {p10} | {mn} | {mean('clipfrac', 4)} | {mean('m_mean')} | "
-            f"{mean('m_frac_above_0_5')} | {mean('m_frac_below_0_1', 4)} | {mean('pass@1')} | {delta} |"
+            f"| {arm.label} | {len(cell)} | {lr} | {mess} | {p10} | {mn} | {mean('band_frac', 4)} | "
+            f"{mean('m_mean')} | {mean('m_frac_above_0_5')} | {mean('m_frac_below_0_1', 4)} | {mean('pass@1')} | {delta} |"
         )
     return "\n".join(rows)
 

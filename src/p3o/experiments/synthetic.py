@@ -51,7 +51,6 @@ import argparse
 import csv
 import dataclasses
 import json
-import math
 import re
 import sys
 import time
@@ -715,7 +714,7 @@ def _run(cfg: SyntheticConfig) -> dict[str, Any]:
     summary: dict[str, float] = {f"{k}": float(v.mean()) for k, v in per_seed.items()}
     summary["ess_p10_all"] = float(torch.quantile(ess_full.flatten(), 0.1))
     keys = ("kl_weight", "m_mean", "m_above_0.5", "m_below_0.1", "clip_0.2")
-    for key in (*keys, "obj_clipfrac", "obj_capped_frac", "obj_masked_frac", "obj_kl_weight"):
+    for key in (*keys, "obj_clipfrac", "obj_trunc_frac", "obj_capped_frac", "obj_masked_frac", "obj_kl_weight"):
         if curves.get(key):
             summary[key] = sum(curves[key]) / len(curves[key])
     wall = time.perf_counter() - t0
@@ -804,14 +803,24 @@ def write_csv(grid: dict[str, Any], path: str | Path) -> None:
                 w.writerow([cell["regime"], cell["objective_spec"], seed, *[cell["per_seed"][k][i] for k in keys]])
 
 
+#: Each objective's own acting fraction, named by what it counts (the first one a cell reports is shown).
+_OWN_FRACS = (
+    ("obj_capped_frac", "cap"),
+    ("obj_masked_frac", "mask"),
+    ("obj_clipfrac", "clip"),
+    ("obj_trunc_frac", "trunc"),
+)
+
+
 def markdown_table(grid: dict[str, Any], ref: str | None = None, metric: str = "mean_reward") -> str:
     """One row per cell: regime, objective, J_0, final J (mean ± s.e. over seeds), mean J over the run, the paired
     difference of ``metric`` against objective ``ref`` in the same regime (mean and 95% paired-t interval over
     seeds, :func:`p3o.experiments.stats.paired`; ``ref`` defaults to the grid's first objective; "identical" when
     every seed's difference is exactly 0), mean and p10 ESS, mean 1 − ESS (P3O's KL weight), nominal clip fraction
-    (ρ outside [0.8, 1.2]), the objective's own capped / masked / clipped token fraction (the first of
-    capped_frac, masked_frac, clipfrac it reports), MinPRO's mean m_t and share of tokens with m_t > 0.5 (computed
-    for every run), seconds."""
+    (ρ outside [0.8, 1.2], the same statistic for every objective), the objective's own acting fraction named by
+    what it counts (P3O ``cap`` ρ > e_B, M2PO ``mask``, PPO family ``clip`` where the clip zeroes the gradient,
+    CISPO / MinPRO ``trunc`` where the weight is truncated), MinPRO's mean m_t and share of tokens with m_t > 0.5
+    (computed for every run), seconds."""
     from p3o.experiments.stats import paired
 
     cells = grid["cells"]
@@ -820,14 +829,15 @@ def markdown_table(grid: dict[str, Any], ref: str | None = None, metric: str = "
     refs = {c["regime"]: c for c in cells if c["objective_spec"] == ref}
     head = (
         f"| regime | objective | J₀ | final J (± s.e.) | mean J | Δ mean J vs `{ref}` (95% CI) | ESS | ESS p10 | "
-        "1 − ESS | ρ∉[0.8,1.2] | clip/cap/mask | m_t | m_t>0.5 | s |"
+        "1 − ESS | ρ∉[0.8,1.2] | own cap/mask/clip/trunc | m_t | m_t>0.5 | s |"
     )
     rows = [head, "|---|---|" + "---:|" * 12]
     for c in cells:
         ps, sm = c["per_seed"], c["summary"]
         fin = torch.tensor(ps["final_reward"])
         se = float(fin.std() / max(1, fin.numel()) ** 0.5) if fin.numel() > 1 else 0.0
-        clip = next((sm[k] for k in ("obj_capped_frac", "obj_masked_frac", "obj_clipfrac") if k in sm), math.nan)
+        own = [(n, sm[k]) for k, n in _OWN_FRACS if k in sm]
+        clip = f"{own[0][0]} {own[0][1]:.3f}" if own else "—"
         base = refs.get(c["regime"])
         if base is None or base is c:
             delta = "—"
@@ -838,7 +848,7 @@ def markdown_table(grid: dict[str, Any], ref: str | None = None, metric: str = "
             f"| {c['regime']} | `{c['objective_spec']}` | {sm['base_reward']:.3f} "
             f"| {sm['final_reward']:.3f} ± {se:.3f} | {sm['mean_reward']:.3f} | {delta} | {sm['mean_ess']:.3f} "
             f"| {sm['ess_p10_all']:.3f} | {sm['kl_weight']:.3f} "
-            f"| {sm['clip_0.2']:.3f} | {clip:.3f} | {sm['m_mean']:.3f} | {sm['m_above_0.5']:.3f} | {c['wall_s']:.1f} |"
+            f"| {sm['clip_0.2']:.3f} | {clip} | {sm['m_mean']:.3f} | {sm['m_above_0.5']:.3f} | {c['wall_s']:.1f} |"
         )
     return "\n".join(rows)
 
