@@ -501,7 +501,8 @@ def calibration_table(summary: GridSummary, objective: str) -> str:
         mn = f"{ess.min():.4f}" if ess.size else "–"
         rows.append(
             f"| {arm.label} | {len(cell)} | {lr} | {mess} | {p10} | {mn} | {mean('band_frac', 4)} | "
-            f"{mean('m_mean')} | {mean('m_frac_above_0_5')} | {mean('m_frac_below_0_1', 4)} | {mean('pass@1')} | {delta} |"
+            f"{mean('m_mean')} | {mean('m_frac_above_0_5')} | {mean('m_frac_below_0_1', 4)} | "
+            f"{mean('pass@1')} | {delta} |"
         )
     return "\n".join(rows)
 
