@@ -14,7 +14,7 @@ from typing import Any
 
 Overrides = dict[str, Any]
 
-#: Regimes that make the training batch off-policy (docs/objectives.md: the knobs that make data off-policy).
+#: Regimes that make the training batch off-policy (docs/training.md, "The pipelines").
 REGIMES: dict[str, Overrides] = {
     # Generate → update once → push weights: every ratio starts at 1.
     "on-policy": {"loop.mode": "sync"},
