@@ -66,13 +66,21 @@ def group() -> Any | None:
     return dist.group.WORLD if is_initialized() and dist.get_world_size() > 1 else None
 
 
+def _comm_device() -> torch.device:
+    """Where a collective's tensors must live: the current CUDA device under nccl, the CPU under gloo."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _all_reduce(x: Tensor, op: Any) -> Tensor:
-    """``op`` over ranks into a new tensor (the input is not modified). Identity at world size 1."""
+    """``op`` over ranks into a new tensor on ``x``'s device (the input is not modified; it may live on any device:
+    it is moved to the backend's device for the collective). Identity at world size 1."""
     if world_size() == 1:
         return x
-    y = x.clone()
+    y = x.to(_comm_device(), copy=True)
     dist.all_reduce(y, op=op)
-    return y
+    return y.to(x.device)
 
 
 def all_reduce_sum(x: Tensor) -> Tensor:

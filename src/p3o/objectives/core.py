@@ -181,7 +181,9 @@ def _rescale_sum(parts: list[tuple[torch.Tensor, torch.Tensor]], m: torch.Tensor
     total = torch.zeros(3, dtype=torch.float64, device=m.device)
     for mk, sk in parts:
         d = torch.where(
-            torch.isfinite(mk) & torch.isfinite(m), (mk - m).double(), torch.zeros((), dtype=torch.float64)
+            torch.isfinite(mk) & torch.isfinite(m),
+            (mk - m).double(),
+            torch.zeros((), dtype=torch.float64, device=m.device),
         )
         scale = torch.stack([torch.exp(d), torch.exp(2 * d), torch.ones_like(d)])
         total = total + torch.where(sk[2] > 0, sk * scale, torch.zeros_like(sk))

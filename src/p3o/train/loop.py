@@ -108,10 +108,12 @@ def _batch_stats(batch: Rollouts) -> dict[str, float]:
     vals = torch.stack(
         [
             batch.rewards.float().mean(),
-            batch.rewards.float().std(correction=0) if len(batch) > 1 else torch.zeros(()),
-            lengths.mean(),
-            batch.truncated.float().mean(),
-            batch.mask.sum().float(),
+            batch.rewards.float().std(correction=0)
+            if len(batch) > 1
+            else torch.zeros((), device=batch.rewards.device),
+            lengths.mean().to(batch.rewards.device),
+            batch.truncated.float().mean().to(batch.rewards.device),
+            batch.mask.sum().float().to(batch.rewards.device),
         ]
     ).tolist()
     return dict(zip(["reward_mean", "reward_std", "response_len_mean", "truncated_frac", "tokens"], vals))
