@@ -54,7 +54,9 @@ def digit_reward(completions: list[str], **_: object) -> list[float]:
     return [sum(c.isdigit() for c in s) / max(1, len(s)) for s in completions]
 
 
-def make_trainer(tokenizer, tmp_path, *, cls=P3OGRPOTrainer, max_steps=3, **kwargs):
+def make_trainer(tokenizer, tmp_path, *, cls=P3OGRPOTrainer, max_steps=3, saved_model=False, **kwargs):
+    """A (P3O)GRPOTrainer on a fresh tiny model; ``saved_model``: the model is saved first and TRL's reference model
+    (``beta`` != 0) is loaded from that folder."""
     trainer_kwargs = {k: kwargs.pop(k) for k in ("objective", "objective_kwargs") if k in kwargs}
     config = {
         "output_dir": str(tmp_path),
@@ -74,6 +76,9 @@ def make_trainer(tokenizer, tmp_path, *, cls=P3OGRPOTrainer, max_steps=3, **kwar
     }
     config.update(kwargs)
     model = make_tiny_lm(vocab_size=len(tokenizer))
+    if saved_model:
+        model.save_pretrained(tmp_path / "model")
+        model.config._name_or_path = str(tmp_path / "model")
     model.train()
     return cls(
         model=model,
@@ -160,7 +165,7 @@ def test_on_policy_gradient_equals_trl_dapo(tokenizer, tmp_path):
     ("loss_type", "trl_eps", "objective", "hyper", "spread"),
     [
         ("dapo", {"epsilon": 0.2, "epsilon_high": 0.28}, "dapo", {}, 0.4),
-        ("cispo", {"epsilon_high": 5.0}, "cispo", {"clip_eps_high": 4.0}, 2.0),
+        ("cispo", {"epsilon_high": 5.0}, "cispo", {"trunc_eps_high": 4.0}, 2.0),
         ("grpo", {"epsilon": 0.2}, "grpo", {"clip_eps": 0.2}, 0.4),
         ("dr_grpo", {"epsilon": 0.2}, "grpo", {"clip_eps": 0.2, "agg": "seq-mean-token-sum-norm"}, 0.4),
     ],
@@ -199,7 +204,9 @@ def test_off_policy_loss_and_gradient_equal_trls_own_loss_types(
     assert sum(g.abs().sum() for g in g_trl) > 0
     for a, b in zip(g_p3o, g_trl):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
-    assert trainer._metrics["train"]["objective/clipfrac"][-1] > 0  # the clip / cap is active somewhere
+    logged = trainer._metrics["train"]
+    acted = logged["objective/trunc_frac" if objective == "cispo" else "objective/clipfrac"][-1]
+    assert acted > 0  # the clip (grpo, dapo) / the truncation (cispo) is active somewhere
 
 
 def test_ratio_uses_engine_logprobs_then_old_logprobs(tokenizer, tmp_path):
@@ -244,6 +251,23 @@ def test_bad_objective_and_options_fail_with_one_line(tokenizer, tmp_path):
         make_trainer(tokenizer, tmp_path, entropy_coef=0.01)
     with pytest.raises(ConfigError, match="ref_kl_coef"):
         make_trainer(tokenizer, tmp_path, objective_kwargs={"ref_kl_coef": 0.1})
+    with pytest.raises(ConfigError, match="step_ess: TRL calls the loss once per micro-batch"):
+        make_trainer(tokenizer, tmp_path, objective_kwargs={"scope": "step"})
+
+
+def test_keywords_come_from_the_objective_record(tokenizer, tmp_path):
+    """The record resolves the keywords: defaults filled in, a deprecated spelling renamed (with a warning), and
+    GRPOConfig.beta becomes ref_kl_coef unless objective_kwargs sets it."""
+    with pytest.warns(DeprecationWarning, match="'clip_eps_high' is deprecated; use 'trunc_eps_high'"):
+        trainer = make_trainer(tokenizer, tmp_path, objective="minpro", objective_kwargs={"clip_eps_high": 2.0})
+    spec = trainer.objective_spec
+    assert spec.hyper == get_objective("minpro").resolve({"trunc_eps_high": 2.0})
+    assert spec.given == {"trunc_eps_high": 2.0}
+    trainer = make_trainer(tokenizer, tmp_path, objective="p3o", beta=0.05, saved_model=True)
+    assert trainer.objective_spec.hyper["ref_kl_coef"] == 0.05
+    kwargs = {"objective_kwargs": {"ref_kl_coef": 0.2}, "saved_model": True}
+    trainer = make_trainer(tokenizer, tmp_path, objective="p3o", beta=0.05, **kwargs)
+    assert trainer.objective_spec.hyper["ref_kl_coef"] == 0.2
 
 
 def test_ess_is_reduced_over_accelerate_processes(tmp_path):

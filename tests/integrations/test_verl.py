@@ -144,8 +144,14 @@ def test_bad_names_kwargs_and_env_fail_with_one_line(monkeypatch):
         plugin.make_policy_loss("minpro", eps=0.1)
     with pytest.raises(ConfigError, match="loss_agg_mode"):
         plugin.make_policy_loss("p3o", agg="token-mean")
-    with pytest.raises(ConfigError, match="rollout_correction"):
+    with pytest.raises(ConfigError, match=r"rollout_correction.*algorithm\.rollout_correction"):
         plugin.make_policy_loss("p3o", rollout_correction="token-tis")
+    with pytest.raises(ConfigError, match=r"ref_logp: verl's KL to the reference is .*use_kl_loss"):
+        plugin.make_policy_loss("p3o", ref_kl_coef=0.1)
+    with pytest.raises(ConfigError, match="entropy_coeff"):
+        plugin.make_policy_loss("minpro", entropy_coef=0.01)
+    with pytest.raises(ConfigError, match="step_ess: verl calls the loss once per micro-batch"):
+        plugin.make_policy_loss("p3o", scope="step")
     with pytest.raises(ConfigError, match="loss_mode: unknown p3o loss 'gspo'"):
         plugin.register(["gspo"])
     b = batch(seed=5)
@@ -153,14 +159,39 @@ def test_bad_names_kwargs_and_env_fail_with_one_line(monkeypatch):
     with pytest.raises(ConfigError, match="P3O_OBJECTIVE_KWARGS: not valid JSON"):
         plugin.make_policy_loss("p3o")(**b)
     # checked when a loss is called, not when all are registered: minpro's keyword must not break loss_mode=p3o
-    monkeypatch.setenv(plugin.ENV_KWARGS, '{"clip_eps_high": 2}')
+    monkeypatch.setenv(plugin.ENV_KWARGS, '{"trunc_eps_high": 2}')
     p3o_loss = plugin.make_policy_loss("p3o")
-    with pytest.raises(ConfigError, match="P3O_OBJECTIVE_KWARGS: unknown keyword 'clip_eps_high' for objective 'p3o'"):
+    with pytest.raises(
+        ConfigError, match="P3O_OBJECTIVE_KWARGS: unknown keyword 'trunc_eps_high' for objective 'p3o'"
+    ):
         p3o_loss(**b)
     plugin.make_policy_loss("minpro")(**b)  # valid there
     monkeypatch.setenv(plugin.ENV_KWARGS, '{"agg": "token-mean"}')
     with pytest.raises(ConfigError, match="loss_agg_mode"):
         plugin.make_policy_loss("minpro")(**b)
+
+
+def test_keywords_come_from_the_objective_record(monkeypatch):
+    """Hyper-parameters are the record's: the deprecated truncation spelling still works (with a warning), the
+    environment overrides registration keywords; pg_clipfrac is clipfrac where a PPO clip exists, else band_frac."""
+    b = batch(seed=14, spread=1.0)
+    inputs = ObjectiveInputs(b["log_prob"], b["old_log_prob"], b["response_mask"], b["advantages"])
+    want, _ = get_objective("minpro")(inputs, trunc_eps_high=0.5)
+    with pytest.warns(DeprecationWarning, match="'clip_eps_high' is deprecated; use 'trunc_eps_high'"):
+        old_spelling = plugin.make_policy_loss("minpro", clip_eps_high=0.5)
+    torch.testing.assert_close(old_spelling(**b)[0], want)
+    monkeypatch.setenv(plugin.ENV_KWARGS, '{"trunc_eps_high": 0.5}')
+    torch.testing.assert_close(plugin.make_policy_loss("minpro", trunc_eps_high=3.0)(**b)[0], want)
+    monkeypatch.delenv(plugin.ENV_KWARGS)
+    for objective, stat in [
+        ("p3o_grpo", "clipfrac"),
+        ("p3o_dapo", "clipfrac"),
+        ("p3o", "band_frac"),
+        ("minpro", "band_frac"),
+    ]:
+        _, metrics = plugin.make_policy_loss(plugin.LOSS_MODES[objective])(**b)
+        assert metrics["actor/pg_clipfrac"] == metrics[f"actor/objective/{stat}"], objective
+    assert metrics["actor/pg_clipfrac"] > 0
 
 
 def _free_port() -> int:

@@ -225,7 +225,8 @@ def untruncated_weights_fold_into_the_ratio() -> None:
     for mode, objective in plugin.LOSS_MODES.items():
         (got, metrics), warned = caught(lambda m=mode: call_ppo_loss(m, tensors, logp, to_flat, w))
         assert not warned, warned
-        inputs = ObjectiveInputs(logp, tensors["rollout_log_probs"], mask, tensors["advantages"], num_tokens=2 * n_tok)
+        rollout, old = tensors["rollout_log_probs"], tensors["old_log_probs"]
+        inputs = ObjectiveInputs(logp, rollout, mask, tensors["advantages"], prox_logp=old, num_tokens=2 * n_tok)
         want, stats = get_objective(objective)(inputs, agg="token-mean")
         close(got, want, f"{mode} loss")
         close(grad_of(got, logp), grad_of(want, logp), f"{mode} grad")
@@ -314,13 +315,13 @@ def env_kwargs_reach_the_objective() -> None:
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     b = batch(seed=7, spread=1.5)
-    os.environ[plugin.ENV_KWARGS] = '{"clip_eps_high": 0.5}'
+    os.environ[plugin.ENV_KWARGS] = '{"trunc_eps_high": 0.5}'
     try:
         got, _ = get_policy_loss_fn("minpro")(**b, loss_agg_mode="token-mean", config=None)
     finally:
         del os.environ[plugin.ENV_KWARGS]
     inputs = ObjectiveInputs(b["log_prob"], b["old_log_prob"], b["response_mask"], b["advantages"])
-    close(got, get_objective("minpro")(inputs, clip_eps_high=0.5)[0], "minpro clip_eps_high=0.5")
+    close(got, get_objective("minpro")(inputs, trunc_eps_high=0.5)[0], "minpro trunc_eps_high=0.5")
     default, _ = get_policy_loss_fn("minpro")(**b, loss_agg_mode="token-mean", config=None)
     assert not torch.allclose(got, default)
 

@@ -42,10 +42,19 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("p3o.integrations.trl needs TRL: pip install 'p3o[trl]'") from e
 
 from p3o.errors import ConfigError
-from p3o.integrations._common import default_group, effective_agg, resolve_objective
+from p3o.integrations._common import PluginObjective, default_group, require_inputs, resolve_objective
 from p3o.objectives import ObjectiveInputs
 
-__all__ = ["P3OGRPOTrainer"]
+__all__ = ["TRL_INPUTS", "P3OGRPOTrainer"]
+
+TRL_INPUTS = frozenset({"old_logp", "prox_logp", "entropy"})
+"""Optional ``ObjectiveInputs`` the trainer always supplies (π_θold, π_prox and the entropies; ``ref_logp`` too when
+``GRPOConfig.beta`` != 0). ``m2po_threshold`` is the micro-batch's (``_common.PER_MICRO_BATCH_INPUTS``)."""
+
+_TRL_HINTS = {
+    "ref_logp": "set GRPOConfig.beta instead of ref_kl_coef (TRL loads the reference model only when beta != 0)",
+    "step_ess": "TRL calls the loss once per micro-batch; use scope='micro-batch' (all-reduced over processes)",
+}
 
 
 class P3OGRPOTrainer(GRPOTrainer):
@@ -54,8 +63,11 @@ class P3OGRPOTrainer(GRPOTrainer):
     Args:
         *args, **kwargs: exactly ``GRPOTrainer``'s (model, reward_funcs, args, train_dataset, ...).
         objective: a name in ``p3o.objectives.OBJECTIVES`` (``p3o``, ``minpro``, ``m2po``, ``cispo``, ...).
-        objective_kwargs: the objective's keyword hyper-parameters (``objective_defaults(name)`` lists them),
-            e.g. ``{"clip_eps_high": 2.0}`` for ``minpro``. ``GRPOConfig.loss_type`` / ``epsilon`` are not used.
+        objective_kwargs: the objective's keyword hyper-parameters, checked by its record
+            (``p3o.objectives.get_objective(name).hypers`` lists them), e.g. ``{"trunc_eps_high": 2.0}`` for
+            ``minpro``. ``GRPOConfig.loss_type`` / ``epsilon`` are not used; ``GRPOConfig.beta`` != 0 is the default
+            ``ref_kl_coef``. A keyword that needs an input TRL does not supply (``ref_kl_coef`` without ``beta``,
+            ``scope="step"``) is a one-line ConfigError.
 
     TRL options that act inside TRL's own loss and have no meaning here are rejected with a ConfigError:
     ``top_entropy_quantile`` < 1, ``off_policy_mask_threshold``, ``importance_sampling_level="sequence"`` (use
@@ -70,17 +82,17 @@ class P3OGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ) -> None:
         self.objective = objective
-        self.objective_fn, self.objective_kwargs = resolve_objective(objective, objective_kwargs)
+        spec = resolve_objective(objective, objective_kwargs)  # the record checks the keywords (before TRL loads)
         super().__init__(*args, **kwargs)
         self._check_trl_options()
+        supplied = set(TRL_INPUTS)
         if self.beta != 0.0:
-            self.objective_kwargs.setdefault("ref_kl_coef", self.beta)
-        elif self.objective_kwargs.get("ref_kl_coef", 0.0) != 0.0:
-            raise ConfigError(
-                "objective_kwargs.ref_kl_coef: needs a reference model; set GRPOConfig.beta instead (TRL loads the "
-                "reference model only when beta != 0)"
-            )
-        self.objective_agg = effective_agg(objective, self.objective_kwargs)
+            supplied.add("ref_logp")
+            if "ref_kl_coef" not in spec.given:  # GRPOConfig.beta is the objective's KL-to-reference coefficient
+                spec = spec.with_hyper({"ref_kl_coef": self.beta}, where="GRPOConfig.beta")
+        require_inputs(spec, supplied=supplied, framework="TRL", where="objective_kwargs", hints=_TRL_HINTS)
+        self.objective_spec: PluginObjective = spec
+        """The objective's record and its resolved hyper-parameters (every keyword, defaults filled in)."""
 
     def _check_trl_options(self) -> None:
         args = self.args
@@ -148,7 +160,7 @@ class P3OGRPOTrainer(GRPOTrainer):
         tensors = {"logp": logp, "rollout_logp": rollout_logp, "old_logp": old_logp, "prox_logp": prox_logp}
         tensors.update(ref_logp=ref_logp, entropy=entropy)
         valid = mask
-        if self.objective_agg == "seq-mean-token-sum-norm":
+        if self.objective_spec.hyper.get("agg") == "seq-mean-token-sum-norm":
             # TRL's dr_grpo divides by max_completion_length, p3o by the padded width: pad to make them equal.
             pad = max(0, int(self.max_completion_length) - mask.shape[1])
             tensors = {k: None if v is None else F.pad(v, (0, pad)) for k, v in tensors.items()}
@@ -161,7 +173,7 @@ class P3OGRPOTrainer(GRPOTrainer):
             num_seqs=mask.shape[0] * accumulation,
             group=default_group(),
         )
-        loss, stats = self.objective_fn(obj_inputs, **self.objective_kwargs)
+        loss, stats = self.objective_spec.rec.fn(obj_inputs, **self.objective_spec.hyper)
 
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation

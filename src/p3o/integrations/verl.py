@@ -36,12 +36,14 @@ What verl hands a policy loss, and how it maps onto ``p3o.objectives.ObjectiveIn
   group. With FSDP + Ulysses every sequence-parallel rank holds the same micro-batch; duplicating all tokens k times
   leaves Σρ²/... i.e. the ESS unchanged, so the default group gives the data-parallel value.
 
-Hyper-parameters: ``register_objective("minpro_eps2", "minpro", clip_eps_high=2.0)`` in a module of your own
+Hyper-parameters: ``register_objective("minpro_eps2", "minpro", trunc_eps_high=2.0)`` in a module of your own
 (listed in VERL_USE_EXTERNAL_MODULES), or the environment variable ``P3O_OBJECTIVE_KWARGS`` (a JSON object, e.g.
-``'{"clip_eps_high": 2.0}'``) read by every p3o loss at call time. The objective's stats appear in verl's metrics
-as ``actor/objective/<stat>`` (``actor/objective/ess``, ``actor/objective/kl_weight``, ...;
-``actor/objective/rollout_is_folded_frac`` when verl passes weights), plus verl's usual ``actor/pg_clipfrac`` and
-``actor/ppo_kl`` (mean of old_log_prob − logp).
+``'{"trunc_eps_high": 2.0}'``) read by every p3o loss at call time. Both are checked by the objective's record
+(``p3o.objectives.get_objective``), the only place that knows its keywords. The objective's stats appear in verl's
+metrics as ``actor/objective/<stat>`` (``actor/objective/ess``, ``actor/objective/kl_weight``, ...;
+``actor/objective/rollout_is_folded_frac`` when verl passes weights), plus verl's usual ``actor/pg_clipfrac`` (the
+objective's ``clipfrac`` where a PPO clip exists, else its ``band_frac``) and ``actor/ppo_kl`` (mean of
+old_log_prob − logp).
 """
 
 from __future__ import annotations
@@ -61,7 +63,14 @@ import torch
 import torch.distributed as dist
 
 from p3o.errors import ConfigError
-from p3o.integrations._common import default_group, resolve_objective, stats_to_floats
+from p3o.integrations._common import (
+    PluginObjective,
+    clip_statistic,
+    default_group,
+    require_inputs,
+    resolve_objective,
+    stats_to_floats,
+)
 from p3o.objectives import ObjectiveInputs
 
 __all__ = [
@@ -84,10 +93,13 @@ LOSS_MODES: dict[str, str] = {
     "p3o_dapo": "dapo",
     "p3o_gspo": "gspo",
     "p3o_cispo": "cispo",
+    "p3o_decoupled_ppo": "decoupled_ppo",
+    "p3o_two_anchor": "p3o_two_anchor",
 }
 """verl ``loss_mode`` -> p3o objective registered by :func:`register`. verl already owns ``gspo`` / ``cispo``, so
-p3o's versions of the baselines carry a ``p3o_`` prefix. ``p3o_two_anchor`` and ``decoupled_ppo`` need a third
-log-prob (π_prox distinct from π_b) that verl does not pass to a policy loss, so they are not registered."""
+p3o's versions of the baselines carry a ``p3o_`` prefix. The two objectives with a proximal anchor get π_b =
+π_rollout (folded from ``rollout_is_weights``) and π_prox = ``old_log_prob``; without weights both anchors are
+π_old (decoupled PPO is then the PPO clip against π_old, two-anchor P3O is P3O)."""
 
 ENV_KWARGS = "P3O_OBJECTIVE_KWARGS"
 VERL_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
@@ -129,28 +141,26 @@ def _parse_env_kwargs(raw: str) -> dict[str, Any]:
     return value
 
 
-@functools.lru_cache(maxsize=32)
-def _checked_env_kwargs(objective: str, raw: str) -> tuple[tuple[str, Any], ...]:
-    return tuple(_check_hyper(objective, _parse_env_kwargs(raw), ENV_KWARGS).items())
+VERL_INPUTS = frozenset({"prox_logp"})
+"""Optional ``ObjectiveInputs`` verl can supply a policy loss: π_prox = ``old_log_prob`` (the actor's recomputation at
+the start of the step). ``m2po_threshold`` is the micro-batch's (:data:`_common.PER_MICRO_BATCH_INPUTS`)."""
+
+_VERL_HINTS = {
+    "old_logp": "the engine mismatch is verl's algorithm.rollout_correction (rollout_is=token, "
+    "rollout_is_threshold=inf: its weights are folded into the ratio), not the objective's rollout_correction",
+    "ref_logp": "verl's KL to the reference is actor_rollout_ref.actor.use_kl_loss / kl_loss_coef",
+    "entropy": "verl's entropy bonus is actor_rollout_ref.actor.entropy_coeff",
+    "step_ess": "verl calls the loss once per micro-batch; use scope=micro-batch (all-reduced over dp ranks)",
+}
 
 
-def _env_kwargs(objective: str) -> dict[str, Any]:
-    """``$P3O_OBJECTIVE_KWARGS`` checked against ``objective`` (at call time: the variable holds the keywords of
-    the one loss a run selects, which other registered losses may not accept)."""
-    raw = os.environ.get(ENV_KWARGS, "").strip()
-    return dict(_checked_env_kwargs(objective, raw)) if raw else {}
-
-
-def _check_hyper(objective: str, hyper: Mapping[str, Any], where: str) -> dict[str, Any]:
-    _, hyper = resolve_objective(objective, hyper, where=where)
-    if "agg" in hyper:
+def _verl_objective(objective: str, kwargs: Mapping[str, Any] | None, where: str) -> PluginObjective:
+    """The record of ``objective`` with ``kwargs`` checked by it, and by what verl can do (one-line ConfigError)."""
+    obj = resolve_objective(objective, kwargs, where=where)
+    if "agg" in obj.given:
         raise ConfigError(f"{where}: 'agg' is verl's actor_rollout_ref.actor.loss_agg_mode; set it there")
-    if hyper.get("rollout_correction", "none") != "none":
-        raise ConfigError(
-            f"{where}: rollout_correction is verl's algorithm.rollout_correction (rollout_is=token|sequence); "
-            "verl passes its weights to the loss"
-        )
-    return hyper
+    require_inputs(obj, supplied=VERL_INPUTS, framework="verl", where=where, hints=_VERL_HINTS)
+    return obj
 
 
 def _cfg_get(config: Any, key: str, default: Any = None) -> Any:
@@ -311,10 +321,28 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
     The returned ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
     rollout_is_weights=None) -> (loss, metrics)`` takes (N, T) tensors (advantages may be (N,)); ``loss`` is the 0-d
     loss verl back-propagates for this micro-batch, ``metrics`` a dict of floats. Keywords in ``objective_kwargs``
-    (and, at call time, ``$P3O_OBJECTIVE_KWARGS``) are the objective's hyper-parameters.
+    (and, at call time, ``$P3O_OBJECTIVE_KWARGS``, which overrides them) are the objective's hyper-parameters,
+    checked by its record (``p3o.objectives.get_objective(objective).resolve``): an unknown keyword, ``agg``
+    (verl's ``loss_agg_mode``) or a keyword that needs an input verl cannot supply (``ref_kl_coef``,
+    ``entropy_coef``, ``rollout_correction``, ``scope="step"``) is a one-line ConfigError.
+
+    Metrics: ``actor/objective/<stat>`` for every stat of the objective, ``actor/objective/rollout_is_folded_frac``
+    when weights are passed, ``actor/ppo_kl`` = mean(old_log_prob − logp) and ``actor/pg_clipfrac`` =
+    the objective's ``clipfrac`` (share of tokens where a PPO clip zeroes the gradient: grpo, dapo, gspo,
+    decoupled_ppo), else its ``band_frac`` (share with |ρ − 1| > 0.2: p3o, minpro, m2po, cispo, ...).
     """
-    fn, _ = resolve_objective(objective, None)
-    base = _check_hyper(objective, objective_kwargs, "objective_kwargs")
+    base = _verl_objective(objective, objective_kwargs, "objective_kwargs")
+    with_env: dict[str, PluginObjective] = {}
+
+    def current() -> PluginObjective:
+        # $P3O_OBJECTIVE_KWARGS is read at call time: it holds the keywords of the one loss a run selects, which
+        # the other registered losses need not accept; parsed and checked once per value.
+        raw = os.environ.get(ENV_KWARGS, "").strip()
+        if not raw:
+            return base
+        if raw not in with_env:
+            with_env[raw] = _verl_objective(objective, {**base.given, **_parse_env_kwargs(raw)}, ENV_KWARGS)
+        return with_env[raw]
 
     def policy_loss(
         old_log_prob: torch.Tensor,
@@ -328,7 +356,8 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         assert log_prob.shape == response_mask.shape == old_log_prob.shape, (log_prob.shape, response_mask.shape)
         mask = response_mask.bool()
-        hyper = {**base, **_env_kwargs(objective)}
+        obj = current()
+        hyper = dict(obj.hyper)
         info = dict(_cfg_get(config, "global_batch_info", {}) or {})
         agg, num_tokens, num_seqs, scale = _aggregation(loss_agg_mode, mask, info)
         old = old_log_prob.detach()
@@ -340,6 +369,11 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
             rollout_logp = old.float() - split.fold_log  # π_rollout where w is folded: ρ = π_θ/π_old · w
             folded_frac = split.folded_frac
             if split.mult_log is not None:
+                if "rollout_correction" not in obj.rec.hypers:
+                    raise ConfigError(
+                        f"objective {objective!r} has no rollout_correction modifier, which zero or sequence-level "
+                        "rollout_is_weights need; use rollout_is=token with rollout_is_threshold=inf"
+                    )
                 # The objective's token-tis modifier multiplies ℓ_t by min(exp(old_logp − rollout_logp), cap); with
                 # old_logp = rollout_logp + log m and cap = ∞ that factor is m exactly (0 where log m = −inf).
                 old_logp = rollout_logp + split.mult_log
@@ -355,7 +389,8 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
             num_seqs=num_seqs,
             group=data_parallel_group(),
         )
-        loss, stats = fn(inputs, agg=agg, **hyper)
+        hyper["agg"] = agg
+        loss, stats = obj.rec.fn(inputs, **hyper)  # hyper: every keyword, resolved by the record
         loss = loss * scale
         with torch.no_grad():
             ppo_kl = torch.where(mask, old_log_prob.detach() - log_prob.detach(), 0.0).sum() / mask.sum().clamp(min=1)
@@ -364,7 +399,7 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
             extra["rollout_is_folded_frac"] = folded_frac
         values = stats_to_floats({**stats, **extra})
         metrics: dict[str, Any] = {
-            "actor/pg_clipfrac": values.get("clipfrac", 0.0),
+            "actor/pg_clipfrac": clip_statistic(values),
             "actor/ppo_kl": values.pop("__ppo_kl"),
         }
         metrics.update({f"actor/objective/{k}": v for k, v in values.items()})
