@@ -56,25 +56,24 @@ from p3o.types import Rollouts
 
 
 def evaluate(comps: Components, seed: int, batch_size: int = 64) -> dict[str, float]:
-    """pass@1 on the held-out prompts: one sample each from a fresh engine copy of the current policy (fixed seed).
+    """pass@1 on the held-out prompts: one sample each from a fresh engine copy of the current policy (fixed seeds),
+    by the one evaluation sampler (`p3o.eval.runner.heldout_metrics`, the rollout engine's own settings).
 
     Returns {"eval_accuracy": fraction with score > 0.5, "eval_score": mean score} ({} without eval prompts).
     """
-    if not comps.eval_prompts:
-        return {}
-    engine = comps.make_engine(engine_model(comps.policy))
-    scores = []
-    for i in range(0, len(comps.eval_prompts), batch_size):
-        r = engine.generate(
-            comps.eval_prompts[i : i + batch_size],
-            1,
-            seed=stream_seed(seed, i, 99991),
-            answers=comps.eval_answers[i : i + batch_size],
-        )
-        scores.append(comps.reward_fn(r).float())
-    s = torch.cat(scores)
-    acc, mean = torch.stack([(s > 0.5).float().mean(), s.mean()]).tolist()
-    return {"eval_accuracy": acc, "eval_score": mean}
+    from p3o.eval.runner import heldout_metrics
+
+    return heldout_metrics(
+        engine_model(comps.policy),
+        comps.tokenizer,
+        comps.eval_prompts,
+        comps.eval_answers,
+        comps.reward_fn,
+        n_samples=1,
+        batch_seed=lambda lo: stream_seed(seed, lo, 99991),
+        engine=comps.make_engine,
+        batch_size=batch_size,
+    )
 
 
 def _seed_everything(seed: int) -> None:

@@ -73,21 +73,17 @@ def build_components(cfg: Any) -> Components:
     resolved before the model is loaded, so a wrong path or `module:function` fails at once.
     """
     from p3o.models import load_policy
-    from p3o.rewards import get_verifier, score
+    from p3o.rewards import make_reward_fn
     from p3o.rollout.factory import make_engine as _make
-    from p3o.tasks import format_prompt, load_eval_problems, load_train_problems
+    from p3o.tasks import format_prompt, load_eval_problems, load_train_problems, task_verifier
 
     task = cfg.task
     problems = load_train_problems(task, seed=cfg.seed, n=task.n_train)
     eval_problems = []
     if task.n_eval > 0:
         eval_problems = load_eval_problems(task, seed=cfg.seed, n=task.n_eval, train=problems)
-    verifier_name = task.verifier or _default_verifier(task.name, problems)
-    try:
-        verifier = get_verifier(verifier_name)
-    except ConfigError as err:
-        raise ConfigError(f"task.verifier: {err}") from None
-    timeout = task.reward_timeout_s
+    # the task owns its default verifier; resolved before the model loads, so a bad module:function fails at once
+    reward_fn = make_reward_fn(task_verifier(task, problems), timeout_s=task.reward_timeout_s)
 
     device = resolve_device(cfg.model.device)
     policy, tokenizer = load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)
@@ -100,9 +96,6 @@ def build_components(cfg: Any) -> Components:
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     prompts, answers = encode(problems), [p.answer for p in problems]
-
-    def reward_fn(r: Rollouts) -> Tensor:
-        return torch.tensor(score(r.texts, r.answers, verifier, timeout_s=timeout), dtype=torch.float32)
 
     ro = cfg.rollout
 
@@ -137,18 +130,6 @@ def build_components(cfg: Any) -> Components:
         eval_prompts=encode(eval_problems) if eval_problems else [],
         eval_answers=[p.answer for p in eval_problems],
     )
-
-
-def _default_verifier(task: str, problems: list[Any]) -> str:
-    """The task's own verifier: Problem.meta["verifier"] when set, else by task name (a file: "math").
-
-    A file's rows get "gsm8k" when their answers carry `#### n`, else "math" (numbers exactly, LaTeX by
-    math-verify); `task.verifier` overrides it, e.g. with your own `package.module:function`.
-    """
-    meta = getattr(problems[0], "meta", None) or {}
-    if isinstance(meta, dict) and meta.get("verifier"):
-        return str(meta["verifier"])
-    return {"arithmetic": "exact-int", "gsm8k": "gsm8k"}.get(task, "math")
 
 
 def engine_model(policy: nn.Module) -> nn.Module:
