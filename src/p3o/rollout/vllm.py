@@ -17,6 +17,7 @@ weight sync (``collective_rpc("reload_weights")``) possible; see docs/vllm.md.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import importlib.util
 import json
@@ -97,17 +98,21 @@ def _quiet_vllm_warnings() -> None:
             lg.addFilter(_QuietFilter())
 
 
-def _save_quietly(model: nn.Module, model_dir: Path) -> None:
-    """`model.save_pretrained(model_dir)` without transformers' progress bar (restored afterwards)."""
-    from transformers.utils import logging as hf_logging
+def _write_model_dir(model: nn.Module, weights: dict[str, Tensor], model_dir: Path) -> None:
+    """A checkpoint directory vLLM can load: config.json, generation_config.json and model.safetensors.
 
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        model.save_pretrained(model_dir)
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()
+    Not `save_pretrained`: under torch.distributed it writes on rank 0 only, and every data-parallel rank needs its
+    own copy. `weights` are separate contiguous CPU tensors (tied ones too; vLLM skips a tied head by itself).
+    """
+    from safetensors.torch import save_file
+
+    cfg = copy.deepcopy(model.config)
+    cfg.architectures = [type(model).__name__]  # what save_pretrained records, and how vLLM picks its model class
+    cfg.save_pretrained(model_dir)
+    gen_cfg = getattr(model, "generation_config", None)
+    if gen_cfg is not None:
+        gen_cfg.save_pretrained(model_dir)
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _stop_ids_of(model_or_dir: nn.Module | Path, tokenizer: Any) -> tuple[list[int], list[int]]:
@@ -153,7 +158,8 @@ class VLLMEngine:
             backend supports it on AVX-512 machines too).
         max_model_len: vLLM's context length (default: the model config's).
         gpu_memory_utilization: share of GPU memory vLLM may take (GPU only; the trainer shares the device).
-        kv_cache_gib: KV-cache size on CPU, in GiB (`VLLM_CPU_KVCACHE_SPACE`, when set, wins).
+        kv_cache_gib: KV-cache size on CPU, in GiB (default: `$P3O_VLLM_KV_CACHE_GIB`, else 1; vLLM's own
+            `VLLM_CPU_KVCACHE_SPACE`, when set, wins). vLLM commits the whole cache at start-up.
         llm_kwargs: further keyword arguments for `vllm.LLM` (e.g. `max_num_seqs`).
     """
 
@@ -175,7 +181,7 @@ class VLLMEngine:
         kv_cache_dtype: str = "auto",
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.3,
-        kv_cache_gib: float = 1.0,
+        kv_cache_gib: float | None = None,
         llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if precision == "int8":
@@ -238,12 +244,16 @@ class VLLMEngine:
             if isinstance(model, nn.Module):
                 tmpdir = tempfile.mkdtemp(prefix="p3o-vllm-")
                 model_dir = Path(tmpdir)
-                _save_quietly(model, model_dir)
-                self._weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+                self._weights = {
+                    k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()
+                }
+                _write_model_dir(model, self._weights, model_dir)
             else:
                 model_dir = Path(model)
                 self._weights = _read_dir_weights(model_dir)
             kw = dict(llm_kwargs or {})
+            if kv_cache_gib is None:
+                kv_cache_gib = float(os.environ.get("P3O_VLLM_KV_CACHE_GIB", "1"))
             self._key = (
                 _config_key(model_dir),
                 precision,
