@@ -17,15 +17,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from p3o.config import TrainConfig, apply_overrides, config_help, load_config
 from p3o.config import config_field as _f
-from p3o.config import config_help, load_config
 from p3o.errors import ConfigError
 from p3o.experiments.report import collect, write_report
 from p3o.experiments.runner import DEFAULT_TRAIN_CMD, RunOutcome, run_grid
-from p3o.experiments.spec import Experiment, RunSpec, expand, flatten, load_experiment
+from p3o.experiments.spec import Experiment, RunSpec, expand, load_experiment
 
 
 @dataclass
@@ -71,31 +72,45 @@ def _eval_run(spec: RunSpec, exp: Experiment) -> str:
     final = spec.run_dir / "final"
     if out.is_file() or not final.is_dir():
         return "skipped"
-    import yaml
-
-    from p3o.eval.runner import evaluate_checkpoint
-
     cfg_path = spec.run_dir / "config.yaml"
-    cfg = flatten(yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.is_file() else {}
-    cfg = {**spec.overrides, **cfg}
-    task = str(cfg.get("task.name", "arithmetic"))
-    task_kwargs = {"difficulty": cfg["task.difficulty"]} if task == "arithmetic" and "task.difficulty" in cfg else {}
-    result = evaluate_checkpoint(
-        str(final),
-        task,
-        exp.eval.split,
-        n_problems=exp.eval.n_problems,
-        task_kwargs=task_kwargs,
-        n_samples=exp.eval.n_samples,
-        ks=[1] + [k for k in (2, 4, 8) if k <= exp.eval.n_samples],
-        max_new_tokens=int(exp.eval.max_new_tokens or cfg.get("rollout.max_new_tokens", 64)),
-        temperature=exp.eval.temperature,
-        verifier=cfg.get("task.verifier"),
-        template=str(cfg.get("task.template", "default")),
-        seed=spec.seed,
+    try:  # the run's own resolved config; a run of another trainer (--train-cmd) may not have a p3o one
+        cfg = load_config(["--config", str(cfg_path)]) if cfg_path.is_file() else None
+    except ConfigError:
+        cfg = None
+    try:
+        cfg = cfg or apply_overrides(TrainConfig(), spec.overrides)
+    except ConfigError as err:
+        return f"skipped (no p3o config to evaluate with: {err})"
+    result = _evaluate(
+        cfg, exp, str(final), seed=spec.seed, ks=[1] + [k for k in (2, 4, 8) if k <= exp.eval.n_samples]
     )
     out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return f"pass@1 {result.pass_at_k.get(1, float('nan')):.3f}"
+
+
+def _evaluate(cfg: TrainConfig, exp: Experiment, model: str, *, seed: int, ks: list[int]) -> Any:
+    """pass@k of `model` on the run config's task (its own options and verifier) with the grid's evaluation and the
+    run's rollout engine."""
+    from p3o.eval.runner import evaluate_checkpoint
+    from p3o.tasks import task_options
+
+    task = cfg.task
+    return evaluate_checkpoint(
+        model,
+        task.name,
+        exp.eval.split,
+        n_problems=exp.eval.n_problems,
+        task_kwargs=task_options(task, task.name),
+        n_samples=exp.eval.n_samples,
+        ks=ks,
+        max_new_tokens=int(exp.eval.max_new_tokens or cfg.rollout.max_new_tokens),
+        temperature=exp.eval.temperature,
+        verifier=task.verifier,
+        template=task.template,
+        system_prompt=task.system_prompt,
+        seed=seed,
+        engine=cfg.rollout.engine,
+    )
 
 
 def _eval_base(exp: Experiment) -> None:
@@ -106,24 +121,8 @@ def _eval_base(exp: Experiment) -> None:
     out = exp.out_dir / "base_eval.json"
     if out.is_file() or exp.eval.n_samples == 0:
         return
-    from p3o.eval.runner import evaluate_checkpoint
-
-    task = str(exp.base.get("task.name", "arithmetic"))
-    diff = exp.base.get("task.difficulty")
-    result = evaluate_checkpoint(
-        str(exp.base.get("model.name", "tiny")),
-        task,
-        exp.eval.split,
-        n_problems=exp.eval.n_problems,
-        task_kwargs={"difficulty": diff} if task == "arithmetic" and diff is not None else {},
-        n_samples=exp.eval.n_samples,
-        ks=[1],
-        max_new_tokens=int(exp.eval.max_new_tokens or exp.base.get("rollout.max_new_tokens", 64)),
-        temperature=exp.eval.temperature,
-        verifier=exp.base.get("task.verifier"),
-        template=str(exp.base.get("task.template", "default")),
-        seed=0,
-    )
+    cfg = apply_overrides(TrainConfig(), exp.base)
+    result = _evaluate(cfg, exp, cfg.model.name, seed=0, ks=[1])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     print(f"base policy: pass@1 {result.pass_at_k.get(1, float('nan')):.3f} -> {out}", flush=True)
