@@ -13,10 +13,11 @@ import json
 import math
 import os
 import sys
+from typing import Any
 
 
 def main(argv: list[str]) -> int:
-    from p3o.rewards.mv_worker import _die_with_parent
+    from p3o.rewards.mv_worker import _die_with_parent, serve
 
     _die_with_parent()
     out = os.fdopen(os.dup(1), "w")  # the protocol channel; fd 1 itself now points at stderr
@@ -33,27 +34,19 @@ def main(argv: list[str]) -> int:
         fn = load_function(spec)
     except BaseException as err:  # reported on every request (the parent already imported it once, so rare)
         load_error = f"cannot load {spec}: {type(err).__name__}: {str(err)[:200]}"
-    out.write('{"ready": true}\n')
-    out.flush()
-    for line in sys.stdin:
-        try:
-            if fn is None:
-                raise RuntimeError(load_error)
-            req = json.loads(line)
-            value = fn(req["completion"], req["answer"])
-            if value is None or isinstance(value, str | bytes):
-                raise TypeError(f"returned {value!r}; expected a float")
-            number = float(value)  # numpy / torch scalars and bools convert
-            if not math.isfinite(number):
-                raise TypeError(f"returned {value!r}; expected a finite float")
-            reply = {"ok": True, "value": number}
-        except BaseException as err:
-            if isinstance(err, KeyboardInterrupt):
-                return 0
-            reply = {"ok": False, "error": f"{type(err).__name__}: {str(err)[:200]}"}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
-    return 0
+
+    def handle(req: dict[str, Any]) -> float:
+        if fn is None:
+            raise RuntimeError(load_error)
+        value = fn(req["completion"], req["answer"])
+        if value is None or isinstance(value, str | bytes):
+            raise TypeError(f"returned {value!r}; expected a float")
+        number = float(value)  # numpy / torch scalars and bools convert
+        if not math.isfinite(number):
+            raise TypeError(f"returned {value!r}; expected a finite float")
+        return number
+
+    return serve(handle, out)
 
 
 if __name__ == "__main__":

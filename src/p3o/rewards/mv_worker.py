@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import Any, TextIO
 
 
 def _die_with_parent() -> None:
@@ -47,32 +49,18 @@ def equal(pred: str, gold: str, seconds: int) -> bool:
     return bool(verify(g, p, timeout_seconds=seconds))
 
 
-def main() -> int:
-    _die_with_parent()
-    _limit_memory()
-    import logging
-    import time
+def serve(handle: Callable[[dict[str, Any]], Any], out: TextIO) -> int:
+    """The worker side of `p3o.rewards.sandbox.Worker`'s protocol (every p3o worker runs this loop).
 
-    logging.disable(logging.CRITICAL)
-    import math_verify  # noqa: F401 - import up front so the first request is not slowed by it
-
-    out = sys.stdout
+    Writes ``{"ready": true}``, then answers each JSON request line on stdin with one line: ``{"ok": true,
+    "value": handle(request)}``, or ``{"ok": false, "error": "<Type>: <message>"}`` when it raises.
+    A KeyboardInterrupt ends the loop; so does the end of stdin. Returns the exit status (0).
+    """
     out.write('{"ready": true}\n')
     out.flush()
     for line in sys.stdin:
         try:
-            req = json.loads(line)
-            op = req.get("op")
-            if op == "equal":
-                value: object = equal(str(req["pred"]), str(req["gold"]), max(1, int(req.get("seconds", 1))))
-            elif op == "ping":
-                value = True
-            elif op == "sleep":  # health checks and tests of the parent's timeout
-                time.sleep(float(req.get("s", 0)))
-                value = True
-            else:
-                raise ValueError(f"unknown op {op!r}")
-            reply = {"ok": True, "value": value}
+            reply = {"ok": True, "value": handle(json.loads(line))}
         except BaseException as err:
             if isinstance(err, KeyboardInterrupt):
                 return 0
@@ -80,6 +68,31 @@ def main() -> int:
         out.write(json.dumps(reply) + "\n")
         out.flush()
     return 0
+
+
+def _handle(req: dict[str, Any]) -> object:
+    op = req.get("op")
+    if op == "equal":
+        return equal(str(req["pred"]), str(req["gold"]), max(1, int(req.get("seconds", 1))))
+    if op == "ping":
+        return True
+    if op == "sleep":  # health checks and tests of the parent's timeout
+        import time
+
+        time.sleep(float(req.get("s", 0)))
+        return True
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> int:
+    _die_with_parent()
+    _limit_memory()
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    import math_verify  # noqa: F401 - import up front so the first request is not slowed by it
+
+    return serve(_handle, sys.stdout)
 
 
 if __name__ == "__main__":
