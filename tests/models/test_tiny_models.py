@@ -93,6 +93,6 @@ def test_cli_sft_and_tiny_random(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     model, tok = load_policy("tiny-random")  # random init, cached built-in tokenizer
     assert model.config.vocab_size == len(tok) and (tmp_path / "cache" / "tokenizers").is_dir()
     assert main(["sft", "--size", "7b"]) == 2
-    assert "unknown model size" in capsys.readouterr().err
+    assert "size: expected one of 1m, 5m, 30m, got '7b'" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="not a known model"):
         load_policy("gpt-17")

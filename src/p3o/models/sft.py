@@ -15,12 +15,13 @@ import hashlib
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from p3o.config import config_field as _f
 from p3o.errors import ConfigError
 from p3o.models.cache import atomic_build, cache_root
 
@@ -30,43 +31,35 @@ DEFAULT_SIZE = "1m"  # the size whose warm start fits the ~2 min / 2-core budget
 
 @dataclass
 class SFTConfig:
-    """The warm-start recipe.
+    """The warm-start recipe (``p3o sft --help``; parsed and checked by the project's one config mechanism)."""
 
-    Attributes:
-        size: model size, one of p3o.models.configs.SIZES ("1m", "5m", "30m").
-        task: the built-in task ("arithmetic").
-        difficulty: task difficulty the base is evaluated on (and keyed by in the cache).
-        train_levels: comma-separated difficulty levels mixed uniformly in the SFT data ("" = `difficulty` only).
-            Easier levels teach the single steps that harder chains compose, and keep the base from memorising
-            whole chains of a small level.
-        seed: seed for data, init and sampling.
-        steps: optimiser steps (the early stop that keeps the base imperfect).
-        batch_size: sequences per step.
-        lr: peak AdamW learning rate (linear warm-up, cosine decay to 10%: `p3o.train.step.lr_factor`).
-        warmup_steps: linear warm-up length.
-        weight_decay: AdamW weight decay.
-        vocab_size: target BPE vocabulary size (the tokenizer may stop earlier on a small corpus).
-        eval_n: held-out test problems for the pass@1 estimate after training (0 = skip).
-        eval_temperature: sampling temperature of that estimate.
-        max_new_tokens: generation budget of that estimate.
-        threads: torch CPU threads (0 = leave as is).
-    """
+    size: Literal["1m", "5m", "30m"] = _f("1m", "model size (p3o.models.configs.SIZES)")
+    task: Literal["arithmetic"] = _f("arithmetic", "the built-in task the base learns")
+    difficulty: int = _f(2, "task difficulty the base is evaluated on (and keyed by in the cache)", ge=1)
+    train_levels: str = _f(
+        "1,2",
+        "comma-separated difficulty levels mixed uniformly in the SFT data ('' = difficulty only): easier levels "
+        "teach the single steps that harder chains compose",
+    )
+    seed: int = _f(0, "seed for data, init and sampling")
+    steps: int = _f(600, "optimiser steps (the early stop that keeps the base imperfect)", ge=1)
+    batch_size: int = _f(32, "sequences per step", ge=1)
+    lr: float = _f(5e-3, "peak AdamW learning rate (linear warm-up, cosine decay to 10%: p3o.train.step)", gt=0)
+    warmup_steps: int = _f(30, "linear warm-up length (steps)", ge=0)
+    weight_decay: float = _f(0.01, "AdamW weight decay", ge=0)
+    vocab_size: int = _f(512, "target BPE vocabulary size (the tokenizer may stop earlier on a small corpus)", ge=16)
+    eval_n: int = _f(128, "held-out test problems for the pass@1 estimate after training (0: skip)", ge=0)
+    eval_temperature: float = _f(1.0, "sampling temperature of that estimate", gt=0)
+    max_new_tokens: int = _f(48, "generation budget of that estimate", ge=1)
+    threads: int = _f(0, "torch CPU threads (0: leave as is)", ge=0)
 
-    size: str = "1m"
-    task: str = "arithmetic"
-    difficulty: int = 2
-    train_levels: str = "1,2"
-    seed: int = 0
-    steps: int = 600
-    batch_size: int = 32
-    lr: float = 5e-3
-    warmup_steps: int = 30
-    weight_decay: float = 0.01
-    vocab_size: int = 512
-    eval_n: int = 128
-    eval_temperature: float = 1.0
-    max_new_tokens: int = 48
-    threads: int = 0
+    def _cross_check(self) -> None:
+        from p3o.tasks.arithmetic import LEVELS
+
+        for part in self.train_levels.split(","):
+            if part.strip() and (not part.strip().isdigit() or int(part) not in LEVELS):
+                known = ", ".join(map(str, LEVELS))
+                raise ConfigError(f"train_levels: {part.strip()!r} is not a level; known: {known}")
 
 
 def encode_examples(tokenizer: Any, prompts: list[str], solutions: list[str]) -> list[tuple[list[int], list[int]]]:
@@ -257,33 +250,44 @@ def ensure_base(
     return atomic_build(target, lambda tmp: warm_start(cfg, tmp), force=force)
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="p3o sft", description="Supervised warm start of the built-in tiny model.")
-    defaults = SFTConfig()
-    for f in fields(SFTConfig):
-        ap.add_argument(
-            f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name)
-        )
-    ap.add_argument("--out", default=None, help="output dir (default: the cache entry that ensure_base uses)")
-    ap.add_argument("--force", action="store_true", help="retrain even if the cache holds this base")
-    return ap
+_EXTRA = [
+    ("--out DIR", "output dir (default: the cache entry that ensure_base uses)"),
+    ("--force", "retrain even if the cache holds this base"),
+]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`p3o sft [--size 5m] [--difficulty 2] [--steps N] [--out DIR] [--force]`: train, save, print JSON stats."""
-    args = _parser().parse_args(argv)
-    cfg = SFTConfig(**{f.name: getattr(args, f.name) for f in fields(SFTConfig)})
-    from p3o.models.configs import SIZES
+    """`p3o sft [--size 5m] [--difficulty 2] [--steps N] [--out DIR] [--force]`: train, save, print JSON stats.
 
-    if cfg.size not in SIZES:
-        raise ConfigError(f"--size: unknown model size {cfg.size!r}; known: {', '.join(SIZES)}")
-    if cfg.steps < 1 or cfg.batch_size < 1:
-        raise ConfigError("--steps and --batch-size must be >= 1")
-    from p3o.tasks.arithmetic import LEVELS
+    Options are parsed by `p3o.config.load_config(cls=SFTConfig)`: the same types, bounds, nearest-name errors and
+    `--help` as `p3o train` (`--batch-size` and `--batch_size` are the same key).
+    """
+    import sys
 
-    for part in cfg.train_levels.split(","):
-        if part.strip() and (not part.strip().isdigit() or int(part) not in LEVELS):
-            raise ConfigError(f"--train-levels: {part.strip()!r} is not a level; known: {', '.join(map(str, LEVELS))}")
+    from p3o.config import config_help, load_config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in {"-h", "--help"} for a in argv):
+        print("usage: p3o sft [--size 5m] [--steps N] [--out DIR] [--force] [--key value ...]\n")
+        print(config_help(SFTConfig, extra=_EXTRA))
+        return 0
+    out, force, rest = None, False, []
+    i = 0
+    while i < len(argv):
+        name, eq, val = argv[i].partition("=")
+        if name == "--out":
+            if not eq:
+                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                    raise ConfigError("--out: expected a directory")
+                val, i = argv[i + 1], i + 1
+            out = val
+        elif name == "--force":
+            force = True
+        else:
+            rest.append(argv[i])
+        i += 1
+    cfg = load_config(rest, cls=SFTConfig)
+    args = argparse.Namespace(out=out, force=force)
     if args.out:
         stats = warm_start(cfg, args.out)
         path = Path(args.out)
