@@ -53,11 +53,6 @@ def read_curves(path: str | Path) -> Curves:
     return out
 
 
-# Deprecated name, kept only because experiments/report.py imports it: switch it to `read_curves`, then delete this
-# alias (it is not `p3o.metrics.read_metrics`, which returns the raw records).
-read_metrics = read_curves
-
-
 def _is_number(v: object) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) or v is None
 

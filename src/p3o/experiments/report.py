@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from p3o.errors import DataError
 from p3o.experiments.analysis import (
     CollapseInfo,
     Curves,
@@ -25,7 +27,7 @@ from p3o.experiments.analysis import (
     detect_collapse,
     final_value,
     mean_std,
-    read_metrics,
+    read_curves,
     smooth,
 )
 from p3o.experiments.spec import DECISIVE_KINDS, Claim, Experiment, RunSpec, expand, flatten
@@ -90,7 +92,11 @@ def _load_json(path: Path) -> dict[str, Any] | None:
 def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
     """Read one run directory (metrics.jsonl, config.yaml, eval.json, DONE) and compute its summary numbers."""
     a = exp.analysis
-    curves = read_metrics(spec.run_dir / "metrics.jsonl")
+    try:
+        curves = read_curves(spec.run_dir / "metrics.jsonl")
+    except DataError as err:  # a corrupt file (not a torn last line): this run is left out, loudly, not the report
+        print(f"p3o compare: warning: {err}; run left out of the report", file=sys.stderr)
+        curves = {}
     config = _load_yaml(spec.run_dir / "config.yaml")
     ev = _load_json(spec.run_dir / "eval.json")
     done = _load_json(spec.run_dir / "DONE") or {}

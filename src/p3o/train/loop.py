@@ -160,13 +160,13 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
     policy = comps.policy
     optimizer, scheduler = build_optimizer(policy, cfg.optim, cfg.update, cfg.steps)
 
-    # 2. resume (model, optimizer, scheduler, this rank's torch RNG and batch source)
+    # 2. resume (model, optimizer, scheduler, this rank's own RNG states and batch source)
     start, loop_state = 0, {}
     if cfg.ckpt.resume:
         found = load_checkpoint(run_dir, model=policy, optimizer=optimizer, scheduler=scheduler)
         if found is not None:
             start, loop_state = found["step"], found["loop_state"] or {}
-            rng = (loop_state.get("rank_rng") or {}).get(dist.rank())
+            rng = (loop_state.get("rank_rng") or {}).get(dist.rank())  # a checkpoint of the previous format
             if rng is not None:
                 torch.set_rng_state(rng)
     if dist.is_main():

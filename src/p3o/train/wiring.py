@@ -203,19 +203,18 @@ def save_loop_checkpoint(
     source: BatchSource,
     keep_last: int,
 ) -> None:
-    """Rank 0 writes the checkpoint; the loop state carries every rank's buffer and torch RNG (gathered).
+    """Rank 0 writes the checkpoint: every rank's batch source and its own RNG states (gathered).
 
-    loop_state = {"rank_source": {rank: source.state()}, "rank_rng": {rank: torch RNG state}}: all `run` reads
-    back (the data stream needs no cursor; the engine version is the step).
+    loop_state = {"rank_source": {rank: source.state()}}: all `run` reads back (the data stream needs no cursor; the
+    engine version is the step); the RNG states go to the checkpoint's per-rank RNG, which `load_checkpoint` restores
+    on each rank.
     """
-    from p3o.train.checkpoint import save_checkpoint
+    from p3o.train.checkpoint import gather_rng_states, save_checkpoint
 
-    states = dist.all_gather_object({"source": source.state(), "rng": torch.get_rng_state()})
+    sources = dist.all_gather_object(source.state())
+    rng = gather_rng_states()  # every rank's own Python / NumPy / torch / CUDA generators (a collective)
     if dist.is_main():
-        loop_state = {
-            "rank_source": {r: s["source"] for r, s in enumerate(states)},
-            "rank_rng": {r: s["rng"] for r, s in enumerate(states)},
-        }
+        loop_state = {"rank_source": dict(enumerate(sources))}
         save_checkpoint(
             run_dir,
             step,
@@ -225,6 +224,7 @@ def save_loop_checkpoint(
             scheduler=scheduler,
             loop_state=loop_state,
             keep_last=keep_last,
+            rng=rng,
         )
     dist.barrier()
 
