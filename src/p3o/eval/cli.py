@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     p.add_argument("--precision", default="fp32", help="rollout precision: fp32, bf16, fp16, int8, fp8")
-    p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout engine (training's rollout.engine)")
+    p.add_argument("--engine", choices=["hf", "vllm"], default=None, help=f"rollout engine: hf, vllm ({run}hf)")
     p.add_argument("--batch-prompts", type=int, default=16, help="prompts per generation batch")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
@@ -176,7 +176,7 @@ def main(argv: list[str]) -> int:
     if too_big:
         raise ConfigError(f"--k: {too_big} exceed --n-samples {args.n_samples}")
     from p3o.eval.runner import evaluate, find_run, resolve_device
-    from p3o.tasks import load_eval_problems, load_train_problems
+    from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
     from p3o.tasks.sources import eval_source
 
     policy_dir, run_dir = find_run(args.model)
@@ -189,15 +189,17 @@ def main(argv: list[str]) -> int:
     name, split = eval_source(task)
     device = resolve_device(args.device or (run_cfg.model.device if run_cfg is not None else "auto"))
     max_new_tokens = args.max_new_tokens or (run_cfg.rollout.max_new_tokens if run_cfg is not None else 64)
+    engine = args.engine or (run_cfg.rollout.engine if run_cfg is not None else "hf")
     settings = {
         "run": str(run_dir) if run_dir is not None else None,
         "task": name,
         "split": split,
-        "difficulty": task.difficulty if name == "arithmetic" else None,
+        "difficulty": task_options(task, name).get("difficulty"),
         "template": task.template,
         "system_prompt": task.system_prompt,
         "fields": {k: getattr(task, k) for k in ("question_key", "answer_key", "solution_key") if getattr(task, k)},
-        "verifier": task.verifier or problems[0].meta.get("verifier", "math"),
+        "verifier": task_verifier(task, problems),
+        "engine": engine,
         "reward_timeout_s": task.reward_timeout_s,
         "device": device,
     }
@@ -228,7 +230,7 @@ def main(argv: list[str]) -> int:
         task=name,
         split=split,
         device=device,
-        engine=args.engine,
+        engine=engine,
     )
     result.model = model_name
     result.extra = dict(settings)
