@@ -1,19 +1,27 @@
-"""Generated tokens/s of p3o's HFEngine vs transformers' model.generate, both returning per-token log-probs (CPU).
+"""Generated tokens/s of transformers' model.generate, p3o's HFEngine and VLLMEngine, all returning per-token
+log-probs (CPU).
 
     .venv/bin/python benchmarks/rollout.py                      # batch 32, 64 new tokens, 5M-parameter Qwen3
     .venv/bin/python benchmarks/rollout.py --model tiny         # the built-in tiny policy, when p3o.models has it
+    .venv-vllm/bin/python benchmarks/rollout.py --engines generate,hf,vllm --model smollm2 --batch 64 --group 4
+    .venv-vllm/bin/python benchmarks/rollout.py --engines generate,hf,vllm --precision bf16
 
-Both sample at temperature 1 with no top-k/top-p from the same fp32 model, with EOS disabled so that every row
+All sample at temperature 1 with no top-k/top-p from the same model, with EOS disabled so that every row
 generates exactly `--new` tokens; the baseline's log-probs are log_softmax(output_logits) gathered at the sampled
-tokens (inside the timed region). Runs are interleaved after one warm-up each; best and median are reported.
-The CPU may be shared with other jobs: compare the ratio, not the absolute numbers.
+tokens (inside the timed region). `--precision bf16` casts generate's model and runs both engines in bf16. The
+vLLM engine (p3o.rollout.VLLMEngine; `.venv-vllm` on CPU, docs/vllm.md) is started once before timing (its start-up
+is reported separately). Runs are interleaved after one warm-up each; best and median are reported. The CPU may be
+shared with other jobs: compare the ratios, not the absolute numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +86,9 @@ def run_generate(model: torch.nn.Module, prompts: list[list[int]], new: int, see
         return F.log_softmax(logits, -1).gather(-1, out.sequences[:, p:, None]).squeeze(-1)
 
 
+ENGINES = {"generate": "transformers generate + log-probs", "hf": "p3o HFEngine", "vllm": "p3o VLLMEngine (vLLM)"}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="random", help="'random' (default) or a p3o.models.load_policy name")
@@ -86,45 +97,75 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", type=int, default=1, help="samples per prompt (batch = prompts x group)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--engines", default="generate,hf", help="comma-separated: generate, hf, vllm")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     args = ap.parse_args(argv)
+    engines = args.engines.split(",")
+    if unknown := sorted(set(engines) - set(ENGINES)):
+        ap.error(f"--engines: unknown {unknown}; choose from {', '.join(ENGINES)}")
     torch.set_num_threads(args.threads)
     from p3o.rollout import HFEngine
 
     model, desc = bench_model(args.model)
-    model.generation_config.eos_token_id = None  # every row generates exactly --new tokens in both engines
+    model.generation_config.eos_token_id = None  # every row generates exactly --new tokens in every engine
     model.config.eos_token_id = None
     prompts = _prompts(args.batch // args.group, model.config.vocab_size)
-    engine = HFEngine(model, max_new_tokens=args.new, stop_token_ids=[], pad_token_id=0)
     expanded = [p for p in prompts for _ in range(args.group)]
+    tokens = args.batch * args.new
+    fns: dict[str, Callable[[int], None]] = {}
+    notes: list[str] = []
+    if "generate" in engines:
+        gen_model = model if args.precision == "fp32" else copy.deepcopy(model).to(torch.bfloat16)
 
-    def ours(seed: int) -> None:
-        ro = engine.generate(prompts, n=args.group, seed=seed)
-        assert ro.num_tokens == args.batch * args.new, ro.num_tokens
+        def baseline(seed: int) -> None:
+            lp = run_generate(gen_model, expanded, args.new, seed)
+            assert lp.shape == (args.batch, args.new), lp.shape
 
-    def baseline(seed: int) -> None:
-        lp = run_generate(model, expanded, args.new, seed)
-        assert lp.shape == (args.batch, args.new), lp.shape
+        fns["generate"] = baseline
+    for kind in ("hf", "vllm"):
+        if kind not in engines:
+            continue
+        t0 = time.perf_counter()
+        if kind == "hf":
+            eng = HFEngine(model, max_new_tokens=args.new, stop_token_ids=[], pad_token_id=0, precision=args.precision)
+        else:
+            from p3o.rollout import VLLMEngine
 
-    # Interleave the two so that load from other jobs hits both alike; report the fastest run of each (the
+            eng = VLLMEngine(
+                model, max_new_tokens=args.new, stop_token_ids=[], pad_token_id=0, precision=args.precision
+            )
+            notes.append(f"VLLMEngine start-up (vLLM import + engine): {time.perf_counter() - t0:.1f} s")
+
+        def ours(seed: int, eng: Any = eng) -> None:
+            ro = eng.generate(prompts, n=args.group, seed=seed)
+            assert ro.num_tokens == tokens, ro.num_tokens
+
+        fns[kind] = ours
+
+    # Interleave the engines so that load from other jobs hits them alike; report the fastest run of each (the
     # least-disturbed one) and the median.
-    ours(0)
-    baseline(0)
-    times: dict[str, list[float]] = {"ours": [], "base": []}
+    for fn in fns.values():
+        fn(0)
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for r in range(args.repeats):
-        for key, fn in (("ours", ours), ("base", baseline)):
+        for key, fn in fns.items():
             t0 = time.perf_counter()
             fn(r + 1)
             times[key].append(time.perf_counter() - t0)
-    t_ours, t_base = min(times["ours"]), min(times["base"])
-    med = statistics.median(times["base"]) / statistics.median(times["ours"])
-    tokens = args.batch * args.new
+    best = {k: min(v) for k, v in times.items()}
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ref = "generate" if "generate" in fns else next(iter(fns))
     print(f"{desc}; batch {args.batch} ({args.batch // args.group} prompts x {args.group}), {args.new} new tokens, ")
-    print(f"temperature 1, fp32, {args.threads} threads, best of {args.repeats} interleaved runs\n")
-    print("| engine | time (s) | tokens/s |")
-    print("|---|---:|---:|")
-    print(f"| transformers generate + log-probs | {t_base:.2f} | {tokens / t_base:.0f} |")
-    print(f"| p3o HFEngine | {t_ours:.2f} | {tokens / t_ours:.0f} |")
-    print(f"\nspeed-up HFEngine / generate = {t_base / t_ours:.2f}x best-of, {med:.2f}x median (target >= 1.5x)")
+    print(f"temperature 1, {args.precision}, {args.threads} threads, best of {args.repeats} interleaved runs\n")
+    print(f"| engine | time (s) | tokens/s | vs {ref} (best) | vs {ref} (median) |")
+    print("|---|---:|---:|---:|---:|")
+    for key in fns:
+        print(
+            f"| {ENGINES[key]} | {best[key]:.2f} | {tokens / best[key]:.0f} | {best[ref] / best[key]:.2f}x "
+            f"| {med[ref] / med[key]:.2f}x |"
+        )
+    for note in notes:
+        print(f"\n{note}")
     return 0
 
 
