@@ -338,6 +338,10 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         else:
             kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                # under torchrun: TRL's colocated layout, vLLM on this rank's GPU (cuda:$LOCAL_RANK) inside the
+                # trainer's process group (the uniproc executor would put every rank on cuda:0). Unverified on GPUs.
+                kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs.update(llm_kwargs)
         set_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op for the whole process
         try:
