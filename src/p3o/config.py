@@ -165,6 +165,13 @@ class RolloutConfig:
     logprob_mode: Literal["processed", "raw"] = _f(
         "processed", "record log-probs of the distribution sampled from ('processed') or before temperature ('raw')"
     )
+    kv_cache_dtype: Literal["auto", "fp8"] = _f("auto", "vLLM only: the KV-cache dtype (fp8: an FP8 KV cache)")
+    kv_cache_gib: float | None = _f(
+        None, "vLLM only: KV-cache size in GiB on a CPU (None: P3O_VLLM_KV_CACHE_GIB or 1)", gt=0
+    )
+    gpu_memory_utilization: float = _f(
+        0.3, "vLLM only: share of GPU memory vLLM may take (the trainer shares it)", gt=0, le=1
+    )
 
 
 @dataclass
@@ -662,6 +669,10 @@ def _check_train(cfg: TrainConfig) -> None:
         raise ConfigError("run_dir: must not be empty")
     if cfg.overwrite and cfg.ckpt.resume:
         raise ConfigError("overwrite: --overwrite replaces the run in run_dir and --resume continues it; pick one")
+    if cfg.rollout.engine != "vllm":
+        for key, default in (("kv_cache_dtype", "auto"), ("kv_cache_gib", None), ("gpu_memory_utilization", 0.3)):
+            if getattr(cfg.rollout, key) != default:
+                raise ConfigError(f"rollout.{key}: a vLLM setting; it needs rollout.engine vllm")
     n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     if cfg.update.num_mini_batches > n:
         raise ConfigError(

@@ -98,6 +98,15 @@ def build_components(cfg: Any) -> Components:
     prompts, answers = encode(problems), [p.answer for p in problems]
 
     ro = cfg.rollout
+    vllm_only = (
+        {
+            "kv_cache_dtype": ro.kv_cache_dtype,
+            "kv_cache_gib": ro.kv_cache_gib,
+            "gpu_memory_utilization": ro.gpu_memory_utilization,
+        }
+        if ro.engine == "vllm"
+        else {}
+    )
 
     def make_engine(model: nn.Module) -> Any:
         return _make(
@@ -112,6 +121,7 @@ def build_components(cfg: Any) -> Components:
             logprob_mode=ro.logprob_mode,
             seed=cfg.seed,
             device=device,
+            **vllm_only,
         )
 
     ref = None
