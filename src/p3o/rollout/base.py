@@ -10,9 +10,26 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
+from p3o.errors import ConfigError
 from p3o.types import Rollouts
 
-__all__ = ["RolloutEngine"]
+__all__ = ["LOGPROB_MODES", "RolloutEngine", "check_sampling"]
+
+LOGPROB_MODES = ("processed", "raw")
+
+
+def check_sampling(*, temperature: float, top_p: float, top_k: int, max_new_tokens: int, logprob_mode: str) -> None:
+    """The sampling settings every engine takes, checked alike: a one-line ConfigError naming `rollout.<key>`."""
+    if logprob_mode not in LOGPROB_MODES:
+        raise ConfigError(f"rollout.logprob_mode: unknown {logprob_mode!r}; choose from {', '.join(LOGPROB_MODES)}")
+    if temperature < 0:
+        raise ConfigError(f"rollout.temperature: must be >= 0, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"rollout.top_p: must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ConfigError(f"rollout.top_k: must be >= 0 (0 = off), got {top_k}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"rollout.max_new_tokens: must be >= 1, got {max_new_tokens}")
 
 
 @runtime_checkable

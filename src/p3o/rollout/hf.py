@@ -22,13 +22,12 @@ from torch import Tensor, nn
 
 from p3o.errors import ConfigError, P3OError
 from p3o.policy import position_ids_from_mask
+from p3o.rollout.base import LOGPROB_MODES, check_sampling
 from p3o.rollout.fast import FastDecoder
 from p3o.rollout.quant import PRECISIONS, QuantLinear, quantize_model, requantize_
 from p3o.types import Rollouts
 
 __all__ = ["LOGPROB_MODES", "HFEngine", "process_logits"]
-
-LOGPROB_MODES = ("processed", "raw")
 
 
 def process_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -124,18 +123,13 @@ class HFEngine:
     ) -> None:
         if precision not in PRECISIONS:
             raise ConfigError(f"rollout.precision: unknown {precision!r}; choose from {', '.join(PRECISIONS)}")
-        if logprob_mode not in LOGPROB_MODES:
-            raise ConfigError(
-                f"rollout.logprob_mode: unknown {logprob_mode!r}; choose from {', '.join(LOGPROB_MODES)}"
-            )
-        if temperature < 0:
-            raise ConfigError(f"rollout.temperature: must be >= 0, got {temperature}")
-        if not 0.0 < top_p <= 1.0:
-            raise ConfigError(f"rollout.top_p: must be in (0, 1], got {top_p}")
-        if top_k < 0:
-            raise ConfigError(f"rollout.top_k: must be >= 0 (0 = off), got {top_k}")
-        if max_new_tokens < 1:
-            raise ConfigError(f"rollout.max_new_tokens: must be >= 1, got {max_new_tokens}")
+        check_sampling(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            logprob_mode=logprob_mode,
+        )
         self.precision = precision
         self.temperature = float(temperature)
         self.top_p = float(top_p)

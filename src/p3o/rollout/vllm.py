@@ -37,7 +37,8 @@ import torch
 from torch import Tensor, nn
 
 from p3o.errors import ConfigError, P3OError
-from p3o.rollout.hf import LOGPROB_MODES, _as_id_list
+from p3o.rollout.base import check_sampling
+from p3o.rollout.hf import _as_id_list
 from p3o.types import Rollouts
 
 __all__ = ["VLLM_DTYPES", "VLLM_PRECISIONS", "VLLMEngine"]
@@ -191,18 +192,13 @@ class VLLMEngine:
             )
         if precision not in VLLM_DTYPES:
             raise ConfigError(f"rollout.precision: unknown {precision!r}; choose from {', '.join(VLLM_PRECISIONS)}")
-        if logprob_mode not in LOGPROB_MODES:
-            raise ConfigError(
-                f"rollout.logprob_mode: unknown {logprob_mode!r}; choose from {', '.join(LOGPROB_MODES)}"
-            )
-        if temperature < 0:
-            raise ConfigError(f"rollout.temperature: must be >= 0, got {temperature}")
-        if not 0.0 < top_p <= 1.0:
-            raise ConfigError(f"rollout.top_p: must be in (0, 1], got {top_p}")
-        if top_k < 0:
-            raise ConfigError(f"rollout.top_k: must be >= 0 (0 = off), got {top_k}")
-        if max_new_tokens < 1:
-            raise ConfigError(f"rollout.max_new_tokens: must be >= 1, got {max_new_tokens}")
+        check_sampling(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            logprob_mode=logprob_mode,
+        )
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype: unknown {kv_cache_dtype!r}; choose from {', '.join(KV_CACHE_DTYPES)}")
         self.device = torch.device(device)
