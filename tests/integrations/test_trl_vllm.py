@@ -4,11 +4,11 @@ with a message when that environment is absent or has no TRL."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from venv_checks import run_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -23,18 +23,9 @@ def check_results() -> dict[str, str]:
     probe = subprocess.run([str(VLLM_PYTHON), "-c", "import trl, vllm"], capture_output=True, text=True, timeout=300)
     if probe.returncode != 0:
         pytest.skip(f".venv-vllm cannot import trl and vllm: {probe.stderr.strip().splitlines()[-1:]}")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), str(CHECKS_FILE)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    results = {}
-    for line in proc.stdout.splitlines():
-        status, _, rest = line.partition(" ")
-        if status in ("PASS", "FAIL"):
-            name, _, detail = rest.partition(": ")
-            results[name] = status if status == "PASS" else f"FAIL: {detail}"
+    results, errors = run_checks(VLLM_PYTHON, CHECKS_FILE)
     if not results:
-        pytest.fail(f"trl_vllm_checks.py ran no check (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        pytest.fail(f"trl_vllm_checks.py ran no check: {' | '.join(errors)}")
     return results
 
 

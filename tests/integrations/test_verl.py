@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from venv_checks import run_checks
 
 import p3o.integrations.verl as plugin
 from p3o.errors import ConfigError
@@ -233,18 +234,9 @@ def test_ess_is_all_reduced_over_the_data_parallel_ranks():
 def verl_check_results() -> dict[str, str]:
     if not VERL_PYTHON.exists():
         pytest.skip("no .venv-verl (verl 0.9.1 needs transformers<5.11): create it with `bash scripts/verl_env.sh`")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run(
-        [str(VERL_PYTHON), str(CHECKS_FILE)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    results = {}
-    for line in proc.stdout.splitlines():
-        status, _, rest = line.partition(" ")
-        if status in ("PASS", "FAIL"):
-            name, _, detail = rest.partition(": ")
-            results[name] = status if status == "PASS" else f"FAIL: {detail}"
+    results, errors = run_checks(VERL_PYTHON, CHECKS_FILE)
     if not results:
-        pytest.fail(f"verl_checks.py ran no check (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        pytest.fail(f"verl_checks.py ran no check: {' | '.join(errors)}")
     return results
 
 

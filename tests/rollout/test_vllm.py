@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from venv_checks import run_checks
 
 from p3o.errors import ConfigError
 
@@ -80,44 +81,13 @@ def test_bad_settings_fail_before_vllm_is_needed(tiny_lm, kw, needle):
     assert len(str(err.value).splitlines()) == 1
 
 
-def _parse(stdout: str) -> dict[str, str]:
-    results = {}
-    for line in stdout.splitlines():
-        status, _, rest = line.partition(" ")
-        if status in ("PASS", "FAIL"):
-            name, _, detail = rest.partition(": ")
-            name = name.split(" (")[0]
-            results[name] = status if status == "PASS" else f"FAIL: {detail}"
-    return results
-
-
 @pytest.fixture(scope="module")
 def vllm_check_results() -> dict[str, str]:
     if not VLLM_PYTHON.exists():
         pytest.skip(NO_VENV)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     rest = [n for n in VLLM_CHECKS if n not in PARALLEL_CHECKS]
     t0 = time.perf_counter()
-    procs = [
-        subprocess.Popen(
-            [str(VLLM_PYTHON), str(CHECKS_FILE), *names],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for names in (PARALLEL_CHECKS, rest)
-    ]
-    results, errors = {}, []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        results.update(_parse(out))
-        errors.append(f"exit {proc.returncode}: {err[-1500:]}")
+    results, errors = run_checks(VLLM_PYTHON, CHECKS_FILE, [PARALLEL_CHECKS, rest])
     if not results:
         pytest.fail(f"vllm_checks.py ran no check: {' | '.join(errors)}")
     print(f"vllm checks: {time.perf_counter() - t0:.0f} s")

@@ -1,0 +1,58 @@
+"""Run a checks script inside another virtualenv (.venv-verl, .venv-vllm) and collect its PASS / FAIL lines.
+
+A checks script prints one line per check, ``PASS name`` or ``FAIL name: detail``; the main suite turns each line
+into a test. Used by tests/integrations/test_verl.py, test_trl_vllm.py and tests/rollout/test_vllm.py:
+
+    results = run_checks(VLLM_PYTHON, CHECKS_FILE, [["a", "b"], ["c"]])   # two processes at once
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_checks(stdout: str) -> dict[str, str]:
+    """``{name: "PASS" | "FAIL: detail"}`` from a checks script's output (a "name (note)" keeps only the name)."""
+    results = {}
+    for line in stdout.splitlines():
+        status, _, rest = line.partition(" ")
+        if status in ("PASS", "FAIL"):
+            name, _, detail = rest.partition(": ")
+            name = name.split(" (")[0]
+            results[name] = status if status == "PASS" else f"FAIL: {detail}"
+    return results
+
+
+def run_checks(
+    python: Path, script: Path, groups: Sequence[Sequence[str]] = ((),), *, timeout: float = 600
+) -> tuple[dict[str, str], list[str]]:
+    """Run ``python script *group`` for every group at once (``()``: the script's own default set) with the
+    project's src/ on PYTHONPATH; returns the merged results and, per process, its exit status and stderr tail."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [str(python), str(script), *names],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for names in groups
+    ]
+    results: dict[str, str] = {}
+    errors: list[str] = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        results.update(parse_checks(out))
+        errors.append(f"exit {proc.returncode}: {err[-1500:]}")
+    return results, errors
