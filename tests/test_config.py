@@ -184,13 +184,6 @@ def test_objective_hyper_parameters_are_flat_keys_checked_against_the_signature(
     assert load_config(["--objective.ref_kl_coef", "0.1"]).objective.hyper == {"ref_kl_coef": 0.1}
 
 
-def test_objective_hyper_unchecked_when_objectives_module_is_absent(monkeypatch):
-    monkeypatch.setattr(config_mod, "_objectives_module", lambda: None)
-    cfg = load_config(["--objective.name", "future_obj", "--objective.some_knob", "3"])
-    assert cfg.objective.hyper == {"some_knob": 3}
-    assert objective_hyper(cfg.objective) == {"some_knob": 3}
-
-
 def test_dict_and_yaml_round_trip(tmp_path):
     cfg = load_config(
         ["--objective.name=grpo", "--objective.clip_eps=0.3", "--optim.betas=[0.8,0.9]", "--log.tensorboard=false"]

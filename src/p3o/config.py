@@ -22,8 +22,6 @@ import copy
 import dataclasses
 import difflib
 import functools
-import importlib
-import inspect
 import math
 import types
 import typing
@@ -335,63 +333,26 @@ def _leaf_fields(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, d
     return out
 
 
-def _objectives_module() -> Any | None:
-    """``p3o.objectives`` when it exists (another issue writes it); None when the package is absent."""
-    try:
-        return importlib.import_module("p3o.objectives")
-    except ModuleNotFoundError as err:
-        if err.name in {"p3o.objectives", "p3o"}:
-            return None
-        raise
+def _record(name: str) -> Any:
+    """The registry record of objective ``name`` (``p3o.objectives.Objective``): the one source of its
+    hyper-parameters, their types and their deprecated spellings. Unknown name: ConfigError with the nearest one."""
+    from p3o.objectives import OBJECTIVES
 
-
-def _objective_defaults(name: str) -> dict[str, Any] | None:
-    """Keyword-only hyper-parameters and defaults of objective ``name``; None when p3o.objectives is absent.
-
-    Raises ConfigError for an unknown objective name (listing the known ones).
-    """
-    mod = _objectives_module()
-    if mod is None:
-        return None
-    try:
-        if hasattr(mod, "objective_defaults"):
-            return dict(mod.objective_defaults(name))
-        fn = mod.get_objective(name)
-    except (KeyError, ValueError) as err:
-        known = ", ".join(sorted(getattr(mod, "OBJECTIVES", {}))) or str(err)
-        near = difflib.get_close_matches(name, list(getattr(mod, "OBJECTIVES", {})), n=1)
+    if name not in OBJECTIVES:
+        near = difflib.get_close_matches(name, list(OBJECTIVES), n=1)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
-        raise ConfigError(f"objective.name: unknown objective '{name}'{hint}; known: {known}") from None
-    sig = inspect.signature(fn)
-    return {
-        p.name: (None if p.default is inspect.Parameter.empty else p.default)
-        for p in sig.parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
+        raise ConfigError(f"objective.name: unknown objective '{name}'{hint}; known: {', '.join(sorted(OBJECTIVES))}")
+    return OBJECTIVES[name]
 
 
-def _hyper_type(name: str, hyper: str, default: Any) -> Any:
-    """The type a hyper-parameter must have: its annotation in the objective's record (``Literal`` for a set of
-    choices), else its default's type."""
-    mod = _objectives_module()
-    tp: Any = None
-    try:
-        tp = mod.get_objective(name).hypers[hyper].type
-    except Exception:  # unknown name/keyword: the caller reports it
-        tp = None
-    if tp is not None and tp is not Any:
-        return tp
-    if default is None:
-        return Any
-    if isinstance(default, bool):
-        return bool
-    if isinstance(default, float):
-        return float
-    if isinstance(default, int):
-        return int | float  # an int default still accepts a float (e.g. a cap of 2 given as 2.5)
-    if isinstance(default, str):
-        return str
-    return Any
+def _objective_defaults(name: str) -> dict[str, Any]:
+    """Keyword hyper-parameters of objective ``name`` and their defaults (from its record)."""
+    return _record(name).defaults()
+
+
+def _hyper_type(name: str, hyper: str) -> Any:
+    """The type the record declares for a hyper-parameter (``Literal`` for a set of choices)."""
+    return _record(name).hypers[hyper].type
 
 
 def _all_keys(objective_name: str | None = None, cls: type | None = None) -> list[str]:
@@ -571,13 +532,8 @@ def apply_overrides(cfg: TrainConfig, overrides: Mapping[str, Any], *, check: bo
 
 
 def objective_hyper(cfg: ObjectiveConfig) -> dict[str, Any]:
-    """The objective's full keyword hyper-parameters: its defaults updated with ``cfg.hyper`` (validated).
-
-    When ``p3o.objectives`` is not importable the overrides are returned unchecked.
-    """
+    """The objective's full keyword hyper-parameters: its defaults updated with ``cfg.hyper`` (typed by the record)."""
     defaults = _objective_defaults(cfg.name)
-    if defaults is None:
-        return dict(cfg.hyper)
     out = dict(defaults)
     for k, v in _renamed(cfg).items():
         key = f"objective.{k}"
@@ -590,14 +546,13 @@ def objective_hyper(cfg: ObjectiveConfig) -> dict[str, Any]:
             raise ConfigError(
                 f"unknown key '{key}' for objective '{cfg.name}'{hint}{where}; its hyper-parameters: {known}"
             )
-        out[k] = _check(key, v, _hyper_type(cfg.name, k, defaults[k]))
+        out[k] = _check(key, v, _hyper_type(cfg.name, k))
     return out
 
 
 def _renamed(cfg: ObjectiveConfig) -> dict[str, Any]:
     """``cfg.hyper`` with deprecated keyword spellings (the record's ``aliases``) renamed, warning once each."""
-    mod = _objectives_module()
-    aliases = getattr(mod.get_objective(cfg.name), "aliases", {}) if mod is not None else {}
+    aliases = _record(cfg.name).aliases
     out: dict[str, Any] = {}
     for k, v in cfg.hyper.items():
         if k in aliases:
@@ -614,15 +569,9 @@ def _renamed(cfg: ObjectiveConfig) -> dict[str, Any]:
 
 def _objectives_with(hyper: str) -> list[str]:
     """Names of the objectives that accept keyword ``hyper`` (for error hints)."""
-    mod = _objectives_module()
-    out = []
-    for name in getattr(mod, "OBJECTIVES", {}):
-        try:
-            if hyper in (_objective_defaults(name) or {}):
-                out.append(name)
-        except ConfigError:
-            pass
-    return out
+    from p3o.objectives import OBJECTIVES
+
+    return [name for name, rec in OBJECTIVES.items() if hyper in rec.hypers]
 
 
 def validate(cfg: Any) -> Any:
@@ -687,10 +636,8 @@ def _check_train(cfg: TrainConfig) -> None:
     bad = [k for k in cfg.objective.hyper if not isinstance(k, str) or not k.isidentifier()]
     if bad:
         raise ConfigError(f"objective.{bad[0]}: not a valid hyper-parameter name")
-    defaults = _objective_defaults(cfg.objective.name)
-    if defaults is not None:
-        full = objective_hyper(cfg.objective)
-        cfg.objective.hyper = {k: full[k] for k in _renamed(cfg.objective)}
+    full = objective_hyper(cfg.objective)
+    cfg.objective.hyper = {k: full[k] for k in _renamed(cfg.objective)}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -904,10 +851,9 @@ def load_config(argv: list[str] | None = None, *, base: Any = None, cls: type | 
                 raise ConfigError(f"--{key}: expected a value")
         _set(cfg, key, _parse_scalar(val), raw=val)
     for hyper, key in bare_hyper_flags.items():
-        defaults = _objective_defaults(cfg.objective.name) or {}
-        mod = _objectives_module()
-        hyper = getattr(mod.get_objective(cfg.objective.name), "aliases", {}).get(hyper, hyper) if mod else hyper
-        if hyper in defaults and _hyper_type(cfg.objective.name, hyper, defaults[hyper]) is not bool:
+        rec = _record(cfg.objective.name)
+        hyper = rec.aliases.get(hyper, hyper)
+        if hyper in rec.hypers and rec.hypers[hyper].type is not bool:
             raise ConfigError(f"--{key}: expected a value")
     return validate(cfg)
 
@@ -970,8 +916,11 @@ def config_help(cls: type | None = None, extra: list[tuple[str, str]] | None = N
         for part in key.split("."):
             obj = getattr(obj, part)
         rows.append((f"--{key} {_metavar(tp)}", f"{f.metadata['help']} [default: {_shown(obj)}]"))
-    mod = _objectives_module() if cls is TrainConfig else None
-    records = list(getattr(mod, "OBJECTIVES", {}).values())
+    records = []
+    if cls is TrainConfig:
+        from p3o.objectives import OBJECTIVES
+
+        records = list(OBJECTIVES.values())
     common = set.intersection(*(set(r.hypers) for r in records)) if records else set()
     for i, rec in enumerate(records):
         rows.append(f"objective.name {rec.name}: {rec.summary}")
