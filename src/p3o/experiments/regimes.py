@@ -38,6 +38,14 @@ REGIMES: dict[str, Overrides] = {
         "rollout.precision": "bf16",
         "update.num_mini_batches": 1,
     },
+    # The same with vLLM's FP8 KV cache: a larger real mismatch that a CPU can produce (fp8 weights need a GPU).
+    "vllm-bf16-kvfp8": {
+        "loop.mode": "sync",
+        "rollout.engine": "vllm",
+        "rollout.precision": "bf16",
+        "rollout.kv_cache_dtype": "fp8",
+        "update.num_mini_batches": 1,
+    },
     # Eight optimizer steps per rollout batch (the calibrated multi-step regime).
     "multi-step-8": {"loop.mode": "sync", "update.num_mini_batches": 8},
     # MinPRO's "stale n" counts global steps of several updates each: with 4 updates per batch, stale-n delays a
