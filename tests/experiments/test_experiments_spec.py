@@ -10,11 +10,12 @@ from p3o.errors import ConfigError
 from p3o.experiments.regimes import OBJECTIVE_PRESETS, REGIMES, objective_overrides, regime_overrides
 from p3o.experiments.spec import expand, load_experiment, parse_experiment
 
-# Every config key a preset may use (docs/contracts.md, "Config keys").
+# Every config key a preset may use.
 CONTRACT_KEYS = {
     "rollout.temperature",
     "rollout.precision",
     "rollout.engine",
+    "rollout.kv_cache_dtype",
     "rollout.logprob_mode",
     "train.temperature",
     "update.num_mini_batches",
