@@ -163,7 +163,9 @@ class RolloutConfig:
     logprob_mode: Literal["processed", "raw"] = _f(
         "processed", "record log-probs of the distribution sampled from ('processed') or before temperature ('raw')"
     )
-    kv_cache_dtype: Literal["auto", "fp8"] = _f("auto", "vLLM only: the KV-cache dtype (fp8: an FP8 KV cache)")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = _f(
+        "auto", "vLLM only: the KV-cache dtype (fp8*: an FP8 KV cache)"
+    )
     kv_cache_gib: float | None = _f(
         None, "vLLM only: KV-cache size in GiB on a CPU (None: P3O_VLLM_KV_CACHE_GIB or 1)", gt=0
     )
