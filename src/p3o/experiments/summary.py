@@ -6,7 +6,7 @@ the output is typed by hand. The README block sits between two markers and is re
     <!-- verdicts:start -->  ...  <!-- verdicts:end -->
 
     python -m p3o.experiments.summary docs/results-lm.verdicts.json docs/results-synthetic.verdicts.json \\
-        --out docs/results.md --readme README.md
+        docs/results-vllm.verdicts.json --out docs/results.md --readme README.md
 """
 
 from __future__ import annotations
