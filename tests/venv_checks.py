@@ -1,7 +1,8 @@
 """Run a checks script inside another virtualenv (.venv-verl, .venv-vllm) and collect its PASS / FAIL lines.
 
-A checks script prints one line per check, ``PASS name`` or ``FAIL name: detail``; the main suite turns each line
-into a test. Used by tests/integrations/test_verl.py, test_trl_vllm.py and tests/rollout/test_vllm.py:
+A checks script prints one line per check, ``PASS name`` or ``FAIL name: detail`` (its ``main`` is
+:func:`run_named_checks`); the main suite turns each line into a test. Used by tests/integrations/test_verl.py,
+test_trl_vllm.py and tests/rollout/test_vllm.py:
 
     results = run_checks(VLLM_PYTHON, CHECKS_FILE, [["a", "b"], ["c"]])   # two processes at once
 """
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Sequence
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,3 +60,22 @@ def run_checks(
         results.update(parse_checks(out))
         errors.append(f"exit {proc.returncode}: {err[-1500:]}")
     return results, errors
+
+
+def run_named_checks(checks: dict[str, Callable[[], None]], names: Sequence[str]) -> int:
+    """The ``main`` of a checks script: run ``names`` (all of ``checks`` when empty), print one PASS / FAIL line
+    each (the FAIL line ends with the traceback's last lines; the whole traceback goes to stderr); exit status 1
+    when any failed. Stdlib only, so it runs in any virtualenv."""
+    failed = 0
+    for name in names or list(checks):
+        t0 = time.perf_counter()
+        try:
+            checks[name]()
+            print(f"PASS {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        except Exception as exc:  # report every check, then fail
+            failed += 1
+            tail = " | ".join(traceback.format_exc().strip().splitlines()[-3:])
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+            print(f"FAIL {name}: {detail} | {tail}", flush=True)
+            traceback.print_exc(file=sys.stderr)
+    return 1 if failed else 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: tiny_lm
 from tiny_lm import make_tiny_lm
+from venv_checks import run_named_checks
 
 PROMPTS = ["1+1=", "2+3=", "4+4=", "3+5=", "7+1=", "6+2="]
 STEPS = 3
@@ -143,18 +143,5 @@ def trl_own_colocate_sync_fails_on_cpu() -> None:
     raise AssertionError("TRL's own colocate sync worked on CPU: drop reload_vllm_weights and update the docs")
 
 
-def main(names: list[str]) -> int:
-    failed = 0
-    for name in names or list(CHECKS):
-        try:
-            CHECKS[name]()
-            print(f"PASS {name}", flush=True)
-        except Exception as e:  # report every check, then fail
-            failed += 1
-            detail = traceback.format_exc().strip().splitlines()[-3:]
-            print(f"FAIL {name}: {type(e).__name__}: {e} | {' | '.join(detail)}", flush=True)
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_named_checks(CHECKS, sys.argv[1:]))

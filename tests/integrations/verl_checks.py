@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # tests/
+from venv_checks import run_named_checks
 
 import p3o.integrations.verl as plugin
 from p3o.objectives import ObjectiveInputs, get_objective
@@ -326,18 +328,5 @@ def env_kwargs_reach_the_objective() -> None:
     assert not torch.allclose(got, default)
 
 
-def main(names: list[str]) -> int:
-    failed = 0
-    for name in names or list(CHECKS):
-        try:
-            CHECKS[name]()
-            print(f"PASS {name}", flush=True)
-        except Exception as e:  # report every check, then fail
-            failed += 1
-            detail = traceback.format_exc().strip().splitlines()[-3:]
-            print(f"FAIL {name}: {type(e).__name__}: {e} | {' | '.join(detail)}", flush=True)
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_named_checks(CHECKS, sys.argv[1:]))

@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +34,7 @@ for sub in (TESTS, TESTS / "train"):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from tiny_lm import make_tiny_lm  # noqa: E402
+from venv_checks import run_named_checks  # noqa: E402
 
 from p3o.errors import ConfigError, P3OError  # noqa: E402
 from p3o.policy import token_logprobs  # noqa: E402
@@ -544,20 +544,5 @@ def data_parallel_two_ranks_each_with_its_own_engine() -> None:
         assert res["versions"] == [[0], [1]], f"rank {r}: versions {res['versions']}"
 
 
-def main(names: list[str]) -> int:
-    failed = 0
-    for name in names or list(CHECKS):
-        t0 = time.perf_counter()
-        try:
-            CHECKS[name]()
-            print(f"PASS {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
-        except Exception as exc:
-            failed += 1
-            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
-            print(f"FAIL {name}: {detail}", flush=True)
-            traceback.print_exc(file=sys.stderr)
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_named_checks(CHECKS, sys.argv[1:]))
