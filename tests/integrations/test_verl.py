@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from venv_checks import run_checks
+from venv_checks import checks_or_skip
 
 import p3o.integrations.verl as plugin
 from p3o.errors import ConfigError
@@ -232,12 +232,8 @@ def test_ess_is_all_reduced_over_the_data_parallel_ranks():
 
 @pytest.fixture(scope="module")
 def verl_check_results() -> dict[str, str]:
-    if not VERL_PYTHON.exists():
-        pytest.skip("no .venv-verl (verl 0.9.1 needs transformers<5.11): create it with `bash scripts/verl_env.sh`")
-    results, errors = run_checks(VERL_PYTHON, CHECKS_FILE)
-    if not results:
-        pytest.fail(f"verl_checks.py ran no check: {' | '.join(errors)}")
-    return results
+    missing = "no .venv-verl (verl 0.9.1 needs transformers<5.11): create it with `bash scripts/verl_env.sh`"
+    return checks_or_skip(VERL_PYTHON, CHECKS_FILE, missing=missing)
 
 
 @pytest.mark.parametrize("name", VERL_CHECKS)

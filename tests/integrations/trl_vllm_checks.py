@@ -27,7 +27,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: tiny_lm
-from tiny_lm import make_tiny_lm
+from tiny_lm import build_tokenizer, digit_reward, make_tiny_lm
 from venv_checks import run_named_checks
 
 PROMPTS = ["1+1=", "2+3=", "4+4=", "3+5=", "7+1=", "6+2="]
@@ -39,30 +39,6 @@ CHECKS: dict[str, Callable[[], None]] = {}
 def check(fn: Callable[[], None]) -> Callable[[], None]:
     CHECKS[fn.__name__] = fn
     return fn
-
-
-def digit_reward(completions: list[str], **_: object) -> list[float]:
-    """A trivial verifiable reward: the fraction of characters that are digits."""
-    return [sum(c.isdigit() for c in s) / max(1, len(s)) for s in completions]
-
-
-def build_tokenizer() -> Any:
-    """A byte-level BPE tokenizer trained here on a few arithmetic strings (no downloads; as in test_trl.py)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=64,
-        special_tokens=["<pad>", "<bos>", "<eos>", "<unk>"],
-        initial_alphabet=sorted(set("0123456789+=? ")),
-    )
-    tok.train_from_iterator([f"{a}+{b}={a + b}" for a in range(10) for b in range(10)], trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
-    )
 
 
 def trainer() -> Any:

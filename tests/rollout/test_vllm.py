@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from venv_checks import run_checks
+from venv_checks import checks_or_skip
 
 from p3o.errors import ConfigError
 
@@ -83,13 +83,9 @@ def test_bad_settings_fail_before_vllm_is_needed(tiny_lm, kw, needle):
 
 @pytest.fixture(scope="module")
 def vllm_check_results() -> dict[str, str]:
-    if not VLLM_PYTHON.exists():
-        pytest.skip(NO_VENV)
     rest = [n for n in VLLM_CHECKS if n not in PARALLEL_CHECKS]
     t0 = time.perf_counter()
-    results, errors = run_checks(VLLM_PYTHON, CHECKS_FILE, [PARALLEL_CHECKS, rest])
-    if not results:
-        pytest.fail(f"vllm_checks.py ran no check: {' | '.join(errors)}")
+    results = checks_or_skip(VLLM_PYTHON, CHECKS_FILE, missing=NO_VENV, groups=[PARALLEL_CHECKS, rest])
     print(f"vllm checks: {time.perf_counter() - t0:.0f} s")
     return results
 
