@@ -289,3 +289,27 @@ def test_config_help_lists_every_key():
         if key != "objective.hyper":
             assert f"--{key} " in text, key
     assert "--objective.<hyper>" in text and "quick" in text
+
+
+def test_rollout_worker_and_lag_keys_and_their_cross_checks():
+    cfg = load_config(
+        ["--rollout.workers", "2", "--rollout.inflight_updates", "--loop.lag_policy", "drop", "--ray.num_cpus", "4"]
+    )
+    assert (cfg.rollout.workers, cfg.rollout.inflight_updates, cfg.loop.lag_policy) == (2, True, "drop")
+    assert (cfg.ray.num_cpus, cfg.ray.address, cfg.loop.schedule, cfg.rollout.colocate) == (4, None, "fixed", False)
+    assert load_config(["--loop.schedule", "free", "--ray.address", "auto"]).ray.address == "auto"
+    for argv, message in [
+        (["--rollout.workers", "-1"], "rollout.workers: must be >= 0, got -1"),
+        (["--ray.num_cpus", "0"], "ray.num_cpus: must be >= 1, got 0"),
+        (["--loop.lag_policy", "skip"], "loop.lag_policy: expected one of wait, drop, got 'skip'"),
+        (["--loop.schedule", "loose"], "loop.schedule: expected one of fixed, free, got 'loose'"),
+        (
+            ["--rollout.engine", "vllm", "--rollout.inflight_updates"],
+            "rollout.inflight_updates needs the hf engine: vLLM has no pause/resume around a weight swap here",
+        ),
+        (["--rollout.workers", "1", "--loop.mode", "stale"], "rollout.workers: Ray rollout workers run with"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            load_config(argv)
+        assert message in str(err.value) and "\n" not in str(err.value), (argv, str(err.value))
+    assert load_config(["--rollout.workers", "1", "--loop.mode", "sync"]).rollout.workers == 1
