@@ -49,6 +49,18 @@ def ppo_token(rho: float, a: float, lo: float, hi: float, dual: float | None = N
     return val, d
 
 
+def kl_token(x: float, estimator: str) -> tuple[float, float]:
+    """(k(x), dk/dx) of P3O's per-token KL estimators at lr = x."""
+    if estimator == "k3":
+        return math.exp(-x) + x - 1, 1 - math.exp(-x)
+    if estimator == "k3_is":
+        return math.exp(x) * x - math.exp(x) + 1, math.exp(x) * x
+    if estimator == "k2":
+        return 0.5 * x * x, x
+    assert estimator == "none", estimator
+    return 0.0, 0.0
+
+
 def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
     """Loss and gradient of objective ``name`` on the data dict d (lists: logp, rollout, prox, mask, adv)."""
     logp, roll, prox, mask, adv = d["logp"], d["rollout"], d["prox"], d["mask"], d["adv"]
@@ -75,9 +87,14 @@ def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
                 continue
             rho, a, x = math.exp(lr[i][t]), adv[i], lr[i][t]
             if name == "p3o":
-                w = min(rho, e_b)
-                val = -w * a * logp[i][t] + (1 - e_b) * (1 / rho + x - 1)
-                g = -w * a + (1 - e_b) * (1 - 1 / rho)
+                if hp.get("cap", "ess") == "ess":
+                    w = min(rho, e_b)
+                else:  # the sign-following cut at ε: GRPO's unclipped tokens keep weight ρ
+                    eps = hp.get("cap_eps", 0.2)
+                    w = rho if (rho <= 1 + eps if a >= 0 else rho >= 1 - eps) else 0.0
+                kl_val, kl_grad = kl_token(x, hp.get("kl_estimator", "k3"))
+                val = -w * a * logp[i][t] + (1 - e_b) * kl_val
+                g = -w * a + (1 - e_b) * kl_grad
             elif name == "p3o_two_anchor":
                 rp = math.exp(logp[i][t] - prox[i][t])
                 e_mix = min(e_b, e_p)

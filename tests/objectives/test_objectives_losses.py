@@ -207,6 +207,11 @@ def test_extra_terms_and_rollout_correction() -> None:
         ("minpro", {}),
         ("minpro", {"trunc_eps_low": 0.5, "trunc_eps_high": 0.5}),
         ("p3o", {"agg": "seq-mean-token-sum-norm"}),
+        ("p3o", {"kl_estimator": "k3_is"}),
+        ("p3o", {"kl_estimator": "k2", "scope": "micro-batch"}),
+        ("p3o", {"kl_estimator": "none"}),
+        ("p3o", {"cap": "clip"}),
+        ("p3o", {"cap": "clip", "cap_eps": 0.1, "kl_estimator": "k3_is"}),
     ],
 )
 @pytest.mark.parametrize("seed", [0, 1])

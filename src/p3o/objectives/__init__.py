@@ -11,6 +11,7 @@ The exact mathematics is in docs/objectives.md.
 from p3o.objectives.core import (
     AGG_MODES,
     ESS_SCOPES,
+    KL_ESTIMATORS,
     ROLLOUT_CORRECTIONS,
     ObjectiveError,
     ObjectiveInputs,
@@ -18,10 +19,12 @@ from p3o.objectives.core import (
     ess_from_parts,
     ess_parts,
     k3,
+    kl_estimate,
     masked_mean,
     reduce_tokens,
 )
 from p3o.objectives.losses import (
+    P3O_CAPS,
     PREFIX_STATS,
     cispo,
     clipped_surrogate,
@@ -44,7 +47,9 @@ __all__ = [
     "AGG_MODES",
     "ESS_SCOPES",
     "INPUTS",
+    "KL_ESTIMATORS",
     "OBJECTIVES",
+    "P3O_CAPS",
     "PREFIX_STATS",
     "ROLLOUT_CORRECTIONS",
     "Hyper",
@@ -62,6 +67,7 @@ __all__ = [
     "grpo",
     "gspo",
     "k3",
+    "kl_estimate",
     "m2po",
     "m2po_threshold",
     "masked_mean",

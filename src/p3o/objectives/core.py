@@ -21,9 +21,11 @@ from p3o.errors import ConfigError
 Agg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 EssScope = Literal["micro-batch", "step", "sequence"]
 RolloutCorrection = Literal["none", "token-tis", "seq-mis"]
+KlEstimator = Literal["k3", "k3_is", "k2", "none"]
 AGG_MODES: tuple[str, ...] = get_args(Agg)
 ESS_SCOPES: tuple[str, ...] = get_args(EssScope)
 ROLLOUT_CORRECTIONS: tuple[str, ...] = get_args(RolloutCorrection)
+KL_ESTIMATORS: tuple[str, ...] = get_args(KlEstimator)
 BAND = 0.2  # band_frac counts tokens with |ρ − 1| > BAND: the same statistic for every objective
 KL_CLAMP = 20.0  # |lr| bound inside exp(-lr) of the k3 estimator: e^20 ~ 4.9e8 keeps every KL_t finite in float32
 
@@ -289,6 +291,29 @@ def side_logp(inputs: ObjectiveInputs, name: str, mask: torch.Tensor, *, needed_
 def k3(log_ratio: torch.Tensor, clamp: float = KL_CLAMP) -> torch.Tensor:
     """k3 estimator of KL(π_θ ‖ π_other) per token: e^{−lr} + lr − 1 ≥ 0, lr clamped to ±clamp inside the exp."""
     return torch.exp(-log_ratio.clamp(-clamp, clamp)) + log_ratio - 1
+
+
+def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3", clamp: float = KL_CLAMP) -> torch.Tensor:
+    """A per-token estimator k(lr) of a KL between π_θ and the anchor, lr = log π_θ/π_anchor (gradient kept), (N, T):
+
+    * ``k3`` = e^{−lr} + lr − 1 (the P3O paper's; on π_anchor samples it estimates χ²(π_b‖π_θ) − KL(π_b‖π_θ),
+      not KL(π_θ‖π_b); its gradient 1 − 1/ρ grows like 1/ρ as ρ → 0);
+    * ``k3_is`` = e^{lr}·lr − e^{lr} + 1 = ρ·(1/ρ − 1 + lr): unbiased in value and gradient for KL(π_θ‖π_b) on π_b
+      samples; gradient ρ·lr;
+    * ``k2`` = ½·lr²: gradient lr;
+    * ``none`` = 0.
+
+    All are ≥ 0 and 0 at lr = 0. lr is clamped to ±``clamp`` inside every exp (finite for |lr| up to 80).
+    """
+    if estimator == "k3":
+        return k3(log_ratio, clamp)
+    if estimator == "k3_is":
+        return torch.exp(log_ratio.clamp(-clamp, clamp)) * (log_ratio - 1) + 1
+    if estimator == "k2":
+        return 0.5 * log_ratio * log_ratio
+    if estimator == "none":
+        return 0.0 * log_ratio  # zero value and gradient, still a function of lr
+    raise ObjectiveError(f"kl_estimator: unknown value {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
 
 
 def rollout_correction_weights(

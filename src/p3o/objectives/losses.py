@@ -16,14 +16,17 @@ import torch
 
 from p3o.objectives.core import (
     KL_CLAMP,
+    KL_ESTIMATORS,
     Agg,
     EssScope,
+    KlEstimator,
     ObjectiveError,
     ObjectiveInputs,
     RolloutCorrection,
     _ess,
     finish,
     k3,
+    kl_estimate,
     masked_mean,
     prepare,
     ratio_stats,
@@ -36,6 +39,8 @@ PrefixStat = Literal["min", "mean", "geomean", "prod"]
 PREFIX_STATS: tuple[str, ...] = get_args(PrefixStat)
 WeightMode = Literal["mask", "clamp"]
 TwoAnchorVariant = Literal["sum", "mixture"]
+P3oCap = Literal["ess", "clip"]
+P3O_CAPS: tuple[str, ...] = get_args(P3oCap)
 # capped_frac counts ρ_t > e_B beyond float noise: on-policy, fp32 ratios sit ~1e-7 either side of an ESS of 1.
 CAP_TOL = 1e-5
 
@@ -67,27 +72,56 @@ def p3o_token_loss(
     *,
     kl: bool = True,
     kl_clamp: float = KL_CLAMP,
+    kl_estimator: str = "k3",
+    cap: str = "ess",
+    cap_eps: float = 0.2,
 ) -> torch.Tensor:
     """Per-token P3O loss (paper Eq. 12), (N, T):
 
-        ℓ_t = − sg(min(ρ_t, e_B)) · A_t · logp_t + (1 − e_B) · (e^{−lr_t} + lr_t − 1)
+        ℓ_t = − w_t · A_t · logp_t + (1 − e_B) · k(lr_t)
 
-    ∂ℓ_t/∂logp_t = −min(ρ_t, e_B)·A_t + (1 − e_B)·(1 − 1/ρ_t). ``ess`` is e_B (0-d, or (N, 1) per sequence; any
-    positive cap works, e.g. 1 + ε_h gives CISPO when ``kl=False``). ``log_ratio`` = logp − rollout_logp (0 at
-    masked positions); the weight is computed as exp(min(lr, log e_B)) so it never overflows.
+    with the paper's ``cap="ess"`` weight w_t = sg(min(ρ_t, e_B)) and ``kl_estimator="k3"``,
+    k(lr) = e^{−lr} + lr − 1, so ∂ℓ_t/∂logp_t = −min(ρ_t, e_B)·A_t + (1 − e_B)·(1 − 1/ρ_t). ``ess`` is e_B (0-d,
+    or (N, 1) per sequence; with ``cap="ess"`` any positive cap works, e.g. 1 + ε_h gives CISPO when
+    ``kl=False``). ``log_ratio`` = logp − rollout_logp (0 at masked positions); the weight is computed as
+    exp(min(lr, log e_B)) so it never overflows.
+
+    Beyond the paper: ``kl_estimator`` ∈ {k3, k3_is, k2, none} (:func:`p3o.objectives.core.kl_estimate`;
+    ``kl=False`` is ``none``), and ``cap="clip"``, a cap that follows the advantage's sign as GRPO's clip does:
+    w_t = sg(ρ_t)·1[ρ_t ≤ 1 + ε] for A_t ≥ 0 and sg(ρ_t)·1[ρ_t ≥ 1 − ε] for A_t < 0 (ε = ``cap_eps``), whose
+    policy-gradient term has exactly the gradient of GRPO's token loss at that ε.
     """
-    cap = ess.detach().float()
-    weight = torch.exp(torch.minimum(log_ratio.detach(), torch.log(cap)))
+    e_b = ess.detach().float()
+    lr_d = log_ratio.detach()
+    if cap == "ess":
+        weight = torch.exp(torch.minimum(lr_d, torch.log(e_b)))
+    elif cap == "clip":
+        weight = _sign_clip_weight(lr_d, advantages, cap_eps)
+    else:
+        raise ObjectiveError(f"cap: unknown value {cap!r}; valid: {', '.join(P3O_CAPS)}")
     loss = -(weight * advantages) * logp
-    if kl:
-        loss = loss + (1.0 - cap) * k3(log_ratio, kl_clamp)
+    if kl and kl_estimator != "none":
+        loss = loss + (1.0 - e_b) * kl_estimate(log_ratio, kl_estimator, kl_clamp)
+    elif kl_estimator not in KL_ESTIMATORS:
+        raise ObjectiveError(f"kl_estimator: unknown value {kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
     return loss
+
+
+def _sign_clip_weight(lr: torch.Tensor, advantages: torch.Tensor, eps: float) -> torch.Tensor:
+    """sg(ρ)·1[ρ ≤ 1 + ε] where A ≥ 0, sg(ρ)·1[ρ ≥ 1 − ε] where A < 0 (detached, (N, T)): the tokens GRPO's clip
+    leaves a gradient, with GRPO's own ratio exp(clamp(lr, ±80))."""
+    rho = torch.exp(lr.detach().clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
+    keep = torch.where(advantages >= 0, rho <= 1.0 + eps, rho >= 1.0 - eps)
+    return torch.where(keep, rho, torch.zeros((), device=rho.device))
 
 
 def p3o(
     inputs: ObjectiveInputs,
     *,
     scope: EssScope = "micro-batch",
+    kl_estimator: KlEstimator = "k3",
+    cap: P3oCap = "ess",
+    cap_eps: float = 0.2,
     kl_clamp: float = KL_CLAMP,
     agg: Agg = "token-mean",
     ref_kl_coef: float = 0.0,
@@ -101,13 +135,22 @@ def p3o(
 
     No clip range: the cap is ≤ 1, one-sided and never zero. On-policy (ρ ≡ 1) the gradient equals GRPO's.
 
+    Beyond the paper (opt-in, defaults are the paper's): ``kl_estimator`` picks k in (1 − e_B)·k(lr_t):
+    ``k3`` (the paper's e^{−lr} + lr − 1), ``k3_is`` (e^{lr}·lr − e^{lr} + 1, unbiased for KL(π_θ‖π_b) on π_b
+    samples), ``k2`` (½·lr²) or ``none`` (the policy-gradient part alone). ``cap="clip"`` replaces min(ρ, e_B)
+    by a sign-following cut at ``cap_eps`` = ε (w_t = sg(ρ_t)·1[ρ_t ≤ 1 + ε] for A_t ≥ 0, sg(ρ_t)·1[ρ_t ≥ 1 − ε]
+    for A_t < 0): its policy-gradient term has GRPO's token gradient at that ε; the KL term is unchanged.
+
     Args:
         inputs: logp (N, T) with grad; rollout_logp, mask, advantages; ``group`` for the ESS all-reduce;
             ``step_ess`` when ``scope="step"``.
         scope: B for the ESS: ``micro-batch`` (default, all-reduced over data-parallel ranks), ``step``
             (``inputs.step_ess`` precomputed by the loop) or ``sequence`` (one e_B per row).
-        kl_clamp: bound on |lr_t| inside e^{−lr_t} (``kl_clamped`` counts the tokens beyond it).
-    Stats: ess, kl_weight, capped_frac, kl_behavior, approx_kl, ratio_mean/min/max, band_frac (|ρ − 1| > 0.2),
+        kl_estimator: k3 (default), k3_is, k2 or none (see above).
+        cap: ``ess`` (default, the paper's min(ρ, e_B)) or ``clip`` (see above); ``cap_eps`` is ε of ``clip``.
+        kl_clamp: bound on |lr_t| inside e^{±lr_t} (``kl_clamped`` counts the tokens beyond it).
+    Stats: ess, kl_weight, capped_frac (tokens whose weight the cap changes: ρ > e_B, or removed by ``clip``),
+        kl_behavior, approx_kl, ratio_mean/min/max, band_frac (|ρ − 1| > 0.2),
         kl_clamped, ess_degenerate; diagnostics of MinPRO's prefix factor on the same ratios: m_mean,
         m_frac_above_0_5, m_frac_below_0_1.
     """
@@ -120,15 +163,23 @@ def p3o(
         degenerate = torch.zeros((), dtype=torch.bool, device=lr.device)
     else:
         ess, degenerate = _ess(lr, mask, inputs.group, scope)
-    per_token = p3o_token_loss(prep.logp, lr, prep.adv, ess, kl_clamp=kl_clamp)
+    if cap == "clip":
+        _check_eps("cap_eps", cap_eps, upper=1.0)
+    per_token = p3o_token_loss(
+        prep.logp, lr, prep.adv, ess, kl_clamp=kl_clamp, kl_estimator=kl_estimator, cap=cap, cap_eps=cap_eps
+    )
     with torch.no_grad():
         lr_d = lr.detach()
         stats = ratio_stats(lr_d, mask)
         ess_mean = ess.mean() if scope != "sequence" else masked_mean(ess[:, 0], mask.any(-1))
+        if cap == "clip":
+            capped = _sign_clip_weight(lr_d, prep.adv, cap_eps) == 0
+        else:
+            capped = lr_d > torch.log(ess) + CAP_TOL
         stats.update(
             ess=ess_mean,
             kl_weight=1.0 - ess_mean,
-            capped_frac=masked_mean((lr_d > torch.log(ess) + CAP_TOL).float(), mask),
+            capped_frac=masked_mean(capped.float(), mask),
             kl_behavior=stats["approx_kl"],
             kl_clamped=(mask & (lr_d.abs() > kl_clamp)).sum().float(),
             ess_degenerate=degenerate.float(),
