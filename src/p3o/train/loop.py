@@ -13,7 +13,8 @@ One loop serves every regime; only the batch source differs (see `p3o.train.buff
 
 `produce(b, engine)` makes the b-th batch of the data stream: its prompts, the sampling seed and the data order are
 functions of (seed, b, rank) only, so a resumed run sees exactly the batches an uninterrupted run would have seen
-(bit-identical parameters on CPU in the sync, stale and reuse modes; async is timing-dependent by design).
+(bit-identical parameters on CPU in the sync, stale, reuse and async-fixed modes; `loop.schedule free` is
+timing-dependent by design).
 It generates G completions per prompt, scores them with the verifier, adds DAPO's soft overlong penalty
 (optional), drops groups whose rewards are all equal and refills (DAPO dynamic sampling, optional) and
 computes group-relative advantages.
@@ -191,6 +192,7 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
         engine,
         staleness=lp.staleness,
         max_lag=lp.max_lag,
+        schedule=lp.schedule,
         epochs=lp.reuse_epochs,
         start_step=start,
         start_version=start,
