@@ -86,7 +86,7 @@ def find_run(model: str | Path) -> tuple[Path, Path | None]:
     if (path / "config.yaml").is_file() and not (path / "config.json").is_file():
         if (path / "final" / "config.json").is_file():
             return path / "final", path
-        from p3o.train.checkpoint import latest_checkpoint
+        from p3o.models.checkpoints import latest_checkpoint
 
         ckpt = latest_checkpoint(path)
         if ckpt is not None and (ckpt / "policy" / "config.json").is_file():

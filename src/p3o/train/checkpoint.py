@@ -38,7 +38,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
 import time
 import warnings
@@ -51,6 +50,17 @@ import torch
 
 from p3o import dist
 from p3o.errors import P3OError
+from p3o.models.checkpoints import (  # the layout and its read-only lookups live below training (p3o eval uses them)
+    CKPT_DIR,
+    LATEST,
+    META_FILE,
+    POLICY_DIR,
+    STATE_FILE,
+    checkpoint_step,
+    latest_checkpoint,
+    list_checkpoints,
+)
+from p3o.models.checkpoints import is_complete_checkpoint as is_complete
 
 __all__ = [
     "CKPT_DIR",
@@ -73,12 +83,6 @@ __all__ = [
 ]
 
 FORMAT = 2  # 2: per-rank RNG states, NumPy's as a tensor (weights_only loadable); 1: rank 0's RNG, NumPy ndarray
-CKPT_DIR = "checkpoints"
-LATEST = "latest"
-STATE_FILE = "trainer_state.pt"
-POLICY_DIR = "policy"
-META_FILE = "meta.json"
-_STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".tmp-"
 _OLD_PREFIX = ".old-"
 
@@ -284,54 +288,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 # Checkpoints
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def checkpoint_step(path: str | Path) -> int | None:
-    """The step of a ``step_XXXXXX`` directory name, else None."""
-    m = _STEP_RE.match(Path(path).name)
-    return int(m.group(1)) if m else None
-
-
-def is_complete(path: str | Path) -> bool:
-    """True when ``path`` is a finished checkpoint (meta.json, trainer_state.pt and policy/ present)."""
-    path = Path(path)
-    return (
-        checkpoint_step(path) is not None
-        and (path / META_FILE).is_file()
-        and (path / STATE_FILE).is_file()
-        and (path / POLICY_DIR).is_dir()
-    )
-
-
-def _ckpt_root(run_dir: str | Path) -> Path:
-    run_dir = Path(run_dir)
-    return run_dir if run_dir.name == CKPT_DIR and not (run_dir / CKPT_DIR).is_dir() else run_dir / CKPT_DIR
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (incomplete and temporary directories are skipped)."""
-    root = _ckpt_root(run_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and is_complete(p)]
-    return sorted(found, key=lambda p: checkpoint_step(p) or 0)
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run: the ``latest`` pointer when it names a complete one, else a scan."""
-    root = _ckpt_root(run_dir)
-    pointer = root / LATEST
-    if pointer.is_file():
-        try:
-            target = root / pointer.read_text().strip()
-        except OSError:
-            target = None
-        if target is not None and target.parent == root and is_complete(target):
-            # The pointer is only a hint: a newer complete directory (pointer write lost in a crash) still wins.
-            newer = [p for p in list_checkpoints(root) if (checkpoint_step(p) or 0) > (checkpoint_step(target) or 0)]
-            return newer[-1] if newer else target
-    found = list_checkpoints(root)
-    return found[-1] if found else None
 
 
 # What a training run writes into its run directory (besides config.yaml): a fresh run refuses a directory holding
