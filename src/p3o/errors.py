@@ -11,3 +11,7 @@ class ConfigError(P3OError):
 
 class DataError(P3OError):
     """A malformed data file (names the file, row and field)."""
+
+
+class VerifierError(ConfigError, ValueError):
+    """An unknown verifier name or a custom `module:function` that cannot be used (one line; the CLI exits 2)."""

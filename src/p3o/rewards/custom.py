@@ -30,15 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from p3o.errors import VerifierError
 from p3o.rewards.sandbox import Worker
-from p3o.rewards.verifiers import VerifierError
 
 _SPEC = re.compile(r"^(?P<module>[^:]+):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
-
-
-def is_custom(name: str) -> bool:
-    """A verifier name of the form `module:function` (built-in names never hold a colon)."""
-    return ":" in name
 
 
 def parse_spec(spec: str) -> tuple[str, str]:

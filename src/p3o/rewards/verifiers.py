@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from p3o.errors import ConfigError
+from p3o.errors import ConfigError, VerifierError
 from p3o.rewards.extract import MAX_ANSWER_CHARS, hash_answer, last_boxed, parse_int, parse_number
 from p3o.rewards.sandbox import Worker
 
@@ -33,10 +33,6 @@ if TYPE_CHECKING:
     from p3o.types import Rollouts
 
 Verifier = Callable[[str, str], float]
-
-
-class VerifierError(ConfigError, ValueError):
-    """An unknown verifier name or a custom `module:function` that cannot be used (one line; the CLI exits 2)."""
 
 
 _WORKER: Worker | None = None
