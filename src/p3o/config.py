@@ -18,14 +18,13 @@ is importable.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
 import functools
-import math
 import types
 import typing
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,15 +65,25 @@ __all__ = [
 ]
 
 
-def config_field(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, **bounds: float) -> Any:
-    """A dataclass field with its help text and optional numeric bounds (gt, ge, lt, le) in the metadata.
+# pydantic's error type of a broken bound -> (the Field argument, its symbol in the one-line message)
+_BOUNDS = {
+    "greater_than": ("gt", ">"),
+    "greater_than_equal": ("ge", ">="),
+    "less_than": ("lt", "<"),
+    "less_than_equal": ("le", "<="),
+}
 
-    Every config of the project (train, sft, the experiment files' sections) declares its fields with it, so the
-    one mechanism (:func:`load_config`, :func:`from_dict`, :func:`validate`, :func:`config_help`) types, bounds
-    and documents them all the same way.
+
+def config_field(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, **bounds: float) -> Any:
+    """A dataclass field with its help text and optional numeric bounds in the metadata.
+
+    ``bounds`` are pydantic ``Field`` constraints (``gt``, ``ge``, ``lt``, ``le``): pydantic checks them, with the
+    field's type, whenever a value is set or validated. Every config of the project (train, sft, the experiment
+    files' sections) declares its fields with it, so the one mechanism (:func:`load_config`, :func:`from_dict`,
+    :func:`validate`, :func:`config_help`) types, bounds and documents them all the same way.
     """
     assert help, "every config field needs a help text"
-    assert set(bounds) <= {"gt", "ge", "lt", "le"}, bounds
+    assert set(bounds) <= {arg for arg, _ in _BOUNDS.values()}, bounds
     metadata = {"help": help, **bounds}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
@@ -358,9 +367,9 @@ def _leaf_fields(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, d
     return out
 
 
-def _record(name: str) -> Any:
+def _objective(name: str) -> Any:
     """The registry record of objective ``name`` (``p3o.objectives.Objective``): the one source of its
-    hyper-parameters, their types and their deprecated spellings. Unknown name: ConfigError with the nearest one."""
+    hyper-parameters, their types, defaults and deprecated spellings. Unknown name: ConfigError with the nearest."""
     from p3o.objectives import OBJECTIVES
 
     if name not in OBJECTIVES:
@@ -370,25 +379,12 @@ def _record(name: str) -> Any:
     return OBJECTIVES[name]
 
 
-def _objective_defaults(name: str) -> dict[str, Any]:
-    """Keyword hyper-parameters of objective ``name`` and their defaults (from its record)."""
-    return _record(name).defaults()
-
-
-def _hyper_type(name: str, hyper: str) -> Any:
-    """The type the record declares for a hyper-parameter (``Literal`` for a set of choices)."""
-    return _record(name).hypers[hyper].type
-
-
 def _all_keys(objective_name: str | None = None, cls: type | None = None) -> list[str]:
     """Every valid dotted key of root ``cls`` (default TrainConfig): leaf fields, plus objective.<hyper>."""
     keys = [k for k, _, _ in _leaf_fields(cls or TrainConfig) if k != "objective.hyper"]
     if objective_name is not None:
-        try:
-            defaults = _objective_defaults(objective_name)
-        except ConfigError:
-            defaults = None
-        keys += [f"objective.{h}" for h in defaults or {}]
+        with contextlib.suppress(ConfigError):
+            keys += [f"objective.{h}" for h in _objective(objective_name).hypers]
     return keys
 
 
@@ -436,9 +432,16 @@ def _describe(tp: Any) -> str:
 
 
 @functools.cache
-def _adapter(tp: Any) -> pydantic.TypeAdapter:
-    """pydantic's validator for type ``tp`` (lax mode: '1e-4' -> 1e-4, 'yes' -> True, [1, 2] -> (1, 2))."""
-    return pydantic.TypeAdapter(tp)
+def _adapter(tp: Any, bounds: tuple[tuple[str, float], ...] = ()) -> pydantic.TypeAdapter:
+    """pydantic's validator for type ``tp`` with ``Field`` constraints ``bounds`` (lax mode: '1e-4' -> 1e-4,
+    'yes' -> True, [1, 2] -> (1, 2); floats must be finite)."""
+    annotated = typing.Annotated[tp, pydantic.Field(**dict(bounds))] if bounds else tp
+    return pydantic.TypeAdapter(annotated, config=pydantic.ConfigDict(allow_inf_nan=False))
+
+
+def _bounds(f: dataclasses.Field) -> tuple[tuple[str, float], ...]:
+    """The pydantic constraints a :func:`config_field` declared (hashable, for :func:`_adapter`)."""
+    return tuple((k, v) for k, v in f.metadata.items() if k != "help")
 
 
 def _is_text(tp: Any) -> bool:
@@ -446,11 +449,22 @@ def _is_text(tp: Any) -> bool:
     return tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp))
 
 
-def _check(key: str, value: Any, tp: Any, raw: str | None = None) -> Any:
-    """Coerce ``value`` to ``tp`` (pydantic, lax) or raise a one-line ConfigError naming ``key``.
+class _Flag:
+    """The value of a bare ``--key`` on the command line: true for a bool field, a missing value otherwise."""
+
+
+FLAG = _Flag()
+
+
+def _check(key: str, value: Any, tp: Any, raw: str | None = None, bounds: tuple = ()) -> Any:
+    """Coerce ``value`` to ``tp`` and check ``bounds`` (pydantic, lax) or raise a one-line ConfigError naming ``key``.
 
     ``raw`` is the original command-line text: a string field keeps it verbatim, and errors quote it.
     """
+    if value is FLAG:
+        if tp is not bool:
+            raise ConfigError(f"--{key}: expected a value")
+        return True
     if tp is Any:
         return value
     # a text-only field (str, str | None) takes the command-line text verbatim; int | str keeps a parsed number
@@ -461,8 +475,15 @@ def _check(key: str, value: Any, tp: Any, raw: str | None = None) -> Any:
         text = value.strip().lower()
         value = next((c for c in typing.get_args(tp) if isinstance(c, str) and c.lower() == text), value)
     try:
-        return _adapter(tp).validate_python(value)
-    except pydantic.ValidationError:
+        value = _adapter(tp).validate_python(value)
+        return _adapter(tp, bounds).validate_python(value) if bounds else value
+    except pydantic.ValidationError as err:
+        error = err.errors()[0]
+        if error["type"] in _BOUNDS:
+            arg, symbol = _BOUNDS[error["type"]]
+            raise ConfigError(f"{key}: must be {symbol} {dict(bounds)[arg]}, got {value}") from None
+        if error["type"] == "finite_number":
+            raise ConfigError(f"{key}: must be a finite number, got {error['input']}") from None
         got = raw if raw is not None else value
         raise ConfigError(f"{key}: expected {_describe(tp)}, got {got!r}") from None
 
@@ -500,8 +521,8 @@ def _set(cfg: Any, key: str, value: Any, *, raw: str | None = None) -> None:
         if isinstance(obj, ObjectiveConfig) and part == "hyper" and i == len(parts) - 2:
             obj.hyper[parts[-1]] = value
             return
-        names = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
-        if part not in names:
+        fields = {f.name: f for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
+        if part not in fields:
             raise _unknown(key, _objective_name(cfg), type(cfg))
         tp = _hints(type(obj))[part]
         if i == len(parts) - 1:
@@ -516,7 +537,7 @@ def _set(cfg: Any, key: str, value: Any, *, raw: str | None = None) -> None:
                     raise ConfigError(f"{key}: expected a mapping, got {value!r}")
                 obj.hyper.update(value)
                 return
-            setattr(obj, part, _check(key, value, tp, raw))
+            setattr(obj, part, _check(key, value, tp, raw, _bounds(fields[part])))
             return
         obj = getattr(obj, part)
 
@@ -557,46 +578,36 @@ def apply_overrides(cfg: TrainConfig, overrides: Mapping[str, Any], *, check: bo
 
 
 def objective_hyper(cfg: ObjectiveConfig) -> dict[str, Any]:
-    """The objective's full keyword hyper-parameters: its defaults updated with ``cfg.hyper`` (typed by the record)."""
-    defaults = _objective_defaults(cfg.name)
-    out = dict(defaults)
-    for k, v in _renamed(cfg).items():
+    """Every keyword hyper-parameter of the objective: ``cfg.hyper`` over its defaults (the registry's resolver)."""
+    return _objective(cfg.name).resolve(cfg.hyper, where="objective")
+
+
+def _check_objective(cfg: ObjectiveConfig) -> None:
+    """Type ``cfg.hyper`` by the record's declared types and store it under the current spellings.
+
+    An unknown keyword is one line with the nearest one of this objective and the objectives it belongs to.
+    """
+    from p3o.objectives import OBJECTIVES
+
+    rec = _objective(cfg.name)
+    typed: dict[str, Any] = {}
+    for k, v in cfg.hyper.items():
         key = f"objective.{k}"
-        if k not in defaults:
-            near = _nearest(key, [f"objective.{h}" for h in defaults])
+        if not isinstance(k, str) or not k.isidentifier():
+            raise ConfigError(f"{key}: not a valid hyper-parameter name")
+        hyper = rec.hypers.get(rec.aliases.get(k, k))
+        if hyper is None:
+            near = _nearest(key, [f"objective.{h}" for h in rec.hypers])
             hint = f" (did you mean '{near}'?)" if near else ""
-            known = ", ".join(defaults) or "none"
-            others = _objectives_with(k)
+            others = [name for name, other in OBJECTIVES.items() if k in other.hypers]
             where = f"; '{k}' belongs to {', '.join(others)}" if others else ""
+            known = ", ".join(rec.hypers) or "none"
             raise ConfigError(
                 f"unknown key '{key}' for objective '{cfg.name}'{hint}{where}; its hyper-parameters: {known}"
             )
-        out[k] = _check(key, v, _hyper_type(cfg.name, k))
-    return out
-
-
-def _renamed(cfg: ObjectiveConfig) -> dict[str, Any]:
-    """``cfg.hyper`` with deprecated keyword spellings (the record's ``aliases``) renamed, warning once each."""
-    aliases = _record(cfg.name).aliases
-    out: dict[str, Any] = {}
-    for k, v in cfg.hyper.items():
-        if k in aliases:
-            new = aliases[k]
-            if new in cfg.hyper:
-                raise ConfigError(f"objective.{k}: old spelling of objective.{new}, which is also set; keep one")
-            warnings.warn(
-                f"objective.{k} is deprecated for {cfg.name}; use objective.{new}", DeprecationWarning, stacklevel=2
-            )
-            k = new
-        out[k] = v
-    return out
-
-
-def _objectives_with(hyper: str) -> list[str]:
-    """Names of the objectives that accept keyword ``hyper`` (for error hints)."""
-    from p3o.objectives import OBJECTIVES
-
-    return [name for name, rec in OBJECTIVES.items() if hyper in rec.hypers]
+        typed[k] = _check(key, v, hyper.type)
+    full = rec.resolve(typed, where="objective")  # deprecated spellings renamed (with a warning), both refused
+    cfg.hyper = {h: full[h] for h in (rec.aliases.get(k, k) for k in typed)}
 
 
 def validate(cfg: Any) -> Any:
@@ -609,25 +620,12 @@ def validate(cfg: Any) -> Any:
     if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
         raise ConfigError(f"expected a config dataclass, got {type(cfg).__name__}")
     for key, f, tp in _leaf_fields(type(cfg)):
+        if key == "objective.hyper":
+            continue  # typed by the objective's record in TrainConfig's cross-check
         obj: Any = cfg
         for part in key.split(".")[:-1]:
             obj = getattr(obj, part)
-        value = getattr(obj, f.name)
-        if key != "objective.hyper":
-            value = _check(key, value, tp)
-            setattr(obj, f.name, value)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{key}: must be a finite number, got {value}")
-            md = f.metadata
-            for op, bad, text in (
-                ("gt", lambda v, b: v <= b, ">"),
-                ("ge", lambda v, b: v < b, ">="),
-                ("lt", lambda v, b: v >= b, "<"),
-                ("le", lambda v, b: v > b, "<="),
-            ):
-                if op in md and bad(value, md[op]):
-                    raise ConfigError(f"{key}: must be {text} {md[op]}, got {value}")
+        setattr(obj, f.name, _check(key, getattr(obj, f.name), tp, bounds=_bounds(f)))
     check = getattr(cfg, "_cross_check", None)
     if check is not None:
         check()
@@ -644,8 +642,8 @@ def _check_train(cfg: TrainConfig) -> None:
     if cfg.overwrite and cfg.ckpt.resume:
         raise ConfigError("overwrite: --overwrite replaces the run in run_dir and --resume continues it; pick one")
     if cfg.rollout.engine != "vllm":
-        for key, default in (("kv_cache_dtype", "auto"), ("kv_cache_gib", None), ("gpu_memory_utilization", 0.3)):
-            if getattr(cfg.rollout, key) != default:
+        for key in ("kv_cache_dtype", "kv_cache_gib", "gpu_memory_utilization"):
+            if getattr(cfg.rollout, key) != getattr(RolloutConfig(), key):
                 raise ConfigError(f"rollout.{key}: a vLLM setting; it needs rollout.engine vllm")
     if cfg.rollout.inflight_updates and cfg.rollout.engine == "vllm":
         raise ConfigError(
@@ -666,11 +664,7 @@ def _check_train(cfg: TrainConfig) -> None:
             f"loop.overlong_buffer: {cfg.loop.overlong_buffer} exceeds rollout.max_new_tokens "
             f"{cfg.rollout.max_new_tokens}"
         )
-    bad = [k for k in cfg.objective.hyper if not isinstance(k, str) or not k.isidentifier()]
-    if bad:
-        raise ConfigError(f"objective.{bad[0]}: not a valid hyper-parameter name")
-    full = objective_hyper(cfg.objective)
-    cfg.objective.hyper = {k: full[k] for k in _renamed(cfg.objective)}
+    _check_objective(cfg.objective)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -862,40 +856,9 @@ def load_config(argv: list[str] | None = None, *, base: Any = None, cls: type | 
         except ConfigError as err:
             msg = str(err)
             raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
-    bare_hyper_flags: dict[str, str] = {}  # objective.<x> given without a value: true if <x> turns out to be a bool
-    for key, val in overrides:
-        parts = key.split(".")
-        if len(parts) == 2 and parts[0] == "objective" and parts[1] not in {"name", "hyper"}:
-            if val is None:
-                bare_hyper_flags[parts[1]] = key
-                val = "true"
-            else:
-                bare_hyper_flags.pop(parts[1], None)
-        if val is None:
-            if _flag_is_bool(key, cls):
-                val = "true"
-            else:
-                # Report unknown keys and sections before complaining about the missing value.
-                try:
-                    _set(copy.deepcopy(cfg), key, None)
-                except ConfigError as err:
-                    if "expected" not in str(err):
-                        raise
-                raise ConfigError(f"--{key}: expected a value")
-        _set(cfg, key, _parse_scalar(val), raw=val)
-    for hyper, key in bare_hyper_flags.items():
-        rec = _record(cfg.objective.name)
-        hyper = rec.aliases.get(hyper, hyper)
-        if hyper in rec.hypers and rec.hypers[hyper].type is not bool:
-            raise ConfigError(f"--{key}: expected a value")
+    for key, val in overrides:  # a bare --key is FLAG: true for a bool (objective.<hyper> ones once typed)
+        _set(cfg, key, FLAG if val is None else _parse_scalar(val), raw=val)
     return validate(cfg)
-
-
-def _flag_is_bool(key: str, cls: type) -> bool:
-    for k, _, tp in _leaf_fields(cls):
-        if k == key:
-            return tp is bool
-    return False
 
 
 def _metavar(tp: Any) -> str:
