@@ -41,10 +41,19 @@ from p3o.objectives.losses import (
     p3o_two_anchor,
     prefix_log_stat,
 )
-from p3o.objectives.registry import INPUTS, OBJECTIVES, Hyper, Objective, get_objective, objective_defaults
+from p3o.objectives.registry import (
+    INPUTS,
+    OBJECTIVES,
+    BoundObjective,
+    Hyper,
+    Objective,
+    get_objective,
+    objective_defaults,
+)
 
 __all__ = [
     "AGG_MODES",
+    "BoundObjective",
     "ESS_SCOPES",
     "INPUTS",
     "KL_ESTIMATORS",

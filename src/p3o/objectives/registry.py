@@ -7,9 +7,14 @@ from it::
 
     rec = get_objective("p3o")
     rec.hypers["scope"].type                  # Literal['micro-batch', 'step', 'sequence']
-    full = rec.resolve({"scope": "step"})     # every hyper-parameter, defaults filled in, keywords checked
+    full = rec.resolve({"scope": "step"})     # THE resolver: defaults filled in, aliases renamed, keywords checked
     rec.inputs_needed(full)                   # frozenset({'step_ess'})
-    loss, stats = rec(inputs, **full)         # a record is callable like the function it wraps
+    loss, stats = rec(inputs, **full)         # a record is callable like the function it wraps (resolves per call)
+    bound = rec.bind(full)                    # resolved once: BoundObjective(record, hyper, needs)
+    loss, stats = bound(inputs)               # the per-micro-batch path: no re-resolution
+
+A config resolves with ``rec.resolve(given, key_prefix="objective.", check=its_checker)`` (config-style messages,
+values coerced to the declared types) and keeps ``rec.resolve(..., given_only=True)`` as what the user set.
 
 Adding an objective: write ``fn(inputs: ObjectiveInputs, *, hyper=default, ...) -> (loss, stats)`` in
 ``losses.py`` (ending in ``core.finish``) and add one ``Objective(...)`` entry to ``_RECORDS`` below; the config,
@@ -18,6 +23,7 @@ Adding an objective: write ``fn(inputs: ObjectiveInputs, *, hyper=default, ...) 
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import typing
@@ -102,28 +108,85 @@ class Objective:
         """Every hyper-parameter and its default."""
         return {h.name: h.default for h in self.hypers.values()}
 
-    def resolve(self, hyper: Mapping[str, Any] | None = None, *, where: str = "objective") -> dict[str, Any]:
-        """Every hyper-parameter: the defaults overridden by ``hyper``, deprecated spellings renamed.
+    def resolve(
+        self,
+        hyper: Mapping[str, Any] | None = None,
+        *,
+        where: str = "objective",
+        key_prefix: str | None = None,
+        check: Callable[[str, Any, Any], Any] | None = None,
+        given_only: bool = False,
+    ) -> dict[str, Any]:
+        """The one resolver of an objective's keywords: defaults filled in, deprecated spellings renamed, checked.
 
-        Raises ObjectiveError (one line naming ``where``, the keyword and the valid ones) for an unknown keyword,
-        or when a keyword is given under both its old and its new spelling.
+        Args:
+            hyper: the keywords given (any subset of :attr:`hypers`, or a deprecated spelling from ``aliases``).
+            where: the place named in errors and warnings (``objective``, ``objective_kwargs``, an env variable).
+            key_prefix: set by a config (e.g. ``"objective."``): keys are then named ``objective.<hyper>`` in the
+                messages, config-style ("unknown key 'objective.x' for objective 'p3o' ...").
+            check: ``check(key, value, type) -> value`` coerces / validates each given value against the type
+                the record declares (the config passes its pydantic checker); None: values are taken as given.
+            given_only: return only the given keywords (renamed and checked), not the defaults.
+        Returns:
+            every hyper-parameter -> value (or only the given ones with ``given_only``).
+        Raises:
+            ObjectiveError (one line): an unknown keyword (with the nearest valid one and the objectives that do
+            accept it), or a keyword given under both its old and its new spelling.
+        A deprecated spelling warns (DeprecationWarning) and is renamed.
         """
-        full = self.defaults()
+        hyper = dict(hyper or {})
+        hypers = self.hypers
+
+        def show(key: str) -> str:
+            return f"{key_prefix}{key}" if key_prefix is not None else key
+
         given: dict[str, Any] = {}
-        for key, value in (hyper or {}).items():
+        for key, value in hyper.items():
             new = self.aliases.get(key)
             if new is not None:
-                if new in (hyper or {}):
-                    raise ObjectiveError(f"{where}: {key!r} and {new!r} are the same keyword of {self.name!r}")
-                text = f"{where}: {self.name} keyword {key!r} is deprecated; use {new!r}"
+                if new in hyper:
+                    if key_prefix is not None:
+                        text = f"{show(key)}: old spelling of {show(new)}, which is also set; keep one"
+                    else:
+                        text = f"{where}: {key!r} and {new!r} are the same keyword of {self.name!r}"
+                    raise ObjectiveError(text)
+                if key_prefix is not None:
+                    text = f"{show(key)} is deprecated for {self.name}; use {show(new)}"
+                else:
+                    text = f"{where}: {self.name} keyword {key!r} is deprecated; use {new!r}"
                 warnings.warn(text, DeprecationWarning, stacklevel=3)
                 key = new
-            if key not in full:
-                valid = ", ".join(full)
-                raise ObjectiveError(f"{where}: unknown keyword {key!r} for objective {self.name!r}; valid: {valid}")
-            given[key] = value
-        full.update(given)
-        return full
+            if key not in hypers:
+                raise ObjectiveError(self._unknown(key, where, key_prefix))
+            given[key] = value if check is None else check(show(key), value, hypers[key].type)
+        if given_only:
+            return given
+        return {**self.defaults(), **given}
+
+    def _unknown(self, key: str, where: str, key_prefix: str | None) -> str:
+        """One line for an unknown keyword: the nearest valid one, who accepts it, and the valid ones."""
+        valid = list(self.hypers)
+        near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        others = [rec.name for rec in OBJECTIVES.values() if key in rec.hypers]
+        belongs = f"; '{key}' belongs to {', '.join(others)}" if others else ""
+        if key_prefix is not None:
+            hint = f" (did you mean '{key_prefix}{near[0]}'?)" if near else ""
+            known = ", ".join(valid) or "none"
+            text = f"unknown key '{key_prefix}{key}' for objective '{self.name}'{hint}{belongs}"
+            return f"{text}; its hyper-parameters: {known}"
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        return (
+            f"{where}: unknown keyword {key!r} for objective {self.name!r}{hint}{belongs}; valid: {', '.join(valid)}"
+        )
+
+    def bind(self, hyper: Mapping[str, Any] | None = None, /, **more: Any) -> BoundObjective:
+        """This objective with its keywords resolved once: ``bound = rec.bind(clip_eps=0.3)``; ``bound(inputs)``.
+
+        ``hyper`` (a mapping, e.g. already resolved) and ``more`` are merged and go through :meth:`resolve` once;
+        the returned :class:`BoundObjective` calls ``fn(inputs, **hyper)`` with no per-call resolution.
+        """
+        full = self.resolve({**(hyper or {}), **more})
+        return BoundObjective(self, full, self.inputs_needed(full))
 
     def inputs_needed(self, hyper: Mapping[str, Any] | None = None) -> frozenset[str]:
         """The optional ``ObjectiveInputs`` fields this objective reads with ``hyper`` (defaults filled in)."""
@@ -135,8 +198,38 @@ class Objective:
         return frozenset(need)
 
     def __call__(self, inputs: Any, **hyper: Any) -> Any:
-        """``fn(inputs, **hyper)`` with the keywords checked (and deprecated spellings renamed)."""
+        """``fn(inputs, **hyper)`` with the keywords checked (and deprecated spellings renamed) on every call;
+        :meth:`bind` resolves them once instead."""
         return self.fn(inputs, **self.resolve(hyper))
+
+
+@dataclass(frozen=True)
+class BoundObjective:
+    """An objective with its hyper-parameters resolved once (:meth:`Objective.bind`): ``bound(inputs) -> (loss,
+    stats)``, the cheap per-micro-batch call path.
+
+    Attributes:
+        record: the :class:`Objective`.
+        hyper: every hyper-parameter, resolved (defaults filled in, deprecated spellings renamed).
+        needs: the optional ``ObjectiveInputs`` it reads with these hyper-parameters (``record.inputs_needed``).
+    """
+
+    record: Objective
+    hyper: Mapping[str, Any]
+    needs: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        """The registry name."""
+        return self.record.name
+
+    def __call__(self, inputs: Any, **hyper: Any) -> Any:
+        """``fn(inputs, **self.hyper)``; keywords here are an error (they were fixed at :meth:`Objective.bind`)."""
+        if hyper:
+            raise ObjectiveError(
+                f"objective {self.name!r} is bound: its hyper-parameters were fixed at bind(), got {sorted(hyper)}"
+            )
+        return self.record.fn(inputs, **self.hyper)
 
 
 _TRUNC_ALIASES = {"clip_eps_low": "trunc_eps_low", "clip_eps_high": "trunc_eps_high"}
@@ -185,11 +278,15 @@ OBJECTIVES: dict[str, Objective] = {rec.name: rec for rec in _RECORDS}
 
 
 def get_objective(name: str) -> Objective:
-    """The objective registered as ``name``; an unknown name raises ObjectiveError (a ValueError) listing them."""
+    """The objective registered as ``name``; an unknown name raises ObjectiveError (a ValueError) naming the nearest
+    one and listing them."""
     try:
         return OBJECTIVES[name]
     except KeyError:
-        raise ObjectiveError(f"objective.name: unknown objective {name!r}; known: {', '.join(OBJECTIVES)}") from None
+        near = difflib.get_close_matches(str(name), list(OBJECTIVES), n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        known = ", ".join(OBJECTIVES)
+        raise ObjectiveError(f"objective.name: unknown objective '{name}'{hint}; known: {known}") from None
 
 
 def objective_defaults(name: str) -> dict[str, Any]:
