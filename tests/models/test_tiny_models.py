@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from p3o.errors import ConfigError
-from p3o.models import SIZES, ensure_base, load_policy, qwen3_config
-from p3o.models.sft import SFTConfig, base_key
+from p3o.models import SIZES, load_policy, qwen3_config
+from p3o.models.tiny import base_key
 from p3o.models.tokenizer import EOS, train_tokenizer
 from p3o.tasks import Problem, format_prompt
+from p3o.train.sft import SFTConfig, ensure_base
 
 QUICK = SFTConfig(size="1m", steps=4, batch_size=4, warmup_steps=2, eval_n=2, max_new_tokens=4)
 
@@ -60,7 +61,7 @@ def test_warm_start_trains_saves_loads_and_caches(tmp_path: Path, monkeypatch: p
     assert info["stats"]["final_loss"] < 7.0  # ln(469) ≈ 6.15 at init; it trained and stayed finite
     assert not [p for p in path.parent.iterdir() if ".tmp-" in p.name]  # the temp dir was renamed away
 
-    import p3o.models.sft as sft
+    import p3o.train.sft as sft
 
     def no_training(*args, **kwargs):
         raise AssertionError("cache miss: the base was trained again")

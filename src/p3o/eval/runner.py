@@ -8,7 +8,7 @@ Usage:
     policy_dir, run_dir = find_run("runs/mine")     # runs/mine/final and runs/mine (its config.yaml)
 
 `sample_batches` is the one sampler: `evaluate` (``p3o eval``), `heldout_metrics` (the training loop's held-out
-pass@1) and the warm start's pass@1 (`p3o.models.sft.pass_at_1`) all draw their completions through it.
+pass@1) and the warm start's pass@1 (`p3o.train.sft.pass_at_1`) all draw their completions through it.
 """
 
 from __future__ import annotations

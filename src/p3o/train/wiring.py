@@ -76,6 +76,7 @@ def build_components(cfg: Any) -> Components:
     from p3o.rewards import make_reward_fn
     from p3o.rollout.factory import make_engine as _make
     from p3o.tasks import format_prompt, load_eval_problems, load_train_problems, task_verifier
+    from p3o.train.sft import resolve_model_name
 
     task = cfg.task
     problems = load_train_problems(task, seed=cfg.seed, n=task.n_train)
@@ -86,7 +87,8 @@ def build_components(cfg: Any) -> Components:
     reward_fn = make_reward_fn(task_verifier(task, problems), timeout_s=task.reward_timeout_s)
 
     device = resolve_device(cfg.model.device)
-    policy, tokenizer = load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)
+    model_name = resolve_model_name(cfg.model.name, cfg.model.cache_dir)  # "tiny": the warm-started base, built once
+    policy, tokenizer = load_policy(model_name, cache_dir=cfg.model.cache_dir)
     policy = policy.to(device=device, dtype=getattr(torch, cfg.model.dtype))
     if cfg.train.gradient_checkpointing and hasattr(policy, "gradient_checkpointing_enable"):
         policy.gradient_checkpointing_enable()

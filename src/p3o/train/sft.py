@@ -6,6 +6,11 @@ so that RL has signal and room to improve.
 
     p3o sft --out runs/base                    # trains, saves (safetensors + tokenizer), prints pass@1
     path = ensure_base("1m")                     # cached: the second call returns at once
+    load_policy(resolve_model_name("tiny"))      # p3o.models.load_policy of the base, built on first use
+
+Where the base is cached, and under which key, is `p3o.models.tiny` (below this floor, so `p3o eval` and
+`load_policy("tiny")` find a base without importing the trainer). The key holds the recipe and a fingerprint of
+this module's code (`p3o.models.tiny.BASE_SOURCES`): a base built by other code is never reused.
 """
 
 from __future__ import annotations
@@ -23,10 +28,8 @@ import torch
 
 from p3o.config import config_field as _f
 from p3o.errors import ConfigError
-from p3o.models.cache import atomic_build, cache_root
-
-VERSION = 2  # bump when the recipe changes: cached bases are keyed by it
-DEFAULT_SIZE = "1m"  # the size whose warm start fits the ~2 min / 2-core budget (5m needs ~4x the compute)
+from p3o.models.cache import atomic_build
+from p3o.models.tiny import DEFAULT_SIZE, base_dir, code_version, parse_tiny
 
 
 @dataclass
@@ -210,19 +213,21 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, log: bool = True) -> dict[st
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    (out / "sft.json").write_text(json.dumps({"config": asdict(cfg), "stats": stats, "version": VERSION}, indent=2))
+    info = {"config": asdict(cfg), "stats": stats, "code_version": code_version()}
+    (out / "sft.json").write_text(json.dumps(info, indent=2))
     return stats
 
 
-def base_key(size: str, task: str, difficulty: Any, seed: int, sft: SFTConfig | None = None) -> str:
-    """Cache key of a warm-started base: (size, task, difficulty, seed, recipe version) [+ hash of a custom recipe]."""
-    key = f"tiny-{size}-{task}-d{difficulty}-s{seed}-v{VERSION}"
-    if sft is not None:
-        custom = asdict(replace(sft, size=size, task=task, difficulty=difficulty, seed=seed, threads=0))
-        default = asdict(replace(SFTConfig(), size=size, task=task, difficulty=difficulty, seed=seed, threads=0))
-        if custom != default:
-            key += "-" + hashlib.sha1(json.dumps(custom, sort_keys=True).encode()).hexdigest()[:8]
-    return key
+def recipe_hash(cfg: SFTConfig) -> str | None:
+    """8 hex digits of sha1(the recipe) when `cfg` differs from the default recipe of its size/task/difficulty/seed.
+
+    None for the default recipe (its cache key carries no hash). `threads` is not part of the recipe.
+    """
+    custom = asdict(replace(cfg, threads=0))
+    default = asdict(replace(SFTConfig(), size=cfg.size, task=cfg.task, difficulty=cfg.difficulty, seed=cfg.seed))
+    if custom == default:
+        return None
+    return hashlib.sha1(json.dumps(custom, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def ensure_base(
@@ -237,17 +242,28 @@ def ensure_base(
 ) -> Path:
     """Path of the warm-started base for (size, task, difficulty, seed), training and caching it on first use.
 
-    The entry is ``<cache>/models/<base_key(...)>``, built by `warm_start` through `p3o.models.cache.atomic_build`.
-    `sft` overrides the recipe; its size/task/difficulty/seed are replaced by the arguments here, and a non-default
-    recipe gets its own cache entry (a hash of the recipe is appended to the key).
+    The entry is `p3o.models.tiny.base_dir(...)` (its key: the recipe and the code version), built by `warm_start`
+    through `p3o.models.cache.atomic_build`. `sft` overrides the recipe; its size/task/difficulty/seed are replaced
+    by the arguments here, and a non-default recipe gets its own cache entry (`recipe_hash` appended to the key).
     """
     from p3o.models.configs import SIZES
 
     if size not in SIZES:
         raise ConfigError(f"model size: unknown {size!r}; known: {', '.join(SIZES)}")
     cfg = replace(sft or SFTConfig(), size=size, task=task, difficulty=difficulty, seed=seed)
-    target = cache_root(cache_dir) / "models" / base_key(size, task, difficulty, seed, sft)
+    target = base_dir(size, cache_dir, task=task, difficulty=difficulty, seed=seed, recipe=recipe_hash(cfg))
     return atomic_build(target, lambda tmp: warm_start(cfg, tmp), force=force)
+
+
+def resolve_model_name(name: str, cache_dir: str | Path | None = None) -> str:
+    """The directory of the warm-started base when `name` is "tiny" / "tiny-<size>" (built on first use), else `name`.
+
+    What `p3o train` passes to `p3o.models.load_policy`, which loads a built base but never trains one.
+    """
+    tiny = parse_tiny(name)
+    if tiny is None or tiny[1] or Path(name).exists():
+        return name
+    return str(ensure_base(tiny[0], cache_dir))
 
 
 _EXTRA = [
