@@ -18,8 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("p3o.eval.cli", "pass@k of a checkpoint on a task"),
     "compare": ("p3o.experiments.cli", "run a grid of objectives × regimes × seeds and write a report"),
     "probe": ("p3o.experiments.probe", "gradient probe: each objective's stale-batch gradient vs the on-policy one"),
-    "synthetic": ("p3o.experiments.synthetic", "paired multi-seed runs on a tabular autoregressive toy (exact J)"),
-    "plot": ("p3o.metrics", "draw reward / ESS / lag curves of a run directory to PNG"),
+    "synthetic": ("p3o.experiments.synthetic_study", "paired multi-seed runs on a tabular toy policy (exact J)"),
+    "plot": ("p3o.metrics.plot", "draw reward / ESS / lag curves of a run directory to PNG"),
     "sft": ("p3o.train.sft", "supervised warm start of the built-in tiny model"),
     "convert-smollm2": ("p3o.models.smollm2", "convert the SmolLM2-135M-Instruct GGUF to a safetensors checkpoint"),
 }

@@ -145,6 +145,8 @@ def test_language_model_probe_on_checkpoints(tmp_path) -> None:
 
 
 def test_p3o_pg_is_p3o_without_its_kl_term() -> None:
+    """The probe's `p3o-pg` is the p3o record with kl_estimator=none: P3O's loss minus its (1 − e_B)·k3 term."""
+    from p3o.experiments.synthetic import parse_objective
     from p3o.objectives import ObjectiveInputs, effective_sample_size, get_objective, k3
 
     g = torch.Generator().manual_seed(3)
@@ -152,8 +154,11 @@ def test_p3o_pg_is_p3o_without_its_kl_term() -> None:
     roll = logp + 0.5 * torch.randn((6, 5), generator=g)
     mask = torch.rand((6, 5), generator=g) > 0.2
     adv = torch.randn(6, generator=g)
-    full, _ = get_objective("p3o")(ObjectiveInputs(logp, roll, mask, adv))
-    pg = probe.p3o_pg_loss(logp, roll, mask, adv)
+    full, _ = get_objective("p3o")(ObjectiveInputs(logp, roll, mask, adv), scope="sequence")
+    name, hyper = parse_objective("p3o-pg")
+    assert (name, hyper) == ("p3o", {"kl_estimator": "none"})
+    pg, _ = get_objective(name)(ObjectiveInputs(logp, roll, mask, adv), scope="sequence", **hyper)
     lr = torch.where(mask, logp - roll, torch.zeros(()))
-    kl = (1 - effective_sample_size(lr, mask)) * torch.where(mask, k3(lr), torch.zeros(())).sum() / mask.sum()
+    ess = effective_sample_size(lr, mask, scope="sequence")
+    kl = ((1 - ess) * torch.where(mask, k3(lr), torch.zeros(()))).sum() / mask.sum()
     assert torch.allclose(full, pg + kl, atol=1e-6)

@@ -12,6 +12,7 @@ import torch
 from p3o.advantages import group_advantages
 from p3o.errors import ConfigError
 from p3o.experiments import synthetic as syn
+from p3o.experiments import synthetic_study as study
 from p3o.experiments.synthetic import SyntheticConfig, run_synthetic
 from p3o.objectives import OBJECTIVES
 
@@ -134,7 +135,7 @@ def test_learning_raises_expected_reward_on_policy() -> None:
 
 
 def test_stale_regime_drops_ess() -> None:
-    cfg = SyntheticConfig(seeds=4, steps=60, lr=0.05, **syn.parse_regime("stale-32"))
+    cfg = SyntheticConfig(seeds=4, steps=60, lr=0.05, **syn.parse_regime("lag-32"))
     out = run_synthetic(cfg)
     assert out["summary"]["ess_p10_all"] < 0.9
     assert min(out["curves"]["ess"]) < 0.9
@@ -167,13 +168,13 @@ def test_seeds_are_paired_across_cells_and_objectives() -> None:
 
 def test_all_objectives_run_in_an_off_policy_regime() -> None:
     for name in OBJECTIVES:
-        out = run_synthetic(SyntheticConfig(objective=name, seeds=2, steps=3, **syn.parse_regime("mb2+stale-2")))
+        out = run_synthetic(SyntheticConfig(objective=name, seeds=2, steps=3, **syn.parse_regime("mb2+lag-2")))
         assert all(0.0 <= x <= 1.0 for x in out["per_seed"]["final_reward"]), name
 
 
 def test_parse_regime_and_objective() -> None:
-    assert syn.parse_regime("mb4+stale-8+noise-0.2") == {"mini_batches": 4, "lag": 8, "noise": 0.2}
-    assert syn.parse_regime("temperature-1.2") == {"temperature": 1.2, "logprob_mode": "raw"}
+    assert syn.parse_regime("mb4+lag-8+noise-0.2") == {"mini_batches": 4, "lag": 8, "noise": 0.2}
+    assert syn.parse_regime("temperature") == {"temperature": 1.2, "logprob_mode": "raw"}
     assert syn.parse_regime("temp-0.6-processed") == {"temperature": 0.6, "logprob_mode": "processed"}
     assert syn.parse_regime("on-policy") == {}
     with pytest.raises(ConfigError):
@@ -186,7 +187,7 @@ def test_parse_regime_and_objective() -> None:
 
 def test_cli_writes_paired_json_and_csv(tmp_path) -> None:
     out, csv_path = tmp_path / "g.json", tmp_path / "g.csv"
-    rc = syn.main(
+    rc = study.main(
         [
             "--objectives",
             "p3o,grpo:clip_eps=0.4",
@@ -205,7 +206,21 @@ def test_cli_writes_paired_json_and_csv(tmp_path) -> None:
     assert rc == 0
     data = json.loads(out.read_text())
     assert len(data["cells"]) == 4
-    cells = syn.load_synthetic(out)
+    cells = study.load_grid(out)
     assert set(cells) == {(r, o) for r in ("on-policy", "stale-4") for o in ("p3o", "grpo:clip_eps=0.4")}
     assert cells[("stale-4", "p3o")]["seed"] == [0, 1, 2]
     assert len(csv_path.read_text().splitlines()) == 1 + 4 * 3
+
+
+def test_regime_names_mean_what_they_mean_to_p3o_train() -> None:
+    """One regime table: a name of p3o.experiments.regimes.REGIMES delays by batches (loop.staleness), knobs say
+    lag-<L> for optimizer updates; a regime without a toy counterpart is refused by name."""
+    assert syn.parse_regime("stale-4") == {"lag": 4}
+    assert syn.parse_regime("mb4-stale-2") == {"mini_batches": 4, "lag": 8} == syn.parse_regime("mb4+stale-2")
+    assert syn.parse_regime("multi-step") == {"mini_batches": 4}
+    assert syn.parse_regime("async") == {"lag": 4}
+    assert syn.parse_regime("temp-0.6") == {"temperature": 0.6, "logprob_mode": "raw"}
+    with pytest.raises(ConfigError, match=r"rollout\.precision"):
+        syn.parse_regime("fp8-rollout")
+    with pytest.raises(ConfigError, match="once"):
+        syn.parse_regime("lag-2+stale-2")

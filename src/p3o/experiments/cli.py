@@ -159,7 +159,7 @@ def main(argv: list[str]) -> int:
 
         command = "p3o compare " + shlex.join([a for a in argv if a])
         report = Path(args.report) if args.report else None
-        return synthetic_study.main(Path(args.experiment), report, _path(args.figures), command)
+        return synthetic_study.run_and_report(Path(args.experiment), report, _path(args.figures), command)
     # another trainer has other keys; aggregating finished runs needs no check
     exp = load_experiment(args.experiment, check_config=not (args.train_cmd or args.report_only))
     if args.out_dir is not None:

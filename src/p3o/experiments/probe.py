@@ -43,6 +43,7 @@ from torch import Tensor
 
 from p3o.advantages import group_advantages
 from p3o.errors import ConfigError
+from p3o.experiments.report import write_block
 from p3o.experiments.synthetic import (
     SyntheticConfig,
     Task,
@@ -59,7 +60,7 @@ from p3o.objectives import effective_sample_size
 
 #: Objectives probed by default (name[:key=value...] specs of :func:`p3o.experiments.synthetic.parse_objective`).
 #: p3o_two_anchor is left out: at the first update of a batch π_prox = π_θ, so it coincides with p3o. ``p3o-pg``
-#: (P3O without its KL term, see :data:`PSEUDO_OBJECTIVES`) separates the two halves of P3O's gradient.
+#: (the preset ``p3o`` with ``kl_estimator=none``: P3O without its KL term) separates the two halves of its gradient.
 DEFAULT_OBJECTIVES = (
     "p3o",
     "grpo",
@@ -72,11 +73,6 @@ DEFAULT_OBJECTIVES = (
     "p3o-pg",
 )
 DEFAULT_LAGS = (0, 1, 2, 4, 8, 16, 32, 64, 96)
-#: Decomposition terms the probe accepts besides real objectives: ``p3o-pg`` is P3O's policy-gradient term alone,
-#: ℓ_t = −sg(min(ρ_t, e_B))·A_t·logp_t with token-mean (``p3o_token_loss(kl=False)``), i.e. P3O without its KL term.
-PSEUDO_OBJECTIVES = ("p3o-pg",)
-
-
 #: Columns of the per-batch table and of the per-probe-point table (synthetic and LM probes write the same ones).
 _BATCH_COLUMNS = (
     "traj",
@@ -101,26 +97,8 @@ def _columns(names: tuple[str, ...]) -> dict[str, list]:
 
 
 def _spec(spec: str) -> tuple[str, str, dict[str, Any]]:
-    """(spec, name, hyper) of an objective spec or a pseudo-objective of :data:`PSEUDO_OBJECTIVES`."""
-    if spec in PSEUDO_OBJECTIVES:
-        return spec, spec, {}
+    """(spec, objective name, hyper-parameters) of a spec (:func:`p3o.experiments.synthetic.parse_objective`)."""
     return (spec, *parse_objective(spec))
-
-
-def p3o_pg_loss(logp: Tensor, rollout_logp: Tensor, mask: Tensor, advantages: Tensor) -> Tensor:
-    """P3O's policy-gradient term alone (no KL), token-mean over one batch: 0-d loss.
-
-        e_B = ESS(lr over the batch's valid tokens),  ℓ_t = −sg(min(ρ_t, e_B))·A_t·logp_t
-
-    Args: logp (N, T) with grad; rollout_logp (N, T); mask (N, T) bool; advantages (N,).
-    """
-    from p3o.objectives import p3o_token_loss, reduce_tokens
-
-    lr = torch.where(mask, logp - rollout_logp, torch.zeros(()))
-    ess = effective_sample_size(lr, mask)
-    lp = torch.where(mask, logp, torch.zeros(()))
-    per = p3o_token_loss(lp, lr, advantages[:, None].expand_as(lp), ess, kl=False)
-    return reduce_tokens(per, mask, "token-mean")
 
 
 ESS_BINS = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.99999, 1.0001)
@@ -290,13 +268,9 @@ def _probe(cfg: ProbeConfig, t0: float, log: Any) -> dict[str, Any]:
                 for spec, name, hyper in specs:
                     rep = theta_k.detach().expand(b_n, *theta_k.shape).clone().requires_grad_(True)
                     logp = token_logp(torch.log_softmax(rep, -1), batch)
-                    if name == "p3o-pg":
-                        ones = torch.ones(logp.shape[1:], dtype=torch.bool)
-                        loss = sum(p3o_pg_loss(logp[i], batch.rollout_logp[i], ones, adv[i]) for i in range(b_n))
-                    else:
-                        loss, _ = objective_loss(
-                            name, hyper, logp, batch.rollout_logp, adv, prox_logp=logp_k, old_logp=logp_k
-                        )
+                    loss, _ = objective_loss(
+                        name, hyper, logp, batch.rollout_logp, adv, prox_logp=logp_k, old_logp=logp_k
+                    )
                     (grad,) = torch.autograd.grad(loss, rep)
                     d = -grad.reshape(b_n, -1)
                     cos = _cos(d, g_ref)
@@ -479,18 +453,13 @@ def _short(spec: str) -> str:
 def update_doc(path: str | Path, result: dict[str, Any], command: str, block: str = "probe") -> None:
     """Replace the text between ``<!-- {block}:begin -->`` and ``<!-- {block}:end -->`` in ``path`` (appended when
     missing) with the probe's tables (cosine, cosine of the mean, norm ratio, ΔJ) and the command that made them."""
-    p = Path(path)
-    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
-    text = p.read_text() if p.is_file() else ""
-    if begin not in text or end not in text:
-        text += f"\n{begin}\n{end}\n"
     pts = result["points"]
     conf = result["config"]
     lm = "run_dir" in conf
     if lm:
         where = (
             f"reward at the probe points {min(pts['J']):.2f}–{max(pts['J']):.2f}; the run's engine: precision "
-            f"{conf['noise']}, temperature {conf['temperature']} ({conf['logprob_mode']} log-probs)"
+            f"{conf['precision']}, temperature {conf['temperature']} ({conf['logprob_mode']} log-probs)"
         )
     else:
         where = (
@@ -508,7 +477,6 @@ def update_doc(path: str | Path, result: dict[str, Any], command: str, block: st
             "",
         ]
     body = [
-        begin,
         f"Generated by `{command}` in {result['wall_s']:.0f} s on the {result['instrument']} "
         f"({len(result['rows']['cos'])} batch × objective gradients; reference precision: mean cos between the two "
         f"halves of g_ref {_nanmean(pts['ref_half_cos']):.3f}; {where}). "
@@ -531,11 +499,8 @@ def update_doc(path: str | Path, result: dict[str, Any], command: str, block: st
         "**Fraction of zero gradients** among the signal batches (every token clipped or masked):",
         "",
         markdown_table(result, "zero_frac"),
-        end,
     ]
-    pre, rest = text.split(begin, 1)
-    post = rest.split(end, 1)[1]
-    p.write_text(pre + "\n".join(body) + post)
+    write_block(path, block, "\n".join(body))
 
 
 # ----------------------------------------------------------------------------------------------- language model
@@ -594,8 +559,9 @@ def _probe_lm(
     from p3o.config import load_config
     from p3o.objectives import ObjectiveInputs, get_objective, objective_defaults, reduce_tokens
     from p3o.policy import token_logprobs
-    from p3o.rollout import HFEngine
+    from p3o.rollout.factory import make_engine
     from p3o.train.checkpoint import checkpoint_step, list_checkpoints, load_policy_weights
+    from p3o.train.stream import PromptStream, make_producer, stream_seed
     from p3o.train.wiring import build_components
 
     t0 = time.perf_counter()
@@ -623,29 +589,19 @@ def _probe_lm(
             load_policy_weights(model, ckpts[step])
 
     specs = [_spec(spec) for spec in objectives]
-    aggs = {
-        spec: {**objective_defaults(name), **hyper}.get("agg", "token-mean") if name != "p3o-pg" else "token-mean"
-        for spec, name, hyper in specs
-    }
+    aggs = {spec: {**objective_defaults(name), **hyper}.get("agg", "token-mean") for spec, name, hyper in specs}
     aggs = {k: v if v in ("token-mean", "seq-mean-token-mean") else "token-mean" for k, v in aggs.items()}
     params = [p for p in policy.parameters() if p.requires_grad]
-    ro, adv_cfg = cfg.rollout, cfg.advantage
-    p_n, g_n = ro.prompts_per_step, ro.group_size
-    adv_kw = {"std": adv_cfg.std, "scale": adv_cfg.scale, "baseline": adv_cfg.baseline, "alpha": adv_cfg.alpha}
+    ro = cfg.rollout
+    # The run's own batches (its prompts per step, group size, rewards, advantage settings): the trainer's producer
+    # over a prompt stream of this probe's seed; batch index = a hash of (point, lag, batch), lag −1 for g_ref.
+    produce = make_producer(
+        ro, cfg.loop, cfg.advantage, seed, comps, PromptStream(len(comps.prompts), ro.prompts_per_step, seed)
+    )
 
     def draw(engine: Any, key: tuple[int, ...]) -> Any:
-        gen = _gen(seed, *key)
-        idx = torch.randint(len(comps.prompts), (p_n,), generator=gen).tolist()
-        r = engine.generate(
-            [comps.prompts[i] for i in idx],
-            g_n,
-            seed=int(torch.randint(2**31, (1,), generator=gen)),
-            answers=[comps.answers[i] for i in idx],
-        )
-        r.group_ids = torch.arange(p_n).repeat_interleave(g_n)
-        r.rewards = comps.reward_fn(r).float()
-        r.advantages, _ = group_advantages(r.rewards, r.group_ids, **adv_kw)
-        return r
+        batch, _ = produce(stream_seed(*key) % 2**40, engine)
+        return batch
 
     def logps(r: Any, temperature: float) -> Tensor:
         lp, _ = token_logprobs(
@@ -668,7 +624,8 @@ def _probe_lm(
     behaviour = copy.deepcopy(policy)
     for k in ks:
         set_weights(policy, k)
-        ref_engine = HFEngine(
+        ref_engine = make_engine(
+            "hf",
             policy,
             comps.tokenizer,
             precision="fp32",
@@ -710,13 +667,8 @@ def _probe_lm(
                 ess = float(effective_sample_size(lp_k - r.rollout_logp, r.mask))
                 signal = float((r.advantages != 0).any())
                 for spec, name, hyper in specs:
-                    if name == "p3o-pg":
-                        loss = p3o_pg_loss(lp, r.rollout_logp, r.mask, r.advantages)
-                    else:
-                        inputs = ObjectiveInputs(
-                            lp, r.rollout_logp, r.mask, r.advantages, prox_logp=lp_k, old_logp=lp_k
-                        )
-                        loss, _ = get_objective(name)(inputs, **hyper)
+                    inputs = ObjectiveInputs(lp, r.rollout_logp, r.mask, r.advantages, prox_logp=lp_k, old_logp=lp_k)
+                    loss, _ = get_objective(name)(inputs, **hyper)
                     d = -flat(torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True))
                     g_ref = g_refs[aggs[spec]]
                     acc[spec].append(d)
@@ -753,7 +705,7 @@ def _probe_lm(
             "ref_batches": ref_batches,
             "seed": seed,
             "step_size": math.nan,
-            "noise": cfg.rollout.precision,
+            "precision": cfg.rollout.precision,
             "temperature": cfg.rollout.temperature,
             "logprob_mode": cfg.rollout.logprob_mode,
         },

@@ -80,6 +80,8 @@ REGIMES: dict[str, Overrides] = {
 #: (`loop.dynamic_sampling`) and is left off here so that every objective sees the same data.
 OBJECTIVE_PRESETS: dict[str, Overrides] = {
     "p3o": {"objective.name": "p3o"},
+    # P3O's policy-gradient part alone: the p3o record with its KL term off (the probe's decomposition).
+    "p3o-pg": {"objective.name": "p3o", "objective.kl_estimator": "none"},
     "grpo": {"objective.name": "grpo", "objective.clip_eps": 0.2},
     "grpo-0.2": {"objective.name": "grpo", "objective.clip_eps": 0.2},
     "grpo-0.4": {"objective.name": "grpo", "objective.clip_eps": 0.4},

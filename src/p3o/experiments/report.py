@@ -31,7 +31,8 @@ from p3o.experiments.analysis import (
     smooth,
 )
 from p3o.experiments.spec import DECISIVE_KINDS, Claim, Experiment, RunSpec, expand, flatten
-from p3o.experiments.stats import KIND_TEXT, PairedResult, decide_family, paired
+from p3o.experiments.verdicts import Decision, decisions_table, tested_count, verdict_counts
+from p3o.experiments.verdicts import decide as decide_claims
 
 REWARD_KEY = "reward_mean"
 METRIC_LABELS = {
@@ -376,33 +377,6 @@ def claim_verdict(summary: GridSummary, claim: Claim) -> list[str]:
     return out
 
 
-@dataclass
-class Decision:
-    """The verdict of one decisive claim in one regime (A vs B paired by seed on `metric`)."""
-
-    claim: Claim
-    regime: str
-    metric: str
-    result: PairedResult
-    p_adj: float = math.nan
-    verdict: str = "inconclusive"
-
-    def to_dict(self) -> dict[str, Any]:
-        a, b = self.claim.objectives
-        return {
-            "claim": self.claim.id,
-            "title": self.claim.title,
-            "kind": self.claim.kind,
-            "regime": self.regime,
-            "a": a,
-            "b": b,
-            "metric": self.metric,
-            "p_adj": self.p_adj,
-            "verdict": self.verdict,
-            **{k: v for k, v in self.result.to_dict().items()},
-        }
-
-
 def paired_values(summary: GridSummary, regime: str, a: str, b: str, metric: str) -> tuple[list[float], list[float]]:
     """Per-seed values of `metric` for objectives a and b in `regime`, over the seeds both have (seed order)."""
     by_seed = {
@@ -413,51 +387,9 @@ def paired_values(summary: GridSummary, regime: str, a: str, b: str, metric: str
 
 
 def decide(summary: GridSummary) -> list[Decision]:
-    """Every decisive claim × regime: paired-t result, Holm-adjusted p over the whole report, verdict."""
+    """Every decisive claim × regime of the grid (:func:`p3o.experiments.verdicts.decide` on its runs)."""
     exp = summary.exp
-    out: list[Decision] = []
-    for claim in exp.claims:
-        if claim.kind not in DECISIVE_KINDS:
-            continue
-        a, b = claim.objectives
-        margin = claim.margin if claim.margin is not None else exp.primary.margin
-        for regime in claim.regimes:
-            xa, xb = paired_values(summary, regime, a, b, claim.metric)
-            res = paired(xa, xb, margin=margin, alpha=exp.primary.alpha, bootstrap=2000)
-            out.append(Decision(claim, regime, claim.metric, res))
-    decided = decide_family([d.claim.kind for d in out], [d.result for d in out], alpha=exp.primary.alpha)
-    for d, (p_adj, v) in zip(out, decided):
-        d.p_adj, d.verdict = p_adj, v
-    return out
-
-
-def decisions_table(decisions: list[Decision], digits: int = 3) -> str:
-    """Markdown table of the verdicts (paired by seed; 95 % paired-t CI; Holm-adjusted p)."""
-    head = (
-        "| claim | regime | A | B | test | metric | n | mean A | mean B | A − B [95% CI] | p (Holm) | verdict |\n"
-        "|---|---|---|---|---|---|---:|---:|---:|---|---:|---|"
-    )
-    rows = [head]
-    for d in decisions:
-        r, (a, b) = d.result, d.claim.objectives
-        test = KIND_TEXT[d.claim.kind] + (f", δ = {r.margin:g}" if d.claim.kind == "tracks" else "")
-        ci = (
-            "exactly 0 on every seed"
-            if r.identical
-            else f"{r.diff:+.{digits}f} [{r.ci[0]:+.{digits}f}, {r.ci[1]:+.{digits}f}]"
-        )
-        p = "—" if math.isnan(d.p_adj) else ("< 1e-4" if d.p_adj < 1e-4 else f"{d.p_adj:.3g}")
-        rows.append(
-            f"| {d.claim.id} | {d.regime} | {a} | {b} | {test} | {d.metric} | {r.n} | {r.mean_a:.{digits}f} | "
-            f"{r.mean_b:.{digits}f} | {ci} | {p} | **{d.verdict}** |"
-        )
-    return "\n".join(rows)
-
-
-def verdict_summary(decisions: list[Decision]) -> str:
-    """One line: how many verdicts of each kind."""
-    counts = {v: sum(1 for d in decisions if d.verdict == v) for v in ("supported", "contradicted", "inconclusive")}
-    return ", ".join(f"{n} {v}" for v, n in counts.items())
+    return decide_claims(exp.claims, exp.primary, lambda *key: paired_values(summary, *key))
 
 
 def _base_line(exp: Experiment) -> str:
@@ -610,10 +542,10 @@ def render_report(
             "",
             f"Declared before the runs (`primary:` in the experiment file): metric **{pr.metric}** "
             f"({METRIC_LABELS.get(pr.metric, pr.metric)}), paired by seed; {1 - pr.alpha:.0%} paired-t intervals; "
-            f"Holm's correction over the {sum(1 for d in decisions if d.claim.kind != 'identical')} tested "
+            f"Holm's correction over the {tested_count(decisions)} tested "
             f"verdicts at family-wise α = {pr.alpha:g}; equivalence margin δ = {pr.margin:g} for *tracks* (TOST). "
             "*identical* asks for exactly equal per-seed values. Computed by `p3o.experiments.stats`; "
-            f"{verdict_summary(decisions)}.",
+            f"{verdict_counts(decisions)}.",
             "",
             decisions_table(decisions),
             "",
@@ -665,3 +597,15 @@ def write_report(
     records = [d.to_dict() for d in decisions]
     report_path.with_suffix(".verdicts.json").write_text(json.dumps(records, indent=1, default=float) + "\n")
     return report_path
+
+
+def write_block(path: str | Path, block: str, body: str) -> None:
+    """Replace the text between ``<!-- {block}:begin -->`` and ``<!-- {block}:end -->`` lines of ``path`` with
+    ``body`` (the markers are appended first when missing; the rest of the file is kept byte for byte)."""
+    p = Path(path)
+    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
+    text = p.read_text() if p.is_file() else ""
+    if begin not in text or end not in text:
+        text += f"\n{begin}\n{end}\n"
+    pre, rest = text.split(begin, 1)
+    p.write_text(f"{pre}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}")

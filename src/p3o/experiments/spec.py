@@ -233,7 +233,7 @@ def _dataclass_from(cls: type, raw: Any, where: str) -> Any:
     return from_dict(raw, cls=cls, source=where)
 
 
-def _claim_from(raw: dict, where: str) -> Claim:
+def claim_from(raw: dict, where: str) -> Claim:
     """A claim entry, its fields typed (pydantic validates the dataclass); unknown keys name the nearest one."""
     import difflib
 
@@ -348,7 +348,7 @@ def _claims(raw: Any, exp: Experiment, where: str) -> list[Claim]:
         here = f"{where}: claims[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{here}: expected a mapping")
-        claim = _claim_from(entry, here)
+        claim = claim_from(entry, here)
         if claim.kind not in CLAIM_KINDS:
             raise ConfigError(f"{here}.kind: '{claim.kind}' is not one of {', '.join(CLAIM_KINDS)}")
         for label in [*claim.objectives, *claim.reference, *claim.expected]:

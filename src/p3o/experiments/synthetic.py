@@ -20,11 +20,13 @@ P(Binomial(8, 1/4) ≥ 3) ≈ 0.32 of the prompts.
 Training uses the project's own pieces: group-relative advantages (:func:`p3o.advantages.group_advantages`) and
 the REAL objectives (:func:`p3o.objectives.get_objective`, any name and hyper-parameters), Adam (or SGD) on the
 table. Everything is vectorised over S seeds: θ has shape (S, P, T, V+1, V), one independent run per seed.
-Off-policy regimes are controlled directly (see :data:`REGIMES` and :func:`parse_regime`):
+Off-policy regimes are controlled directly (:func:`parse_regime`; a name of
+:data:`p3o.experiments.regimes.REGIMES` means what it means to ``p3o train``, see :func:`regime_knobs`):
 
 * ``mb<M>`` / ``ep<E>``: M shuffled mini-batches × E epochs per rollout batch = M·E optimizer updates per batch;
-* ``stale-<L>``: the batch of step k is sampled from θ_{u−L}, the parameters L optimizer updates ago (MinPRO's
-  "stale n" with 16 updates per global step is ``mb16+stale-<16n>``);
+* ``lag-<L>``: the batch of step k is sampled from θ_{u−L}, the parameters L optimizer updates ago (MinPRO's
+  "stale n" with 16 updates per global step is ``mb16+lag-<16n>``); ``stale-<n>`` delays by n batches, as
+  ``loop.staleness`` does (L = n·M·E);
 * ``noise-<σ>``: a low-precision engine: the rollout engine's logits are θ_b + σ·ε (ε ∼ N(0, 1) per table entry,
   fresh each step); samples are drawn from that perturbed policy and its log-probs are recorded;
 * ``temp-<T>``: the engine samples from softmax(θ_b / T) but records the RAW T = 1 log-probs (the P3O paper's
@@ -41,22 +43,17 @@ Usage::
     out = run_synthetic(SyntheticConfig(objective="p3o", seeds=100, steps=200, lag=8))
     out["per_seed"]["final_reward"]          # list of S floats, exact J(θ_final) per seed
 
-    python -m p3o.experiments.synthetic --objectives p3o,grpo,minpro --regimes on-policy,stale-8 \
-        --seeds 100 --out runs/synthetic.json --csv runs/synthetic.csv
+    p3o synthetic --objectives p3o,grpo,minpro --regimes on-policy,stale-8 --seeds 100 \
+        --out runs/synthetic.json --csv runs/synthetic.csv         # the grid CLI: p3o.experiments.synthetic_study
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
 import dataclasses
-import json
 import re
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,6 +61,7 @@ from torch import Tensor
 
 from p3o.advantages import group_advantages
 from p3o.errors import ConfigError
+from p3o.experiments.regimes import OBJECTIVE_PRESETS, REGIMES, regime_overrides
 from p3o.objectives import (
     ObjectiveInputs,
     effective_sample_size,
@@ -73,22 +71,6 @@ from p3o.objectives import (
 )
 
 Stats = dict[str, Tensor]
-
-
-#: Named regimes (each is a ``+``-joined list of knobs for :func:`parse_regime`).
-REGIMES: dict[str, str] = {
-    "on-policy": "",
-    "multi-step-4": "mb4",
-    "multi-step-8": "mb8",
-    "stale-2": "stale-2",
-    "stale-4": "stale-4",
-    "stale-8": "stale-8",
-    "stale-16": "stale-16",
-    "stale-32": "stale-32",
-    "fp8-like": "noise-0.3",
-    "temperature-1.2": "temp-1.2",
-    "temperature-0.6": "temp-0.6",
-}
 
 
 # ----------------------------------------------------------------------------------------------- configuration
@@ -159,14 +141,18 @@ class SyntheticConfig:
 
 
 def parse_regime(spec: str) -> dict[str, Any]:
-    """Knob overrides of a regime: a name of :data:`REGIMES` or ``+``-joined knobs.
+    """Knob overrides of a regime: a name of :data:`p3o.experiments.regimes.REGIMES` or ``+``-joined knobs.
 
-    Knobs: ``on-policy`` (nothing), ``mb<M>``, ``ep<E>``, ``stale-<L>`` (lag in optimizer updates), ``noise-<σ>``,
-    ``temp-<T>`` (raw T = 1 log-probs recorded) or ``temp-<T>-processed``. Example: ``mb4+stale-8+noise-0.2`` →
-    {"mini_batches": 4, "lag": 8, "noise": 0.2}.
+    Knobs: ``on-policy`` (nothing), ``mb<M>`` (M mini-batches), ``ep<E>`` (E epochs), ``lag-<L>`` (the batch is
+    sampled L optimizer updates ago), ``stale-<n>`` (n batches ago, as ``loop.staleness``: L = n·M·E), ``noise-<σ>``,
+    ``temp-<T>`` (raw T = 1 log-probs recorded) or ``temp-<T>-processed``. Example: ``mb4+lag-8+noise-0.2`` →
+    {"mini_batches": 4, "lag": 8, "noise": 0.2}; ``mb4+stale-2`` → {"mini_batches": 4, "lag": 8}. A regime name
+    means here what it means to ``p3o train`` (:func:`regime_knobs`).
     """
-    spec = REGIMES.get(spec, spec)
+    if spec in REGIMES:
+        return regime_knobs(spec)
     out: dict[str, Any] = {}
+    batches = 0
     for knob in filter(None, spec.split("+")):
         if knob == "on-policy":
             continue
@@ -174,8 +160,10 @@ def parse_regime(spec: str) -> dict[str, Any]:
             out["mini_batches"] = int(m[1])
         elif m := re.fullmatch(r"ep(\d+)", knob):
             out["epochs"] = int(m[1])
-        elif m := re.fullmatch(r"stale-(\d+)", knob):
+        elif m := re.fullmatch(r"lag-(\d+)", knob):
             out["lag"] = int(m[1])
+        elif m := re.fullmatch(r"stale-(\d+)", knob):
+            batches = int(m[1])
         elif m := re.fullmatch(r"noise-([0-9.eE+-]+)", knob):
             out["noise"] = float(m[1])
         elif m := re.fullmatch(r"temp-([0-9.eE+-]+?)(-processed)?", knob):
@@ -183,9 +171,57 @@ def parse_regime(spec: str) -> dict[str, Any]:
             out["logprob_mode"] = "processed" if m[2] else "raw"
         else:
             raise ConfigError(
-                f"synthetic regime: unknown knob {knob!r} in {spec!r}; knobs: mb<M>, ep<E>, stale-<L>, noise-<s>, "
-                f"temp-<T>[-processed]; named: {', '.join(REGIMES)}"
+                f"synthetic regime: unknown knob {knob!r} in {spec!r}; knobs: mb<M>, ep<E>, lag-<L>, stale-<n>, "
+                f"noise-<s>, temp-<T>[-processed]; named: {', '.join(REGIMES)}"
             )
+    if batches:
+        if "lag" in out:
+            raise ConfigError(f"synthetic regime {spec!r}: give the delay once, as lag-<L> (updates) or stale-<n>")
+        out["lag"] = batches * out.get("mini_batches", 1) * out.get("epochs", 1)
+    return out
+
+
+#: The train-config keys a named regime may set, and the synthetic knob each one becomes.
+_TRANSLATABLE = {
+    "loop.mode",
+    "loop.staleness",
+    "loop.max_lag",
+    "update.num_mini_batches",
+    "update.epochs",
+    "rollout.temperature",
+    "train.temperature",
+    "rollout.logprob_mode",
+}
+
+
+def regime_knobs(name: str) -> dict[str, Any]:
+    """The synthetic knobs of regime ``name`` of :data:`p3o.experiments.regimes.REGIMES` (one table, one meaning).
+
+    ``update.num_mini_batches`` M and ``update.epochs`` E are mini-batches and epochs; ``loop.mode: stale`` with
+    ``loop.staleness`` n, and ``async`` with ``loop.max_lag`` n (its deterministic schedule: batch b is generated by
+    version b − n), delay every batch by n batches = n·M·E optimizer updates; ``rollout.temperature`` T with raw
+    log-probs is ``temp-<T>``. A regime with no synthetic counterpart (a real engine, a rollout precision) is a
+    ConfigError naming the knob to use instead (``noise-<σ>`` for a low-precision engine).
+    """
+    over = regime_overrides(name)
+    other = sorted(set(over) - _TRANSLATABLE)
+    if other or float(over.get("train.temperature", 1.0)) != 1.0:
+        raise ConfigError(
+            f"synthetic regime {name!r}: {', '.join(other) or 'train.temperature'} has no counterpart on the toy "
+            "policy; use its knobs (noise-<s> for a low-precision engine)"
+        )
+    m, e = int(over.get("update.num_mini_batches", 1)), int(over.get("update.epochs", 1))
+    out: dict[str, Any] = {}
+    if m != 1:
+        out["mini_batches"] = m
+    if e != 1:
+        out["epochs"] = e
+    n = {"stale": over.get("loop.staleness", 0), "async": over.get("loop.max_lag", 0)}.get(over["loop.mode"], 0)
+    if n:
+        out["lag"] = int(n) * m * e
+    if "rollout.temperature" in over:
+        out["temperature"] = float(over["rollout.temperature"])
+        out["logprob_mode"] = "processed" if over.get("rollout.logprob_mode") == "processed" else "raw"
     return out
 
 
@@ -212,12 +248,7 @@ def parse_objective(spec: str) -> tuple[str, dict[str, Any]]:
     head, *kvs = spec.split(":")
     hyper: dict[str, Any] = {}
     name = head
-    try:
-        from p3o.experiments.regimes import OBJECTIVE_PRESETS
-
-        preset = OBJECTIVE_PRESETS.get(head)
-    except ImportError:  # pragma: no cover - the grid module is optional here
-        preset = None
+    preset = OBJECTIVE_PRESETS.get(head)
     if preset is not None:
         name = preset["objective.name"]
         hyper = {k.split(".", 1)[1]: v for k, v in preset.items() if k != "objective.name"}
@@ -413,7 +444,8 @@ def objective_loss(
       with ``scope="sequence"``, which gives each seed its own e_B = ESS over its batch (identical per-token loss;
       with equal lengths every aggregation mode reduces to the same per-seed mean);
     * ``vmap`` (p3o_two_anchor, m2po: two batch ESS values / a batch-level threshold): one call per seed, batched
-      by torch.func.vmap (M2PO's per-seed threshold precomputed); ``loop``: plain per-seed calls (the fallback).
+      by torch.func.vmap (M2PO's per-seed threshold precomputed); ``loop``: plain per-seed calls (also the fallback
+      when vmap meets an op without a batching rule; nothing is remembered between calls).
 
     Args:
         logp: (S, n, T) with grad; rollout_logp, prox_logp, old_logp, ref_logp, entropy: (S, n, T);
@@ -452,11 +484,11 @@ def objective_loss(
             raise ConfigError("synthetic: p3o with agg=seq-mean-token-sum-norm needs layout='loop'")
         loss, st = fn(ObjectiveInputs(logp.reshape(shape), rollout_logp.reshape(shape), mask, adv, **extra), **h)
         return loss * s, st
-    if layout == "vmap" and name not in _VMAP_FAILED:
+    if layout == "vmap":
         try:
             return _vmapped(fn, name, hyper, logp, rollout_logp, advantages, side)
-        except RuntimeError:  # an op without a batching rule: fall back to the loop for this objective
-            _VMAP_FAILED.add(name)
+        except RuntimeError:  # an op without a batching rule (none today): the per-seed loop gives the same loss
+            pass
     elif layout not in ("loop", "vmap"):
         raise ConfigError(f"objective_loss: unknown layout {layout!r}; valid: auto, rows, seed-rows, vmap, loop")
     mask = torch.ones((n, t_len), dtype=torch.bool)
@@ -469,9 +501,6 @@ def objective_loss(
         for k, v in st.items():
             acc[k] = acc.get(k, torch.zeros(())) + v
     return total, {k: v / s for k, v in acc.items()}
-
-
-_VMAP_FAILED: set[str] = set()
 
 
 def _vmapped(
@@ -745,205 +774,3 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
     return x
-
-
-# ----------------------------------------------------------------------------------------------- grids and CLI
-
-
-def run_grid(objectives: list[str], regimes: list[str], base: SyntheticConfig, *, log: Any = None) -> dict[str, Any]:
-    """Run every objective spec × regime spec on ``base`` (same seeds everywhere: paired by seed).
-
-    Returns {"meta": {...}, "cells": [run dict + {"objective_spec", "regime"} ...]} (see :func:`run_synthetic`).
-    """
-    cells = []
-    for regime in regimes:
-        knobs = parse_regime(regime)
-        for spec in objectives:
-            name, hyper = parse_objective(spec)
-            cfg = dataclasses.replace(base, objective=name, hyper=hyper, **knobs)
-            res = run_synthetic(cfg)
-            res["objective_spec"] = spec
-            res["regime"] = regime
-            cells.append(res)
-            if log is not None:
-                sm = res["summary"]
-                log(
-                    f"{regime:>14} {spec:<22} J0 {sm['base_reward']:.3f} final {sm['final_reward']:.3f} "
-                    f"mean {sm['mean_reward']:.3f} ESS {sm['mean_ess']:.3f} (p10 {sm['ess_p10_all']:.3f}) "
-                    f"[{res['wall_s']:.1f}s]"
-                )
-    return {
-        "meta": {"instrument": "synthetic tabular autoregressive toy", "base": _jsonable(dataclasses.asdict(base))},
-        "cells": cells,
-    }
-
-
-def load_synthetic(path: str | Path) -> dict[tuple[str, str], dict[str, list[float]]]:
-    """Per-seed numbers of a grid JSON written by the CLI: {(regime, objective_spec): per_seed dict}, where each
-    per_seed dict maps a metric (final_reward, mean_reward, last_third_reward, mean_ess, ...) and ``seed`` to a
-    list aligned by seed — so ``a[m][i] − b[m][i]`` is a paired difference."""
-    data = json.loads(Path(path).read_text())
-    out = {}
-    for cell in data["cells"]:
-        out[(cell["regime"], cell["objective_spec"])] = {"seed": cell["seeds"], **cell["per_seed"]}
-    return out
-
-
-def write_csv(grid: dict[str, Any], path: str | Path) -> None:
-    """One row per (regime, objective, seed) with the per-seed metrics: easy to load into pandas for paired tests."""
-    cells = grid["cells"]
-    if not cells:
-        return
-    keys = list(cells[0]["per_seed"])
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["regime", "objective", "seed", *keys])
-        for cell in cells:
-            for i, seed in enumerate(cell["seeds"]):
-                w.writerow([cell["regime"], cell["objective_spec"], seed, *[cell["per_seed"][k][i] for k in keys]])
-
-
-#: Each objective's own acting fraction, named by what it counts (the first one a cell reports is shown).
-_OWN_FRACS = (
-    ("obj_capped_frac", "cap"),
-    ("obj_masked_frac", "mask"),
-    ("obj_clipfrac", "clip"),
-    ("obj_trunc_frac", "trunc"),
-)
-
-
-def markdown_table(grid: dict[str, Any], ref: str | None = None, metric: str = "mean_reward") -> str:
-    """One row per cell: regime, objective, J_0, final J (mean ± s.e. over seeds), mean J over the run, the paired
-    difference of ``metric`` against objective ``ref`` in the same regime (mean and 95% paired-t interval over
-    seeds, :func:`p3o.experiments.stats.paired`; ``ref`` defaults to the grid's first objective; "identical" when
-    every seed's difference is exactly 0), mean and p10 ESS, mean 1 − ESS (P3O's KL weight), nominal clip fraction
-    (ρ outside [0.8, 1.2], the same statistic for every objective), the objective's own acting fraction named by
-    what it counts (P3O ``cap`` ρ > e_B, M2PO ``mask``, PPO family ``clip`` where the clip zeroes the gradient,
-    CISPO / MinPRO ``trunc`` where the weight is truncated), MinPRO's mean m_t and share of tokens with m_t > 0.5
-    (computed for every run), seconds."""
-    from p3o.experiments.stats import paired
-
-    cells = grid["cells"]
-    if ref is None and cells:
-        ref = cells[0]["objective_spec"]
-    refs = {c["regime"]: c for c in cells if c["objective_spec"] == ref}
-    head = (
-        f"| regime | objective | J₀ | final J (± s.e.) | mean J | Δ mean J vs `{ref}` (95% CI) | ESS | ESS p10 | "
-        "1 − ESS | ρ∉[0.8,1.2] | own cap/mask/clip/trunc | m_t | m_t>0.5 | s |"
-    )
-    rows = [head, "|---|---|" + "---:|" * 12]
-    for c in cells:
-        ps, sm = c["per_seed"], c["summary"]
-        fin = torch.tensor(ps["final_reward"])
-        se = float(fin.std() / max(1, fin.numel()) ** 0.5) if fin.numel() > 1 else 0.0
-        own = [(n, sm[k]) for k, n in _OWN_FRACS if k in sm]
-        clip = f"{own[0][0]} {own[0][1]:.3f}" if own else "—"
-        base = refs.get(c["regime"])
-        if base is None or base is c:
-            delta = "—"
-        else:
-            r = paired(ps[metric], base["per_seed"][metric])
-            delta = "identical" if r.identical else f"{r.diff:+.3f} [{r.ci[0]:+.3f}, {r.ci[1]:+.3f}]"
-        rows.append(
-            f"| {c['regime']} | `{c['objective_spec']}` | {sm['base_reward']:.3f} "
-            f"| {sm['final_reward']:.3f} ± {se:.3f} | {sm['mean_reward']:.3f} | {delta} | {sm['mean_ess']:.3f} "
-            f"| {sm['ess_p10_all']:.3f} | {sm['kl_weight']:.3f} "
-            f"| {sm['clip_0.2']:.3f} | {clip} | {sm['m_mean']:.3f} | {sm['m_above_0.5']:.3f} | {c['wall_s']:.1f} |"
-        )
-    return "\n".join(rows)
-
-
-def update_doc(path: str | Path, grid: dict[str, Any], command: str, block: str = "synthetic") -> None:
-    """Replace the block between ``<!-- {block}:begin -->`` and ``<!-- {block}:end -->`` of ``path`` (appended when
-    missing) with the command line and :func:`markdown_table` of ``grid``."""
-    p = Path(path)
-    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
-    text = p.read_text() if p.is_file() else ""
-    if begin not in text or end not in text:
-        text += f"\n{begin}\n{end}\n"
-    n = len(grid["cells"][0]["seeds"]) if grid["cells"] else 0
-    wall = sum(c["wall_s"] for c in grid["cells"])
-    head = f"Generated by `{command}` ({n} seeds per cell, {wall:.0f} s in all)."
-    body = f"{begin}\n{head}\n\n{markdown_table(grid)}\n{end}"
-    pre, rest = text.split(begin, 1)
-    p.write_text(pre + body + rest.split(end, 1)[1])
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The CLI's argument parser (every SyntheticConfig field that makes sense on a command line)."""
-    d = SyntheticConfig()
-    p = argparse.ArgumentParser(
-        prog="p3o synthetic",
-        description="Synthetic instrument (a tabular autoregressive toy policy, NOT a language model): exact "
-        "expected reward, controllable off-policy regimes, S seeds vectorised, paired by seed.",
-    )
-    p.add_argument("--objectives", default="p3o,grpo", help="comma list of name[:key=value...] or presets (grpo-0.4)")
-    p.add_argument(
-        "--regimes",
-        "--regime",
-        default="on-policy",
-        help=f"comma list of regimes: named ({', '.join(REGIMES)}) or knobs joined by '+' "
-        "(mb<M>, ep<E>, stale-<L>, noise-<s>, temp-<T>[-processed])",
-    )
-    p.add_argument("--seeds", type=int, default=d.seeds)
-    p.add_argument("--seed-offset", type=int, default=d.seed_offset)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--optimizer", default=d.optimizer, choices=["adam", "sgd"])
-    p.add_argument("--grad-clip", type=float, default=d.grad_clip)
-    p.add_argument("--vocab", type=int, default=d.vocab)
-    p.add_argument("--length", type=int, default=d.length)
-    p.add_argument("--prompts", type=int, default=d.prompts)
-    p.add_argument("--group", type=int, default=d.group)
-    p.add_argument("--reward", default=d.reward, choices=["threshold", "count"])
-    p.add_argument("--threshold", type=int, default=d.threshold)
-    p.add_argument("--init-scale", type=float, default=d.init_scale)
-    p.add_argument("--task-seed", type=int, default=d.task_seed)
-    p.add_argument("--out", type=Path, default=None, help="grid JSON (cells with per-seed numbers and curves)")
-    p.add_argument("--csv", type=Path, default=None, help="one row per (regime, objective, seed)")
-    p.add_argument("--no-seed-curves", action="store_true", help="omit per-seed curves from the JSON")
-    p.add_argument("--update-doc", type=Path, default=None, help="markdown file whose table block is regenerated")
-    p.add_argument("--doc-block", default="synthetic", help="name of the block in --update-doc (<!-- NAME:begin -->)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: run the grid, print one line per cell, write --out / --csv / --update-doc."""
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
-    base = SyntheticConfig(
-        seeds=args.seeds,
-        seed_offset=args.seed_offset,
-        steps=args.steps,
-        lr=args.lr,
-        optimizer=args.optimizer,
-        grad_clip=args.grad_clip,
-        vocab=args.vocab,
-        length=args.length,
-        prompts=args.prompts,
-        group=args.group,
-        reward=args.reward,
-        threshold=args.threshold,
-        init_scale=args.init_scale,
-        task_seed=args.task_seed,
-        per_seed_curves=not args.no_seed_curves,
-    )
-    objectives = [o for o in args.objectives.split(",") if o]
-    regimes = [r for r in args.regimes.split(",") if r]
-    grid = run_grid(objectives, regimes, base, log=lambda s: print(s, flush=True))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(grid))
-        print(f"wrote {args.out}")
-    if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        write_csv(grid, args.csv)
-        print(f"wrote {args.csv}")
-    if args.update_doc:
-        update_doc(args.update_doc, grid, "p3o synthetic " + " ".join(argv), args.doc_block)
-        print(f"updated {args.update_doc}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
