@@ -195,7 +195,7 @@ def dp_train(rank: int, world: int, init_file: str, out_dir: str, names: list[st
 
     from p3o import dist
     from p3o.objectives import get_objective
-    from p3o.train.step import objective_needs, update
+    from p3o.train.step import update
 
     torch.set_num_threads(1)
     if world > 1:
@@ -214,7 +214,7 @@ def dp_train(rank: int, world: int, init_file: str, out_dir: str, names: list[st
                     batch,
                     get_objective(name),
                     {},
-                    needs=objective_needs(name, {}),
+                    needs=get_objective(name).inputs_needed({}),
                     num_mini_batches=2,
                     micro_batch_size=4 // world,
                     grad_clip=1.0,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import inspect
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -139,6 +139,9 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.version = 0
+        self.on_decode_step: Callable[[int], None] | None = None
+        """In-flight weight updates (`p3o.cluster`): called between decode steps t and t + 1 of a running batch, in
+        the generating thread, which may `load_weights` there; later tokens carry the new version."""
         self._lock = threading.RLock()
         self._group_offset = 0
         self._generator = torch.Generator(device=self.device).manual_seed(int(seed))
@@ -247,7 +250,6 @@ class HFEngine:
         if answers is not None and len(answers) != b:
             raise P3OError(f"generate: got {len(answers)} answers for {b} prompts")
         with self._lock, torch.no_grad():
-            version = self.version
             gen = self._generator
             if seed is not None:
                 gen = torch.Generator(device=self.device).manual_seed(int(seed))
@@ -276,6 +278,7 @@ class HFEngine:
             logps = torch.zeros((num, t_max), dtype=torch.float32, device=dev)
             valid = torch.zeros((num, t_max), dtype=torch.bool, device=dev)
             done = torch.zeros(num, dtype=torch.bool, device=dev)
+            versions = torch.full((num, t_max), -1, dtype=torch.long, device=dev)  # per token: who sampled it
             steps = 0
             for t in range(t_max):
                 tok, lp = self._sample(logits, gen)
@@ -284,10 +287,13 @@ class HFEngine:
                 tokens[:, t] = tok
                 logps[:, t] = lp.masked_fill(done, 0.0)
                 valid[:, t] = alive
+                versions[:, t] = self.version
                 done = done | torch.isin(tok, self._stop)
                 steps = t + 1
                 if t == t_max - 1 or bool(done.all()):
                     break
+                if self.on_decode_step is not None:
+                    self.on_decode_step(t)
                 if self._fast is not None:
                     logits = self._fast.step(tok, next_pos + t, t)
                     continue
@@ -297,7 +303,7 @@ class HFEngine:
                     position_ids=(next_pos + t)[:, None],
                     cache=cache,
                 )
-            tokens, logps, valid = tokens[:, :steps], logps[:, :steps], valid[:, :steps]
+            tokens, logps, valid, versions = tokens[:, :steps], logps[:, :steps], valid[:, :steps], versions[:, :steps]
             truncated = ~done
             group_ids = torch.arange(b, device=dev).repeat_interleave(n) + self._group_offset
             self._group_offset += b
@@ -311,7 +317,7 @@ class HFEngine:
             response_ids=tokens,
             mask=valid,
             rollout_logp=logps,
-            policy_version=torch.where(valid, version, -1).long(),
+            policy_version=torch.where(valid, versions, -1),
             group_ids=group_ids,
             rewards=torch.zeros(num, dtype=torch.float32, device=dev),
             truncated=truncated,

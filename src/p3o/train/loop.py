@@ -41,9 +41,10 @@ import numpy as np
 import torch
 
 from p3o import dist
+from p3o.errors import ConfigError
 from p3o.train.buffer import BatchSource, make_source, token_lag
 from p3o.train.step import update
-from p3o.train.stream import PromptStream, make_producer, stream_seed
+from p3o.train.stream import Evaluator, PromptStream, make_producer, stream_seed
 from p3o.train.wiring import (
     Components,
     build_components,
@@ -54,27 +55,6 @@ from p3o.train.wiring import (
     sync_weights,
 )
 from p3o.types import Rollouts
-
-
-def evaluate(comps: Components, seed: int, batch_size: int = 64) -> dict[str, float]:
-    """pass@1 on the held-out prompts: one sample each from a fresh engine copy of the current policy (fixed seeds),
-    by the one evaluation sampler (`p3o.eval.runner.heldout_metrics`, the rollout engine's own settings).
-
-    Returns {"eval_accuracy": fraction with score > 0.5, "eval_score": mean score} ({} without eval prompts).
-    """
-    from p3o.eval.runner import heldout_metrics
-
-    return heldout_metrics(
-        engine_model(comps.policy),
-        comps.tokenizer,
-        comps.eval_prompts,
-        comps.eval_answers,
-        comps.reward_fn,
-        n_samples=1,
-        batch_seed=lambda lo: stream_seed(seed, lo, 99991),
-        engine=comps.make_engine,
-        batch_size=batch_size,
-    )
 
 
 def _seed_everything(seed: int) -> None:
@@ -130,6 +110,226 @@ def _reduce_info(values: dict[str, float]) -> dict[str, float]:
     return {k: (v if k in summed else v / w) for k, v in zip(keys, vec)}
 
 
+class Trainer:
+    """One training run as an object: `setup` (run dir, components, resume, batch source), `step` (one update and
+    its metrics row), `save` (a checkpoint), `finish` (final/ and the plot), `close` (the batch source and logs).
+    `run` drives it with a linear loop body.
+
+    With `rollout.workers` > 0 the batch source is `p3o.cluster.RaySource` (rollout workers as Ray actors) and the
+    in-loop evaluation runs on a worker; otherwise the engine lives in this process.
+    """
+
+    def __init__(self, cfg: Any, components: Components | None = None) -> None:
+        self.cfg = cfg
+        self.comps: Components | None = components
+        self.run_dir = Path(cfg.run_dir)
+        self.source: BatchSource | None = None
+        self.logger: Any = None
+        self.bar: Any = None
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def setup(self) -> int:
+        """Build everything the steps need; returns the first step to run (0, or the resumed checkpoint's)."""
+        import dataclasses
+
+        from p3o.config import objective_hyper, save_config, to_dict
+        from p3o.metrics import MetricsLogger, ProgressBar
+        from p3o.objectives import get_objective
+        from p3o.train.checkpoint import clear_run_outputs, load_checkpoint, run_outputs
+
+        cfg, run_dir = self.cfg, self.run_dir
+        # 1. the run directory and the components
+        dist.init_from_env()
+        _seed_everything(stream_seed(cfg.seed, dist.rank()))
+        if cfg.rollout.workers and dist.world_size() > 1:
+            raise ConfigError("rollout.workers: Ray rollout workers serve a single trainer rank (world size 1) here")
+        check_run_dir(run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
+        comps = self.comps if self.comps is not None else build_components(cfg)
+        self.comps = comps
+        # the objective's hyper-parameters, resolved once for the run
+        self.objective = get_objective(cfg.objective.name)
+        self.hyper = objective_hyper(cfg.objective)
+        self.needs = self.objective.inputs_needed(self.hyper)
+        _attach_adapters_and_reference(cfg, comps, self.needs)
+        policy = comps.policy
+        self.optimizer, self.scheduler = build_optimizer(policy, cfg.optim, cfg.update, cfg.steps)
+
+        # 2. resume (model, optimizer, scheduler, this rank's own RNG states and batch source)
+        start, loop_state = 0, {}
+        if cfg.ckpt.resume:
+            found = load_checkpoint(run_dir, model=policy, optimizer=self.optimizer, scheduler=self.scheduler)
+            if found is not None:
+                start, loop_state = found["step"], found["loop_state"] or {}
+                rng = (loop_state.get("rank_rng") or {}).get(dist.rank())  # a checkpoint of the previous format
+                if rng is not None:
+                    torch.set_rng_state(rng)
+        if dist.is_main():
+            if start == 0 and run_outputs(run_dir):
+                # --overwrite, or --resume with no checkpoint yet: the earlier outputs would mix with this run's (and
+                # its checkpoints would be picked up by a later --resume)
+                removed = clear_run_outputs(run_dir)
+                print(f"p3o train: starting fresh in {run_dir}: removed {', '.join(removed)}", file=sys.stderr)
+            # `overwrite` is an action, not a setting: rerunning the saved config must not delete this run
+            save_config(dataclasses.replace(cfg, overwrite=False), run_dir / "config.yaml")
+
+        # 3. the batch source: in this process, or Ray rollout workers
+        state = (loop_state.get("rank_source") or {}).get(dist.rank())
+        self.source = self._make_source(start, state)
+
+        # 4. logs
+        main = dist.is_main()
+        self.logger = MetricsLogger(
+            run_dir,
+            to_dict(cfg) if main else None,
+            enabled=main,
+            tensorboard=cfg.log.tensorboard,
+            wandb=cfg.log.wandb,
+            wandb_project=cfg.log.wandb_project,
+            truncate_after=start,  # a resumed run rewrites the steps after its checkpoint; a fresh one starts empty
+        )
+        self.bar = ProgressBar(
+            cfg.steps, enabled=cfg.log.progress and main, description=f"p3o {cfg.objective.name}", start=start
+        )
+        self.t_run = time.perf_counter()
+        return start
+
+    def _make_source(self, start: int, state: dict[str, Any] | None) -> BatchSource:
+        cfg, comps = self.cfg, self.comps
+        assert comps is not None
+        lp = cfg.loop
+        policy = comps.policy
+        if cfg.rollout.workers:
+            from p3o.cluster import RaySource
+
+            source = RaySource(cfg, self.run_dir, sync_weights(policy), start_step=start, state=state)
+            self.evaluator: Any = source.evaluate
+            return source
+        side = comps.rollout_side()
+        stream = PromptStream(
+            len(side.prompts), cfg.rollout.prompts_per_step, cfg.seed, dist.rank(), dist.world_size()
+        )
+        produce = make_producer(cfg.rollout, lp, cfg.advantage, cfg.seed, side, stream)
+        engine = side.make_engine(engine_model(policy))
+        if start > 0:
+            engine.load_weights(sync_weights(policy), start)
+        evaluator = Evaluator(side, cfg.seed)
+        self.evaluator = lambda version: evaluator(version, lambda: sync_weights(policy), lambda: engine_model(policy))
+        return make_source(
+            lp.mode,
+            produce,
+            engine,
+            staleness=lp.staleness,
+            max_lag=lp.max_lag,
+            schedule=lp.schedule,
+            epochs=lp.reuse_epochs,
+            start_step=start,
+            start_version=start,
+            state=state,
+        )
+
+    # -- one step ------------------------------------------------------------------------------------
+    def step(self, step: int) -> dict[str, float]:
+        """Train step `step` (0-based): get its batch, update, push version step + 1; returns its metrics row."""
+        cfg, comps, source = self.cfg, self.comps, self.source
+        assert comps is not None and source is not None
+        t0 = time.perf_counter()
+        batch, info = source.get(step)
+        info = dict(info)
+        t_wait = time.perf_counter() - t0
+        if cfg.loop.dynamic_sampling:
+            batch = _trim_to_common(batch, info, cfg.rollout.group_size)
+        lag = _lag_stats(batch, step)
+        t1 = time.perf_counter()
+        up = cfg.update
+        stats = update(
+            comps.policy,
+            self.optimizer,
+            self.scheduler,
+            batch,
+            self.objective,
+            self.hyper,
+            needs=self.needs,
+            num_mini_batches=up.num_mini_batches,
+            micro_batch_size=up.micro_batch_size,
+            epochs=up.epochs,
+            grad_clip=cfg.optim.grad_clip,
+            temperature=cfg.train.temperature,
+            ref_model=comps.ref_model,
+            group=dist.group(),
+            chunk_size=cfg.train.chunk_size,
+        )
+        t_sync = time.perf_counter()
+        source.push_weights(sync_weights(comps.policy), step + 1)
+        t_sync = time.perf_counter() - t_sync
+        t_train = time.perf_counter() - t1
+        local = {**info, **_batch_stats(batch), **lag, "dropped_rows": float(source.dropped_rows)}
+        row = {**_reduce_info(local), **stats}
+        wall = time.perf_counter() - t0
+        row.update(
+            time_wait_s=t_wait,
+            time_train_s=t_train,
+            time_sync_s=t_sync,
+            time_step_s=wall,
+            time_s=time.perf_counter() - self.t_run,
+            tokens_per_s=row["tokens"] / max(wall, 1e-9),
+            version=float(step + 1),
+        )
+        if not source.overlaps_generation:  # sync-style sources generate inside get(); async overlaps it
+            row["time_gen_s"] = t_wait
+        every = cfg.log.eval_every
+        # after the first update (≈ the starting policy), every `every` steps, and at the end
+        if dist.is_main() and ((step == 0 and every) or (every and (step + 1) % every == 0) or step + 1 == cfg.steps):
+            t_eval = time.perf_counter()
+            row.update(self.evaluator(step + 1))
+            row["time_eval_s"] = time.perf_counter() - t_eval
+        return row
+
+    def log(self, step: int, row: dict[str, float]) -> None:
+        """Progress bar and metrics.jsonl (`step` there = completed steps, 1-based, as in checkpoints)."""
+        self.bar.update(step + 1, row)
+        if (step + 1) % self.cfg.log.every == 0 or step + 1 == self.cfg.steps:
+            self.logger.log(step + 1, row)
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Every `ckpt.every` steps, and also at the last one (so `--resume` on a finished run has nothing to redo)."""
+        every = self.cfg.ckpt.every
+        return bool(every) and ((step + 1) % every == 0 or step + 1 == self.cfg.steps)
+
+    def save(self, completed: int) -> None:
+        """A checkpoint after `completed` steps (policy, optimizer, scheduler, RNG, the batch source's state)."""
+        assert self.comps is not None and self.source is not None
+        save_loop_checkpoint(
+            self.run_dir,
+            completed,
+            self.comps,
+            self.optimizer,
+            self.scheduler,
+            self.source,
+            self.cfg.ckpt.keep_last,
+        )
+
+    # -- the end -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the batch source (threads, Ray workers) and close the logs; safe to call after a failure."""
+        for closer in (self.source, self.bar, self.logger):
+            if closer is not None:
+                closer.close()
+
+    def finish(self) -> None:
+        """final/ (LoRA: merged, plain HF) and plot.png on rank 0, then a barrier."""
+        from p3o.train.checkpoint import save_policy
+
+        assert self.comps is not None
+        if dist.is_main():
+            save_policy(self.run_dir / "final", engine_model(self.comps.policy), self.comps.tokenizer)
+            if self.cfg.log.plot:
+                from p3o.metrics import plot_run
+
+                with contextlib.suppress(Exception):  # a plot must never fail a finished run
+                    plot_run(self.run_dir)
+        dist.barrier()
+
+
 def run(cfg: Any, *, components: Components | None = None) -> Path:
     """Train with `cfg` (a validated `p3o.config.TrainConfig`) and return the run directory.
 
@@ -141,152 +341,18 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
     `ckpt.resume` continues from the latest checkpoint; with none it starts from step 0, except over a finished
     run's final/ (a run saved without checkpoints), which it refuses.
     """
-    import dataclasses
-
-    from p3o.config import objective_hyper, save_config, to_dict
-    from p3o.metrics import MetricsLogger, ProgressBar
-    from p3o.objectives import get_objective
-    from p3o.train.checkpoint import clear_run_outputs, load_checkpoint, run_outputs, save_policy
-
-    # 1. the run directory and the components
-    dist.init_from_env()
-    _seed_everything(stream_seed(cfg.seed, dist.rank()))
-    run_dir = Path(cfg.run_dir)
-    check_run_dir(run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
-    comps = components if components is not None else build_components(cfg)
-    objective = get_objective(cfg.objective.name)
-    hyper = objective_hyper(cfg.objective)
-    needs = objective.inputs_needed(hyper)
-    _attach_adapters_and_reference(cfg, comps, needs)
-    policy = comps.policy
-    optimizer, scheduler = build_optimizer(policy, cfg.optim, cfg.update, cfg.steps)
-
-    # 2. resume (model, optimizer, scheduler, this rank's own RNG states and batch source)
-    start, loop_state = 0, {}
-    if cfg.ckpt.resume:
-        found = load_checkpoint(run_dir, model=policy, optimizer=optimizer, scheduler=scheduler)
-        if found is not None:
-            start, loop_state = found["step"], found["loop_state"] or {}
-            rng = (loop_state.get("rank_rng") or {}).get(dist.rank())  # a checkpoint of the previous format
-            if rng is not None:
-                torch.set_rng_state(rng)
-    if dist.is_main():
-        if start == 0 and run_outputs(run_dir):
-            # --overwrite, or --resume with no checkpoint yet: the earlier outputs would mix with this run's (and
-            # its checkpoints would be picked up by a later --resume)
-            removed = clear_run_outputs(run_dir)
-            print(f"p3o train: starting fresh in {run_dir}: removed {', '.join(removed)}", file=sys.stderr)
-        # `overwrite` is an action, not a setting: rerunning the saved config must not delete this run
-        save_config(dataclasses.replace(cfg, overwrite=False), run_dir / "config.yaml")
-
-    # 3. the data stream, the engine and the batch source
-    stream = PromptStream(len(comps.prompts), cfg.rollout.prompts_per_step, cfg.seed, dist.rank(), dist.world_size())
-    produce = make_producer(cfg.rollout, cfg.loop, cfg.advantage, cfg.seed, comps, stream)
-    engine = comps.make_engine(engine_model(policy))
-    if start > 0:
-        engine.load_weights(sync_weights(policy), start)
-    lp = cfg.loop
-    source: BatchSource = make_source(
-        lp.mode,
-        produce,
-        engine,
-        staleness=lp.staleness,
-        max_lag=lp.max_lag,
-        schedule=lp.schedule,
-        epochs=lp.reuse_epochs,
-        start_step=start,
-        start_version=start,
-        state=(loop_state.get("rank_source") or {}).get(dist.rank()),
-    )
-
-    # 4. the steps
-    main = dist.is_main()
-    logger = MetricsLogger(
-        run_dir,
-        to_dict(cfg) if main else None,
-        enabled=main,
-        tensorboard=cfg.log.tensorboard,
-        wandb=cfg.log.wandb,
-        wandb_project=cfg.log.wandb_project,
-        truncate_after=start,  # a resumed run rewrites the steps after its checkpoint; a fresh one starts empty
-    )
-    bar = ProgressBar(
-        cfg.steps, enabled=cfg.log.progress and main, description=f"p3o {cfg.objective.name}", start=start
-    )
-    up = cfg.update
-    t_run = time.perf_counter()
+    trainer = Trainer(cfg, components)
     try:
+        start = trainer.setup()
         for step in range(start, cfg.steps):
-            t0 = time.perf_counter()
-            batch, info = source.get(step)
-            info = dict(info)
-            t_wait = time.perf_counter() - t0
-            if lp.dynamic_sampling:
-                batch = _trim_to_common(batch, info, cfg.rollout.group_size)
-            lag = _lag_stats(batch, step)
-            t1 = time.perf_counter()
-            stats = update(
-                policy,
-                optimizer,
-                scheduler,
-                batch,
-                objective,
-                hyper,
-                needs=needs,
-                num_mini_batches=up.num_mini_batches,
-                micro_batch_size=up.micro_batch_size,
-                epochs=up.epochs,
-                grad_clip=cfg.optim.grad_clip,
-                temperature=cfg.train.temperature,
-                ref_model=comps.ref_model,
-                group=dist.group(),
-                chunk_size=cfg.train.chunk_size,
-            )
-            t_sync = time.perf_counter()
-            source.push_weights(sync_weights(policy), step + 1)
-            t_sync = time.perf_counter() - t_sync
-            t_train = time.perf_counter() - t1
-            local = {**info, **_batch_stats(batch), **lag, "dropped_rows": float(source.dropped_rows)}
-            row = {**_reduce_info(local), **stats}
-            wall = time.perf_counter() - t0
-            row.update(
-                time_wait_s=t_wait,
-                time_train_s=t_train,
-                time_sync_s=t_sync,
-                time_step_s=wall,
-                time_s=time.perf_counter() - t_run,
-                tokens_per_s=row["tokens"] / max(wall, 1e-9),
-                version=float(step + 1),
-            )
-            if not source.overlaps_generation:  # sync-style sources generate inside get(); async overlaps it
-                row["time_gen_s"] = t_wait
-            every = cfg.log.eval_every
-            # after the first update (≈ the starting policy), every `every` steps, and at the end
-            if main and ((step == 0 and every) or (every and (step + 1) % every == 0) or step + 1 == cfg.steps):
-                t_eval = time.perf_counter()
-                row.update(evaluate(comps, cfg.seed))
-                row["time_eval_s"] = time.perf_counter() - t_eval
-            bar.update(step + 1, row)
-            if (step + 1) % cfg.log.every == 0 or step + 1 == cfg.steps:
-                logger.log(step + 1, row)  # `step` in metrics.jsonl = completed steps (1-based), as in checkpoints
-            # also at the last step, so `--resume` on a finished run has nothing left to redo
-            if cfg.ckpt.every and ((step + 1) % cfg.ckpt.every == 0 or step + 1 == cfg.steps):
-                save_loop_checkpoint(run_dir, step + 1, comps, optimizer, scheduler, source, cfg.ckpt.keep_last)
+            row = trainer.step(step)
+            trainer.log(step, row)
+            if trainer.checkpoint_due(step):
+                trainer.save(step + 1)
     finally:
-        source.close()
-        bar.close()
-        logger.close()
-
-    # 5. the final policy and its plot
-    if dist.is_main():
-        save_policy(run_dir / "final", engine_model(policy), comps.tokenizer)  # LoRA: merged, plain HF
-        if cfg.log.plot:
-            from p3o.metrics import plot_run
-
-            with contextlib.suppress(Exception):  # a plot must never fail a finished run
-                plot_run(run_dir)
-    dist.barrier()
-    return run_dir
+        trainer.close()
+    trainer.finish()
+    return trainer.run_dir
 
 
 def _attach_adapters_and_reference(cfg: Any, comps: Components, needs: frozenset[str]) -> None:
@@ -306,4 +372,4 @@ def _attach_adapters_and_reference(cfg: Any, comps: Components, needs: frozenset
         comps.ref_model = copy.deepcopy(comps.policy).eval().requires_grad_(False)
 
 
-__all__ = ["evaluate", "run"]
+__all__ = ["Components", "Trainer", "run"]

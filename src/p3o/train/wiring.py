@@ -1,6 +1,8 @@
 """Wiring: turn a TrainConfig into the objects the loop runs — model, task, verifier, engine factory, optimizer.
 
     comps = build_components(cfg)                          # model, tokenizer, prompts, reward_fn, make_engine, ...
+    policy, tokenizer, ref = build_trainer_side(cfg)       # the trainer's half: the model it updates
+    side = build_rollout_side(cfg)                         # the rollout half, from the config alone (Ray workers)
     optimizer, scheduler = build_optimizer(comps.policy, cfg.optim, cfg.update, cfg.steps)
     check_run_dir(cfg.run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
 
@@ -30,19 +32,41 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Components:
-    """Everything the loop needs that is not a config value (built by `build_components`; tests inject fakes).
+class RolloutSide:
+    """What a rollout engine needs besides its weights: the task's prompts and answers, the verifier, the engine
+    factory and the held-out prompts. Built from the config alone (`build_rollout_side`), so a rollout worker in
+    another process (`p3o.cluster`) builds the same one the trainer would.
 
     Attributes:
-        policy: the trainer's causal LM (updated in place).
-        tokenizer: saved with checkpoints (None allowed).
+        tokenizer: decodes completions for the verifier (None allowed).
         prompts: tokenized training prompts, one token-id list per problem.
         answers: the reference answer of each prompt (passed to the reward function).
         reward_fn: rewards of a batch: `reward_fn(rollouts) -> (N,) float32` (verifier scores in [0, 1]).
         make_engine: builds a RolloutEngine holding its OWN copy of a model: `make_engine(policy) -> engine`.
-        ref_model: frozen reference policy (for ref_kl_coef), or None.
         pad_id: pad token id used when concatenating batches.
         eval_prompts, eval_answers: held-out prompts for `eval_accuracy` (empty: no evaluation).
+    """
+
+    tokenizer: Any
+    prompts: list[list[int]]
+    answers: list[str]
+    reward_fn: Callable[[Rollouts], Tensor]
+    make_engine: Callable[[nn.Module], Any]
+    pad_id: int = 0
+    eval_prompts: list[list[int]] = field(default_factory=list)
+    eval_answers: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Components:
+    """Everything the loop needs that is not a config value: the trainer side (policy, reference) and the rollout
+    side (`RolloutSide`'s fields). Built by `build_components`; tests inject fakes.
+
+    Attributes:
+        policy: the trainer's causal LM (updated in place).
+        tokenizer: saved with checkpoints (None allowed).
+        prompts, answers, reward_fn, make_engine, pad_id, eval_prompts, eval_answers: see `RolloutSide`.
+        ref_model: frozen reference policy (for ref_kl_coef), or None.
     """
 
     policy: nn.Module
@@ -56,6 +80,19 @@ class Components:
     eval_prompts: list[list[int]] = field(default_factory=list)
     eval_answers: list[str] = field(default_factory=list)
 
+    def rollout_side(self) -> RolloutSide:
+        """The rollout half of these components (shares their objects)."""
+        return RolloutSide(
+            self.tokenizer,
+            self.prompts,
+            self.answers,
+            self.reward_fn,
+            self.make_engine,
+            self.pad_id,
+            self.eval_prompts,
+            self.eval_answers,
+        )
+
 
 def resolve_device(cfg_device: str) -> torch.device:
     if cfg_device == "auto":
@@ -63,8 +100,34 @@ def resolve_device(cfg_device: str) -> torch.device:
     return torch.device(cfg_device)
 
 
-def build_components(cfg: Any) -> Components:
-    """Load the model, tokenizer, task, verifier and rollout-engine factory named by `cfg` (a TrainConfig).
+def build_trainer_side(cfg: Any) -> tuple[nn.Module, Any, nn.Module | None]:
+    """(policy, tokenizer, frozen reference or None): the model named by `cfg.model`, on its device and dtype."""
+    from p3o.models import load_policy
+    from p3o.train.sft import resolve_model_name
+
+    device = resolve_device(cfg.model.device)
+    model_name = resolve_model_name(cfg.model.name, cfg.model.cache_dir)  # "tiny": the warm-started base, built once
+    policy, tokenizer = load_policy(model_name, cache_dir=cfg.model.cache_dir)
+    policy = policy.to(device=device, dtype=getattr(torch, cfg.model.dtype))
+    if cfg.train.gradient_checkpointing and hasattr(policy, "gradient_checkpointing_enable"):
+        policy.gradient_checkpointing_enable()
+    ref = None
+    if cfg.train.ref_model and not cfg.model.lora.r:  # with LoRA, `run` uses the base with adapters disabled
+        ref = copy.deepcopy(policy).eval().requires_grad_(False)
+    return policy, tokenizer, ref
+
+
+def load_tokenizer(cfg: Any) -> Any:
+    """The tokenizer of `cfg.model.name` alone (a rollout worker loads its model through the engine factory)."""
+    from p3o.models import load_policy
+    from p3o.train.sft import resolve_model_name
+
+    return load_policy(resolve_model_name(cfg.model.name, cfg.model.cache_dir), cache_dir=cfg.model.cache_dir)[1]
+
+
+def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None) -> RolloutSide:
+    """The task's prompts, the verifier and the rollout-engine factory named by `cfg` (a TrainConfig), from the config
+    alone (`get_tokenizer`: called once the verifier is resolved; default `load_tokenizer(cfg)`).
 
     Problems come from `p3o.tasks.load_train_problems` / `load_eval_problems`: a single data file is split by a
     hash of the question (share `task.test_fraction`), `task.eval_name` names other evaluation data, and no
@@ -72,11 +135,9 @@ def build_components(cfg: Any) -> Components:
     `format_prompt(problem, tokenizer, task.template, system=task.system_prompt)`. The task and the verifier are
     resolved before the model is loaded, so a wrong path or `module:function` fails at once.
     """
-    from p3o.models import load_policy
     from p3o.rewards import make_reward_fn
     from p3o.rollout.factory import make_engine as _make
     from p3o.tasks import format_prompt, load_eval_problems, load_train_problems, task_verifier
-    from p3o.train.sft import resolve_model_name
 
     task = cfg.task
     problems = load_train_problems(task, seed=cfg.seed, n=task.n_train)
@@ -85,19 +146,12 @@ def build_components(cfg: Any) -> Components:
         eval_problems = load_eval_problems(task, seed=cfg.seed, n=task.n_eval, train=problems)
     # the task owns its default verifier; resolved before the model loads, so a bad module:function fails at once
     reward_fn = make_reward_fn(task_verifier(task, problems), timeout_s=task.reward_timeout_s)
-
+    tokenizer = get_tokenizer() if get_tokenizer is not None else load_tokenizer(cfg)
     device = resolve_device(cfg.model.device)
-    model_name = resolve_model_name(cfg.model.name, cfg.model.cache_dir)  # "tiny": the warm-started base, built once
-    policy, tokenizer = load_policy(model_name, cache_dir=cfg.model.cache_dir)
-    policy = policy.to(device=device, dtype=getattr(torch, cfg.model.dtype))
-    if cfg.train.gradient_checkpointing and hasattr(policy, "gradient_checkpointing_enable"):
-        policy.gradient_checkpointing_enable()
 
     def encode(probs: list[Any]) -> list[list[int]]:
         texts = [format_prompt(p, tokenizer, task.template, system=task.system_prompt) for p in probs]
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-    prompts, answers = encode(problems), [p.answer for p in problems]
 
     ro = cfg.rollout
     vllm_only = (
@@ -126,21 +180,41 @@ def build_components(cfg: Any) -> Components:
             **vllm_only,
         )
 
-    ref = None
-    if cfg.train.ref_model and not cfg.model.lora.r:  # with LoRA, `run` uses the base with adapters disabled
-        ref = copy.deepcopy(policy).eval().requires_grad_(False)
     pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else 0
-    return Components(
-        policy,
+    return RolloutSide(
         tokenizer,
-        prompts,
-        answers,
+        encode(problems),
+        [p.answer for p in problems],
         reward_fn,
         make_engine,
-        ref,
         int(pad),
         eval_prompts=encode(eval_problems) if eval_problems else [],
         eval_answers=[p.answer for p in eval_problems],
+    )
+
+
+def build_components(cfg: Any) -> Components:
+    """Both halves for an in-process run: `build_rollout_side` (task and verifier first, so a bad one fails before
+    the model loads), whose tokenizer is `build_trainer_side`'s."""
+    trainer: list[Any] = []
+
+    def trainer_tokenizer() -> Any:
+        trainer.extend(build_trainer_side(cfg))
+        return trainer[1]
+
+    ro = build_rollout_side(cfg, trainer_tokenizer)
+    policy, tokenizer, ref = trainer
+    return Components(
+        policy,
+        tokenizer,
+        ro.prompts,
+        ro.answers,
+        ro.reward_fn,
+        ro.make_engine,
+        ref,
+        ro.pad_id,
+        eval_prompts=ro.eval_prompts,
+        eval_answers=ro.eval_answers,
     )
 
 
@@ -243,7 +317,11 @@ def save_loop_checkpoint(
 
 __all__ = [
     "Components",
+    "RolloutSide",
     "build_components",
+    "build_rollout_side",
+    "build_trainer_side",
+    "load_tokenizer",
     "build_optimizer",
     "check_run_dir",
     "engine_model",
