@@ -1,0 +1,238 @@
+"""p3o.monitor.OffPolicyMonitor: statistics invariant to the micro-batch and rank split, position deciles on a
+hand-built batch, and every finding firing on a constructed bad case while staying silent on an on-policy run."""
+
+from __future__ import annotations
+
+import math
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from p3o.monitor import OffPolicyMonitor, find, lag_bucket_names, prefixed, strip_prefixes
+from p3o.objectives import effective_sample_size
+
+N, T = 8, 12
+
+
+def _batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    rollout = -torch.rand(N, T, generator=g) * 3
+    logp = rollout + 0.6 * torch.randn(N, T, generator=g)
+    logp[6:] += 3.0  # the last rows hold the global max log-ratio: the MAX reduction matters
+    mask = torch.rand(N, T, generator=g) > 0.25
+    mask[:, 0] = True
+    versions = torch.randint(0, 11, (N, T), generator=g)
+    return {"logp": logp, "rollout": rollout, "mask": mask, "versions": versions}
+
+
+def _close(a: dict[str, float], b: dict[str, float]) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        if math.isnan(a[k]):
+            assert math.isnan(b[k]), k
+        else:
+            assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-9), k
+
+
+def _one_batch() -> dict[str, float]:
+    d = _batch()
+    return OffPolicyMonitor(max_len=T, group=False).update(
+        d["logp"], d["rollout"], d["mask"], versions=d["versions"], step=10
+    )
+
+
+def test_ess_is_kongs_over_all_valid_tokens() -> None:
+    d = _batch()
+    row = _one_batch()
+    assert row["ess"] == pytest.approx(float(effective_sample_size(d["logp"] - d["rollout"], d["mask"])), rel=1e-6)
+    assert row["tokens"] == d["mask"].sum().item()
+    assert sum(row[f"lag_frac_{b}"] for b in lag_bucket_names()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("splits", [[2, 2, 2, 2], [1, 7], [5, 1, 2]])
+def test_micro_batch_split_gives_the_same_statistics(splits: list[int]) -> None:
+    d = _batch()
+    mon = OffPolicyMonitor(max_len=T, group=False)
+    start = 0
+    for size in splits:
+        sl = slice(start, start + size)
+        mon.observe(d["logp"][sl], d["rollout"][sl], d["mask"][sl], d["versions"][sl], version=10)
+        start += size
+    _close(_one_batch(), mon.update(step=10))
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        d = _batch()
+        rows = [0, 3, 6] if rank == 0 else [1, 2, 4, 5, 7]  # unequal shares; rank 0 holds one max row, rank 1 one
+        mon = OffPolicyMonitor(max_len=T)  # the default group: WORLD
+        for part in (rows[:1], rows[1:]):  # two micro-batches per rank
+            mon.observe(d["logp"][part], d["rollout"][part], d["mask"][part], d["versions"][part], version=10)
+        torch.save(mon.update(step=10), Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_give_the_one_process_statistics(tmp_path: Path) -> None:
+    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    one = _one_batch()
+    for rank in range(2):
+        _close(one, torch.load(tmp_path / f"rank{rank}.pt"))
+
+
+def test_position_deciles_on_a_hand_built_batch() -> None:
+    # |lr| = 0.1·(t + 1) at decode position t; max_len 20 puts positions 2d and 2d+1 in decile d.
+    t = 8
+    rollout = torch.zeros(3, t)
+    lr = 0.1 * (torch.arange(t) + 1.0)
+    logp = rollout + lr * torch.tensor([[1.0], [-1.0], [1.0]])
+    mask = torch.ones(3, t, dtype=torch.bool)
+    mask[2, 3:] = False  # row 2 stops after 3 tokens
+    row = OffPolicyMonitor(max_len=20, group=False, warn=False).update(logp, rollout, mask)
+    assert row["dlogp_pos_0"] == pytest.approx(0.15)  # positions 0, 1 in all rows
+    assert row["dlogp_pos_1"] == pytest.approx((0.3 * 3 + 0.4 * 2) / 5)  # position 2 in 3 rows, 3 in 2
+    assert row["dlogp_pos_3"] == pytest.approx(0.75)
+    assert all(math.isnan(row[f"dlogp_pos_{d}"]) for d in range(4, 10))  # no response reached them
+    assert row["dlogp_max"] == pytest.approx(0.8)
+    # max_len 4: position 3 is decile ⌊30/4⌋ = 7; positions 4..7 (at or beyond max_len) fall into the last decile
+    row = OffPolicyMonitor(max_len=4, group=False, warn=False).update(logp[:2], rollout[:2], mask[:2])
+    assert row["dlogp_pos_7"] == pytest.approx(0.4)
+    assert row["dlogp_pos_9"] == pytest.approx(0.65)
+
+
+def _run(make, steps: int = 20, **kw) -> tuple[OffPolicyMonitor, dict[str, float]]:
+    mon = OffPolicyMonitor(max_len=32, group=False, warn=False, **kw)
+    g = torch.Generator().manual_seed(1)
+    row = {}
+    for step in range(steps):
+        logp, rollout, mask, versions = make(g)
+        row = mon.update(logp, rollout, mask, versions=versions, step=step, version=step)
+    return mon, row
+
+
+def _lag0(n: int, t: int, step: int = 0) -> torch.Tensor:
+    return torch.zeros(n, t, dtype=torch.long)
+
+
+def _fired(mon: OffPolicyMonitor) -> dict[str, str]:
+    return {f.name: f.cause for f in mon.findings}
+
+
+def test_on_policy_run_is_silent() -> None:
+    def make(g):
+        rollout = -torch.rand(16, 32, generator=g) * 4
+        return rollout.clone(), rollout, torch.ones(16, 32, dtype=torch.bool), None
+
+    mon, row = _run(make)
+    assert mon.findings == []
+    assert row["ess"] == 1.0 and row["kl_k3"] == 0.0 and row["dlogp_max"] == 0.0
+    assert all(row[f"finding_{n}"] == 0.0 for n in OffPolicyMonitor.FINDINGS)
+
+
+def test_engine_mismatch_fires_low_ess_with_mismatch_cause() -> None:
+    def make(g):
+        rollout = -torch.rand(16, 32, generator=g) * 4
+        return rollout + 0.8 * torch.randn(16, 32, generator=g), rollout, torch.ones(16, 32, dtype=torch.bool), None
+
+    mon, row = _run(make)
+    assert _fired(mon)["low_ess"] == "mismatch"
+    assert row["finding_low_ess"] == 1.0
+
+
+def test_stale_tokens_fire_low_ess_with_staleness_cause() -> None:
+    def make(g):
+        rollout = -torch.rand(16, 32, generator=g) * 4
+        noise = torch.randn(16, 32, generator=g)
+        stale = torch.arange(16)[:, None].expand(16, 32) >= 8  # half the rows are 4 versions old
+        logp = rollout + torch.where(stale, 1.5 * noise, 0.01 * noise)
+        versions = torch.where(stale, -4, 0)  # relative: update(version=step) adds the step below
+        return logp, rollout, torch.ones(16, 32, dtype=torch.bool), versions
+
+    mon = OffPolicyMonitor(max_len=32, group=False, warn=False)
+    g = torch.Generator().manual_seed(1)
+    for step in range(20):
+        logp, rollout, mask, versions = make(g)
+        row = mon.update(logp, rollout, mask, versions=versions + step, step=step)
+    assert _fired(mon)["low_ess"] == "staleness"
+    assert row["ess_lag_0"] > 0.99 > row["ess_lag_4_7"]
+    assert row["lag_min"] == 0 and row["lag_max"] == 4 and row["lag_mean"] == pytest.approx(2.0)
+
+
+def test_growing_mismatch_along_the_response_fires_position_drift() -> None:
+    def make(g):
+        rollout = -torch.rand(16, 32, generator=g) * 4
+        scale = 0.002 * 1.15 ** torch.arange(32.0)  # 0.002 at t = 0 to 0.15 at t = 31
+        return rollout + scale * torch.randn(16, 32, generator=g), rollout, torch.ones(16, 32, dtype=torch.bool), None
+
+    mon, _ = _run(make)
+    assert set(_fired(mon)) == {"position_drift"}
+    assert "grows with position" in mon.findings[0].message
+
+
+def test_heavy_tails_fire_ratio_tails() -> None:
+    def make(g):
+        rollout = -torch.rand(16, 32, generator=g) * 4
+        logp = rollout.clone()
+        logp[0, :8] += 1.0  # 8 of 512 tokens with ρ = e: 1.6 %
+        return logp, rollout, torch.ones(16, 32, dtype=torch.bool), None
+
+    mon, row = _run(make)
+    assert set(_fired(mon)) == {"ratio_tails"}
+    assert row["ratio_frac_above_2"] == pytest.approx(8 / 512)
+
+
+def test_early_small_ratios_fire_prefix_decay() -> None:
+    def make(g):
+        rollout = -torch.rand(16, 32, generator=g) * 4
+        logp = rollout.clone()
+        logp[:, 0] -= 2.0  # the first token of every response has ρ = e^-2: m_t = 0.135 afterwards
+        return logp, rollout, torch.ones(16, 32, dtype=torch.bool), None
+
+    mon, row = _run(make)
+    assert "prefix_decay" in _fired(mon)
+    assert row["m_mean"] == pytest.approx((1 + 31 * math.exp(-2)) / 32, rel=1e-5)
+
+
+def test_nan_logprobs_fire_nonfinite_and_are_left_out() -> None:
+    def make(g):
+        rollout = -torch.rand(16, 32, generator=g) * 4
+        bad = rollout.clone()
+        bad[3, 5] = math.nan
+        return rollout.clone(), bad, torch.ones(16, 32, dtype=torch.bool), None
+
+    mon, row = _run(make, steps=1)
+    assert set(_fired(mon)) == {"nonfinite"}
+    assert row["nonfinite_frac"] == pytest.approx(1 / 512) and row["tokens"] == 511 and row["ess"] == 1.0
+
+
+def test_low_ess_needs_more_than_half_the_window() -> None:
+    rows = [{"ess": 0.5}] * 10 + [{"ess": 1.0}] * 10
+    assert find(rows) == []
+    assert [f.name for f in find(rows[:11])] == ["low_ess"]
+
+
+def test_trainer_row_keys_and_prefixes() -> None:
+    assert find([{"kl_clamped": 0.0}, {"kl_clamped": 2.0}])[0].name == "kl_clamped"
+    row = strip_prefixes({"offpolicy/ess": 0.5, "ess": 0.9, "objective/ess": 0.8, "loss": 1.0}, ["offpolicy/"])
+    assert row == {"ess": 0.5, "objective/ess": 0.8, "loss": 1.0}
+    assert prefixed({"ess": 1.0}) == {"offpolicy/ess": 1.0}
+
+
+def test_errors() -> None:
+    mon = OffPolicyMonitor(group=False)
+    with pytest.raises(ValueError, match="no tokens"):
+        mon.update()
+    with pytest.raises(ValueError, match="version"):
+        mon.observe(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.zeros(1, 2))
