@@ -13,7 +13,8 @@ import torch
 
 from p3o.cli import main as p3o_main
 from p3o.errors import DataError, P3OError
-from p3o.metrics import METRICS_FILE, MetricsLogger, ProgressBar, format_metrics, main, plot_run, read_metrics
+from p3o.metrics import METRICS_FILE, MetricsLogger, ProgressBar, format_metrics, plot_run, read_metrics
+from p3o.metrics.plot import main
 
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
 

@@ -1,0 +1,27 @@
+"""Run metrics, by job: writing and reading them (`logger`), the console progress bar (`progress`), and curves
+and plots with the ``p3o plot`` command (`plot`).
+
+    logger = MetricsLogger("runs/x", config=to_dict(cfg))
+    logger.log(1, {"reward_mean": 0.4, "ess": 0.93})   # appends {"step": 1, "reward_mean": 0.4, ...}
+    logger.close()
+    plot_run("runs/x")                                  # -> runs/x/plot.png
+
+Command line: ``p3o plot RUN_DIR [--out PNG]`` (`p3o.metrics.plot.main`).
+"""
+
+from p3o.metrics.logger import METRICS_FILE, MetricsLogger, format_metrics, read_metrics
+from p3o.metrics.plot import CAPTIONS, PANELS, SmoothMode, plot_run, smooth
+from p3o.metrics.progress import ProgressBar
+
+__all__ = [
+    "CAPTIONS",
+    "METRICS_FILE",
+    "PANELS",
+    "MetricsLogger",
+    "ProgressBar",
+    "SmoothMode",
+    "format_metrics",
+    "plot_run",
+    "read_metrics",
+    "smooth",
+]
