@@ -1,8 +1,9 @@
 """Run a checks script inside another virtualenv (.venv-verl, .venv-vllm) and collect its PASS / FAIL lines.
 
-A checks script prints one line per check, ``PASS name`` or ``FAIL name: detail`` (its ``main`` is
-:func:`run_named_checks`); the main suite turns each line into a test. Used by tests/integrations/test_verl.py,
-test_trl_vllm.py and tests/rollout/test_vllm.py:
+A checks script prints one line per check, ``PASS name``, ``FAIL name: detail`` or ``SKIP name: reason`` (its
+``main`` is :func:`run_named_checks`; a check raises :class:`SkipCheck` when this machine lacks what it needs); the
+main suite turns each line into a test (:func:`assert_check` passes, fails or skips it). Used by
+tests/integrations/test_verl.py, test_trl_vllm.py and tests/rollout/test_vllm.py:
 
     results = run_checks(VLLM_PYTHON, CHECKS_FILE, [["a", "b"], ["c"]])   # two processes at once
 """
@@ -20,24 +21,45 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class SkipCheck(Exception):
+    """Raised by a check when this machine cannot run it (e.g. a CPU feature it lacks); the message is the reason."""
+
+
 def parse_checks(stdout: str) -> dict[str, str]:
-    """``{name: "PASS" | "FAIL: detail"}`` from a checks script's output (a "name (note)" keeps only the name)."""
+    """``{name: "PASS" | "FAIL: detail" | "SKIP: reason"}`` from a checks script's output (a "name (note)" keeps
+    only the name)."""
     results = {}
     for line in stdout.splitlines():
         status, _, rest = line.partition(" ")
-        if status in ("PASS", "FAIL"):
+        if status in ("PASS", "FAIL", "SKIP"):
             name, _, detail = rest.partition(": ")
             name = name.split(" (")[0]
-            results[name] = status if status == "PASS" else f"FAIL: {detail}"
+            results[name] = status if status == "PASS" else f"{status}: {detail}"
     return results
 
 
+def assert_check(results: dict[str, str], name: str) -> None:
+    """The body of a test standing for one check: pass on PASS, skip with the reason on SKIP, fail otherwise."""
+    import pytest
+
+    got = results.get(name, "not run")
+    if got.startswith("SKIP: "):
+        pytest.skip(got[len("SKIP: ") :])
+    assert got == "PASS", got
+
+
 def run_checks(
-    python: Path, script: Path, groups: Sequence[Sequence[str]] = ((),), *, timeout: float = 600
+    python: Path,
+    script: Path,
+    groups: Sequence[Sequence[str]] = ((),),
+    *,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Run ``python script *group`` for every group at once (``()``: the script's own default set) with the
-    project's src/ on PYTHONPATH; returns the merged results and, per process, its exit status and stderr tail."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    project's src/ on PYTHONPATH (plus ``env``); returns the merged results and, per process, its exit status and
+    stderr tail."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(env or {})}
     procs = [
         subprocess.Popen(
             [str(python), str(script), *names],
@@ -72,6 +94,8 @@ def run_named_checks(checks: dict[str, Callable[[], None]], names: Sequence[str]
         try:
             checks[name]()
             print(f"PASS {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        except SkipCheck as why:
+            print(f"SKIP {name}: {' '.join(str(why).split())}", flush=True)
         except Exception as exc:  # report every check, then fail
             failed += 1
             tail = " | ".join(traceback.format_exc().strip().splitlines()[-3:])
@@ -88,6 +112,7 @@ def checks_or_skip(
     missing: str,
     groups: Sequence[Sequence[str]] = ((),),
     imports: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """A test module's fixture body: skip with ``missing`` when the virtualenv is absent (or cannot import
     ``imports``), run the script's checks, fail when it ran none (quoting each process's stderr tail)."""
@@ -99,7 +124,7 @@ def checks_or_skip(
         probe = subprocess.run([str(python), "-c", f"import {imports}"], capture_output=True, text=True, timeout=300)
         if probe.returncode != 0:
             pytest.skip(f"{python.parents[1].name} cannot import {imports}: {probe.stderr.strip().splitlines()[-1:]}")
-    results, errors = run_checks(python, script, groups)
+    results, errors = run_checks(python, script, groups, env=env)
     if not results:
         pytest.fail(f"{script.name} ran no check: {' | '.join(errors)}")
     return results

