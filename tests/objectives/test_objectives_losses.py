@@ -170,8 +170,8 @@ def test_extra_terms_and_rollout_correction() -> None:
     loss, _, stats = _run("grpo", inp, ref_kl_coef=0.5, entropy_coef=0.1)
     assert loss.item() == pytest.approx(-1 + 0.0965736 - 0.03, rel=1e-5)
     assert stats["ref_kl"].item() == pytest.approx(0.1931472, rel=1e-5)
-    # token-tis: π_θold/π_b = 3 -> min(3, 2) = 2 multiplies the policy loss
-    inp = _inp([[-1.0, -1.0]], [[-1.0, -1.0]], [1.0], old_logp=torch.tensor([[-1.0 + math.log(3), -1.0]]))
+    # token-tis: π_θold/π_b = 3 -> min(3, 2) = 2 multiplies the policy loss (whose ratio is anchored at π_θold = π_θ)
+    inp = _inp([[-1.0, -1.0]], [[-1.0 - math.log(3), -1.0]], [1.0], old_logp=torch.tensor([[-1.0, -1.0]]))
     loss, grad, stats = _run("cispo", inp, rollout_correction="token-tis")
     torch.testing.assert_close(grad, torch.tensor([[-1.0, -0.5]]))  # −(2, 1)·1/2
     assert stats["rc_capped_frac"].item() == pytest.approx(0.5)

@@ -361,23 +361,15 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
         info = dict(_cfg_get(config, "global_batch_info", {}) or {})
         agg, num_tokens, num_seqs, scale = _aggregation(loss_agg_mode, mask, info)
         old = old_log_prob.detach()
-        rollout_logp, old_logp, folded_frac = old, old, None
+        rollout_logp, old_logp, folded_frac, loss_weight = old, old, None, None
         if rollout_is_weights is not None:
             split = split_rollout_weights(rollout_is_weights, mask)
             for kind, fields in split.issues.items():
                 _warn_once(kind, **fields)
             rollout_logp = old.float() - split.fold_log  # π_rollout where w is folded: ρ = π_θ/π_old · w
             folded_frac = split.folded_frac
-            if split.mult_log is not None:
-                if "rollout_correction" not in obj.rec.hypers:
-                    raise ConfigError(
-                        f"objective {objective!r} has no rollout_correction modifier, which zero or sequence-level "
-                        "rollout_is_weights need; use rollout_is=token with rollout_is_threshold=inf"
-                    )
-                # The objective's token-tis modifier multiplies ℓ_t by min(exp(old_logp − rollout_logp), cap); with
-                # old_logp = rollout_logp + log m and cap = ∞ that factor is m exactly (0 where log m = −inf).
-                old_logp = rollout_logp + split.mult_log
-                hyper.update(rollout_correction="token-tis", rollout_correction_cap=math.inf)
+            if split.mult_log is not None:  # zero or sequence-level weights multiply ℓ_t; the anchor stays
+                loss_weight = torch.exp(split.mult_log)
         inputs = ObjectiveInputs(
             logp=log_prob,
             rollout_logp=rollout_logp,
@@ -388,6 +380,7 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             group=data_parallel_group(),
+            loss_weight=loss_weight,
         )
         hyper["agg"] = agg
         loss, stats = obj.rec.fn(inputs, **hyper)  # hyper: every keyword, resolved by the record

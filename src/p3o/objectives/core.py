@@ -20,11 +20,15 @@ from p3o.errors import ConfigError
 
 Agg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 EssScope = Literal["micro-batch", "step", "sequence"]
-RolloutCorrection = Literal["none", "token-tis", "seq-mis"]
+RolloutCorrection = Literal[
+    "none", "token-tis", "seq-mis", "token-icepop", "seq-tis", "geo-rs", "seq-max-k2", "seq-max-k3"
+]
 KlEstimator = Literal["k3", "k3_is", "k2", "none"]
 AGG_MODES: tuple[str, ...] = get_args(Agg)
 ESS_SCOPES: tuple[str, ...] = get_args(EssScope)
 ROLLOUT_CORRECTIONS: tuple[str, ...] = get_args(RolloutCorrection)
+ROW_REJECTIONS: tuple[str, ...] = ("geo-rs", "seq-max-k2", "seq-max-k3")
+"""Rollout corrections that reject whole rows: rejected rows LEAVE the loss denominators (and the ESS)."""
 KL_ESTIMATORS: tuple[str, ...] = get_args(KlEstimator)
 BAND = 0.2  # band_frac counts tokens with |ρ − 1| > BAND: the same statistic for every objective
 KL_CLAMP = 20.0  # |lr| bound inside exp(-lr) of the k3 estimator: e^20 ~ 4.9e8 keeps every KL_t finite in float32
@@ -71,6 +75,10 @@ class ObjectiveInputs:
     m2po_threshold: torch.Tensor | float | None = None
     """0-d: M2PO's step-level cut (from :func:`p3o.objectives.m2po_threshold` over the step's tokens); tokens
     with lr² >= threshold are masked. None: computed on this micro-batch."""
+    loss_weight: torch.Tensor | None = None
+    """(N, T) float, detached: a framework's own per-token multiplier of the objective's per-token loss (verl's
+    zero or sequence-level ``rollout_is_weights``), applied with the rollout correction's weight; it moves no
+    anchor. None: 1."""
 
 
 # ----------------------------------------------------------------------------------------------- aggregation
@@ -247,15 +255,27 @@ def effective_sample_size(
 # ----------------------------------------------------------------------------------------------- shared terms
 
 
+@dataclass(frozen=True)
+class Correction:
+    """A rollout correction (the ``rollout_correction*`` hyper-parameters every objective takes)."""
+
+    mode: str = "none"
+    cap: float = 2.0
+    low: float = 0.5
+
+
 @dataclass
 class Prepared:
     """Sanitised float32 tensors of one micro-batch (all 0 at masked positions)."""
 
     logp: torch.Tensor  # (N, T) with grad
-    rollout_logp: torch.Tensor  # (N, T)
-    log_ratio: torch.Tensor  # (N, T) logp − rollout_logp, with grad
+    rollout_logp: torch.Tensor  # (N, T) the ratio's anchor: π_b, or π_θold when a rollout correction is active
+    log_ratio: torch.Tensor  # (N, T) logp − anchor, with grad
     adv: torch.Tensor  # (N, T)
-    mask: torch.Tensor  # (N, T) bool
+    mask: torch.Tensor  # (N, T) bool; rows rejected by a row-rejecting correction are removed
+    rc_weight: torch.Tensor | None = None  # (N, T) detached rollout-correction weight, None for "none"
+    rc_stats: dict[str, torch.Tensor] | None = None
+    rejected_rows: torch.Tensor | None = None  # 0-d count of rows a row rejection removed (None: no rejection)
 
 
 def _clean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -263,8 +283,15 @@ def _clean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def prepare(inputs: ObjectiveInputs) -> Prepared:
-    """Check shapes, cast to float32 and zero every tensor at masked positions (before any exp)."""
+def prepare(inputs: ObjectiveInputs, correction: Correction | None = None) -> Prepared:
+    """Check shapes, cast to float32, zero every tensor at masked positions (before any exp) and set the anchor.
+
+    Without a rollout correction the ratio is ρ_t = π_θ/π_b (``rollout_logp``, the recorded behaviour log-probs).
+    With one, the objective's ratio is anchored at π_θold (``inputs.old_logp``, the trainer's log-probs at the start
+    of the update) and the correction carries π_θold/π_b (:func:`rollout_correction_weights`), so the engine
+    mismatch is counted once (verl's decoupled mode, TRL's importance-sampling correction). ``old_logp`` None
+    falls back to sg(logp), which equals π_θold only before the update's first optimizer step.
+    """
     mask = inputs.mask
     assert mask.dtype == torch.bool, f"mask must be bool, got {mask.dtype}"
     assert inputs.logp.shape == mask.shape, (inputs.logp.shape, mask.shape)
@@ -276,7 +303,38 @@ def prepare(inputs: ObjectiveInputs) -> Prepared:
     assert adv.shape == mask.shape, (adv.shape, mask.shape)
     logp = _clean(inputs.logp, mask)
     rollout = _clean(inputs.rollout_logp.detach(), mask)
-    return Prepared(logp, rollout, logp - rollout, _clean(adv, mask), mask)
+    corr = correction or Correction()
+    if corr.mode == "none":
+        return Prepared(logp, rollout, logp - rollout, _clean(adv, mask), mask)
+    if inputs.old_logp is None:
+        old = logp.detach()
+    else:
+        assert inputs.old_logp.shape == mask.shape, (inputs.old_logp.shape, mask.shape)
+        old = _clean(inputs.old_logp.detach(), mask)
+    weight, keep, rc_stats = rollout_correction_weights(old - rollout, mask, corr)
+    rejected = None
+    if keep is not None:
+        rejected = (mask & ~keep).any(-1).sum()
+        mask = mask & keep
+        logp, old, adv = _clean(logp, mask), _clean(old, mask), _clean(adv, mask)
+    return Prepared(logp, old, logp - old, _clean(adv, mask), mask, weight, rc_stats, rejected)
+
+
+def correction_anchor(
+    rollout_logp: torch.Tensor, mask: torch.Tensor, old_logp: torch.Tensor | None, correction: Correction
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(anchor log-probs, mask) of the objective's ratio under ``correction``, for a caller's pre-passes (the step
+    ESS, M2PO's threshold) and counts (``num_tokens`` / ``num_seqs``), exactly as :func:`prepare` sees them:
+    (``rollout_logp``, ``mask``) for ``none``; (``old_logp``, ``mask`` less the rows a row rejection removes)
+    otherwise. Shapes (N, T); detached.
+    """
+    if correction.mode == "none":
+        return rollout_logp.detach(), mask
+    if old_logp is None:
+        raise ObjectiveError(f"rollout_correction={correction.mode!r} needs old_logp (the trainer's π_θold)")
+    old = _clean(old_logp.detach(), mask)
+    _, keep, _ = rollout_correction_weights(old - _clean(rollout_logp.detach(), mask), mask, correction)
+    return old, mask if keep is None else mask & keep
 
 
 def side_logp(inputs: ObjectiveInputs, name: str, mask: torch.Tensor, *, needed_by: str) -> torch.Tensor:
@@ -317,32 +375,67 @@ def kl_estimate(log_ratio: torch.Tensor, estimator: str = "k3", clamp: float = K
 
 
 def rollout_correction_weights(
-    inputs: ObjectiveInputs, prep: Prepared, mode: str, cap: float
-) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
-    """Truncated / masked importance weights (verl, TRL) correcting the engine-vs-trainer mismatch.
+    lr_old: torch.Tensor, mask: torch.Tensor, correction: Correction
+) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The rollout correction (verl, TRL, IcePop) of the engine-vs-trainer mismatch, from lr_old = log π_θold/π_b.
 
-    ``token-tis``: w_t = sg(min(π_θold/π_b, C)); ``seq-mis``: w_i = 1 if Π_t π_θold/π_b ∈ [1/C, C] else 0.
-    π_θold = ``inputs.old_logp`` (falls back to sg(logp), equal to π_θold before the first optimizer step).
-    Returns ((N, T) weights or None for ``none``, stats).
+    With C = ``correction.cap`` (``rollout_correction_cap``), L = ``correction.low`` (``rollout_correction_low``):
+
+    * ``token-tis``: w_t = min(e^{lr_old,t}, C) (``rc_capped_frac``: tokens above C);
+    * ``seq-mis``: w_i = 1 if e^{Σ_t lr_old} ∈ [1/C, C] else 0 (``rc_masked_frac``);
+    * ``token-icepop``: w_t = e^{lr_old,t} if L ≤ e^{lr_old,t} ≤ C else 0 (``rc_masked_frac``);
+    * ``seq-tis``: w_i = min(e^{clamp(Σ_t lr_old, ±20)}, C) (``rc_capped_frac``: tokens of rows above C);
+    * ``geo-rs``: keep row i iff L ≤ e^{mean_t lr_old} ≤ C (``rc_rejected_frac``);
+    * ``seq-max-k2`` / ``seq-max-k3``: keep row i iff max_t k(lr_old,t) ≤ C, k2 = ½·lr², k3 = e^{lr} − 1 − lr
+      (``rc_rejected_frac``).
+
+    Weights (the first four) multiply the policy loss, and masked tokens stay in the denominators; the row
+    rejections (the last three) return a keep mask instead: rejected rows leave the denominators and the ESS.
+    Fractions are over the valid tokens. lr_old is clamped to ±20 inside every exp, as verl does.
+
+    Args:
+        lr_old: (N, T) float, 0 at masked positions; mask: (N, T) bool.
+    Returns:
+        ((N, T) detached weights or None, (N, T) bool keep mask or None, stats).
     """
-    if mode == "none":
-        return None, {}
+    mode, cap, low = correction.mode, correction.cap, correction.low
     if mode not in ROLLOUT_CORRECTIONS:
         raise ObjectiveError(f"rollout_correction: unknown mode {mode!r}; valid: {', '.join(ROLLOUT_CORRECTIONS)}")
-    if cap <= 1.0:
+    if mode in ("token-tis", "seq-mis", "seq-tis") and not cap > 1.0:
         raise ObjectiveError(f"rollout_correction_cap must be > 1, got {cap}")
-    mask = prep.mask
-    old = prep.logp.detach() if inputs.old_logp is None else _clean(inputs.old_logp.detach(), mask)
-    lr_old = old - prep.rollout_logp  # 0 at masked positions
-    log_cap = math.log(cap)
-    if mode == "token-tis":
-        w = torch.exp(lr_old.clamp(max=log_cap))
-        capped = mask & (lr_old > log_cap)
-        return w, {"rc_capped_frac": masked_mean(capped.float(), mask)}
-    seq_lr = lr_old.sum(-1, keepdim=True)  # (N, 1) log of the sequence ratio Π_t π_θold/π_b
-    keep = (seq_lr.abs() <= log_cap).expand_as(mask)
-    w = keep.float()
-    return w, {"rc_masked_frac": masked_mean((~keep).float(), mask)}
+    if mode in ("token-icepop", "geo-rs") and not 0.0 <= low <= 1.0 <= cap:
+        raise ObjectiveError(
+            f"rollout_correction_low <= 1 <= rollout_correction_cap must hold for {mode}, got {low} and {cap}"
+        )
+    if mode in ("seq-max-k2", "seq-max-k3") and not cap > 0.0:
+        raise ObjectiveError(f"rollout_correction_cap must be > 0 for {mode}, got {cap}")
+    with torch.no_grad():
+        lr = torch.where(mask, lr_old.detach().float().clamp(-20.0, 20.0), torch.zeros((), device=lr_old.device))
+        if mode == "token-tis":
+            w = torch.exp(lr.clamp(max=math.log(cap)))
+            return w, None, {"rc_capped_frac": masked_mean((lr > math.log(cap)).float(), mask)}
+        if mode == "token-icepop":
+            raw = torch.exp(lr)
+            inside = (raw >= low) & (raw <= cap)
+            w = torch.where(inside, raw, torch.zeros((), device=lr.device))
+            return w, None, {"rc_masked_frac": masked_mean((~inside).float(), mask)}
+        seq = torch.where(mask, lr_old.detach().float(), torch.zeros((), device=lr.device)).sum(-1, keepdim=True)
+        if mode == "seq-mis":
+            keep = (seq.abs() <= math.log(cap)).expand_as(mask)
+            return keep.float(), None, {"rc_masked_frac": masked_mean((~keep).float(), mask)}
+        if mode == "seq-tis":
+            s = seq.clamp(-20.0, 20.0)
+            w = torch.exp(s.clamp(max=math.log(cap))).expand_as(mask)
+            return w, None, {"rc_capped_frac": masked_mean((s > math.log(cap)).expand_as(mask).float(), mask)}
+        if mode == "geo-rs":
+            n = mask.sum(-1, keepdim=True).clamp(min=1)
+            geo = torch.exp(lr.sum(-1, keepdim=True) / n)
+            keep = ((geo >= low) & (geo <= cap)).expand_as(mask)
+        else:
+            k = 0.5 * lr * lr if mode == "seq-max-k2" else torch.exp(lr) - 1 - lr
+            worst = torch.where(mask, k, torch.zeros((), device=lr.device)).amax(-1, keepdim=True)
+            keep = (worst <= cap).expand_as(mask) if lr.shape[-1] else mask
+        return None, keep, {"rc_rejected_frac": masked_mean((~keep).float(), mask)}
 
 
 def finish(
@@ -353,28 +446,30 @@ def finish(
     agg: str,
     ref_kl_coef: float,
     entropy_coef: float,
-    rollout_correction: str,
-    rollout_correction_cap: float,
     stats: dict[str, torch.Tensor],
     extra_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Apply the common modifier and extra terms to an (N, T) policy loss, aggregate it and finalise the stats.
 
-        ℓ_t = w^rc_t · ℓ^policy_t + η · k3(π_θ ‖ π_ref)_t − β · H_t
+        ℓ_t = w^rc_t · u_t · ℓ^policy_t + η · k3(π_θ ‖ π_ref)_t − β · H_t
 
-    w^rc is the rollout correction (1 for ``none``); ``extra_mask`` (N, T) bool removes tokens from the policy
-    term only (their weight is 0, the denominator is unchanged).
+    w^rc is the rollout correction's weight, computed by :func:`prepare` (1 for ``none`` and the row rejections,
+    whose rows :func:`prepare` already removed from ``prep.mask``); u = ``inputs.loss_weight`` (1 when None);
+    ``extra_mask`` (N, T) bool removes tokens from
+    the policy term only (their weight is 0, the denominator is unchanged).
     """
     if agg not in AGG_MODES:
         raise ObjectiveError(f"agg: unknown aggregation mode {agg!r}; valid: {', '.join(AGG_MODES)}")
     mask = prep.mask
     per_token = policy_loss
-    w, rc_stats = rollout_correction_weights(inputs, prep, rollout_correction, rollout_correction_cap)
-    if w is not None:
-        per_token = per_token * w
+    if prep.rc_weight is not None:
+        per_token = per_token * prep.rc_weight
+    if inputs.loss_weight is not None:
+        assert inputs.loss_weight.shape == mask.shape, (inputs.loss_weight.shape, mask.shape)
+        per_token = per_token * _clean(inputs.loss_weight.detach(), mask)
     if extra_mask is not None:
         per_token = torch.where(extra_mask, per_token, torch.zeros((), device=per_token.device))
-    stats.update(rc_stats)
+    stats.update(prep.rc_stats or {})
     if ref_kl_coef != 0.0:
         ref = side_logp(inputs, "ref_logp", mask, needed_by="ref_kl_coef != 0")
         ref_kl = k3(prep.logp - ref)
@@ -386,7 +481,10 @@ def finish(
         ent = _clean(inputs.entropy, mask)
         per_token = per_token - entropy_coef * ent
         stats["entropy"] = masked_mean(ent.detach(), mask)
-    loss = reduce_tokens(per_token, mask, agg, inputs.num_tokens, num_seqs=inputs.num_seqs)
+    num_seqs = inputs.num_seqs
+    if num_seqs is None and prep.rejected_rows is not None:  # rejected rows leave the row count too
+        num_seqs = mask.shape[0] - prep.rejected_rows
+    loss = reduce_tokens(per_token, mask, agg, inputs.num_tokens, num_seqs=num_seqs)
     stats["num_valid_tokens"] = mask.sum().float()
     return loss, {k: v.detach().float().reshape(()) for k, v in stats.items()}
 

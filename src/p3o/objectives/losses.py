@@ -18,6 +18,7 @@ from p3o.objectives.core import (
     KL_CLAMP,
     KL_ESTIMATORS,
     Agg,
+    Correction,
     EssScope,
     KlEstimator,
     ObjectiveError,
@@ -45,14 +46,14 @@ P3O_CAPS: tuple[str, ...] = get_args(P3oCap)
 CAP_TOL = 1e-5
 
 
-def _common(agg: str, ref_kl_coef: float, entropy_coef: float, rollout_correction: str, cap: float) -> dict:
-    return {
-        "agg": agg,
-        "ref_kl_coef": ref_kl_coef,
-        "entropy_coef": entropy_coef,
-        "rollout_correction": rollout_correction,
-        "rollout_correction_cap": cap,
-    }
+def _common(agg: str, ref_kl_coef: float, entropy_coef: float) -> dict:
+    return {"agg": agg, "ref_kl_coef": ref_kl_coef, "entropy_coef": entropy_coef}
+
+
+def _rc(mode: str, cap: float, low: float) -> Correction:
+    """The rollout correction of the ``rollout_correction``, ``rollout_correction_cap``, ``rollout_correction_low``
+    hyper-parameters (applied by :func:`p3o.objectives.core.prepare`)."""
+    return Correction(mode, cap, low)
 
 
 def _check_eps(name: str, value: float, *, upper: float | None = None) -> None:
@@ -128,6 +129,7 @@ def p3o(
     entropy_coef: float = 0.0,
     rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
+    rollout_correction_low: float = 0.5,
 ) -> tuple[torch.Tensor, Stats]:
     """P3O (Eq. 12): ESS-capped importance weights and an ESS-weighted KL to the behaviour policy.
 
@@ -154,7 +156,7 @@ def p3o(
         kl_clamped, ess_degenerate; diagnostics of MinPRO's prefix factor on the same ratios: m_mean,
         m_frac_above_0_5, m_frac_below_0_1.
     """
-    prep = prepare(inputs)
+    prep = prepare(inputs, _rc(rollout_correction, rollout_correction_cap, rollout_correction_low))
     mask, lr = prep.mask, prep.log_ratio
     if scope == "step":
         if inputs.step_ess is None:
@@ -197,7 +199,7 @@ def p3o(
         inputs,
         prep,
         stats=stats,
-        **_common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap),
+        **_common(agg, ref_kl_coef, entropy_coef),
     )
 
 
@@ -211,6 +213,7 @@ def p3o_two_anchor(
     entropy_coef: float = 0.0,
     rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
+    rollout_correction_low: float = 0.5,
 ) -> tuple[torch.Tensor, Stats]:
     """Two-anchor P3O (paper App. D, reconstructed from the authors' code): anchors π_b and π_prox.
 
@@ -223,7 +226,7 @@ def p3o_two_anchor(
     """
     if variant not in ("sum", "mixture"):
         raise ObjectiveError(f"variant: unknown value {variant!r}; valid: sum, mixture")
-    prep = prepare(inputs)
+    prep = prepare(inputs, _rc(rollout_correction, rollout_correction_cap, rollout_correction_low))
     mask, lr_b = prep.mask, prep.log_ratio
     prox = side_logp(inputs, "prox_logp", mask, needed_by="p3o_two_anchor")
     lr_p = prep.logp - prox
@@ -255,7 +258,7 @@ def p3o_two_anchor(
         inputs,
         prep,
         stats=stats,
-        **_common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap),
+        **_common(agg, ref_kl_coef, entropy_coef),
     )
 
 
@@ -292,12 +295,13 @@ def _ppo_like(
     clip_eps_high: float,
     dual_clip: float | None,
     common: dict,
+    correction: Correction,
 ) -> tuple[torch.Tensor, Stats]:
     _check_eps("clip_eps_low", clip_eps_low, upper=1.0)
     _check_eps("clip_eps_high", clip_eps_high)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ObjectiveError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    prep = prepare(inputs)
+    prep = prepare(inputs, correction)
     per_token, was_clipped = clipped_surrogate(prep.log_ratio, prep.adv, clip_eps_low, clip_eps_high, dual_clip)
     stats = _baseline_stats(prep.log_ratio, prep.mask, inputs)
     stats["clipfrac"] = masked_mean(was_clipped.float(), prep.mask)
@@ -325,6 +329,7 @@ def grpo(
     entropy_coef: float = 0.0,
     rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
+    rollout_correction_low: float = 0.5,
 ) -> tuple[torch.Tensor, Stats]:
     """GRPO / PPO clip (P3O paper Eq. 4): ℓ_t = −min(ρ_t·A_t, clip(ρ_t, 1−ε_l, 1+ε_h)·A_t).
 
@@ -334,8 +339,10 @@ def grpo(
     """
     low = clip_eps if clip_eps_low is None else clip_eps_low
     high = clip_eps if clip_eps_high is None else clip_eps_high
-    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
-    return _ppo_like(inputs, low, high, dual_clip, common)
+    common = _common(agg, ref_kl_coef, entropy_coef)
+    return _ppo_like(
+        inputs, low, high, dual_clip, common, _rc(rollout_correction, rollout_correction_cap, rollout_correction_low)
+    )
 
 
 def dapo(
@@ -349,14 +356,22 @@ def dapo(
     entropy_coef: float = 0.0,
     rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
+    rollout_correction_low: float = 0.5,
 ) -> tuple[torch.Tensor, Stats]:
     """DAPO: the PPO clip with decoupled "clip-higher" ε_l = 0.2, ε_h = 0.28 and ``token-mean`` aggregation.
 
     Dynamic sampling and the soft overlong penalty (:func:`p3o.advantages.overlong_penalty`) are data-side and
     applied by the training loop.
     """
-    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
-    return _ppo_like(inputs, clip_eps_low, clip_eps_high, dual_clip, common)
+    common = _common(agg, ref_kl_coef, entropy_coef)
+    return _ppo_like(
+        inputs,
+        clip_eps_low,
+        clip_eps_high,
+        dual_clip,
+        common,
+        _rc(rollout_correction, rollout_correction_cap, rollout_correction_low),
+    )
 
 
 def gspo(
@@ -369,6 +384,7 @@ def gspo(
     entropy_coef: float = 0.0,
     rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
+    rollout_correction_low: float = 0.5,
 ) -> tuple[torch.Tensor, Stats]:
     """GSPO: a sequence-level ratio s_i = exp(mean_{t valid} lr_{i,t}) in token form
 
@@ -377,10 +393,10 @@ def gspo(
     (value s_i, gradient s_i·A_t per token, averaged by ``seq-mean-token-mean``). ε = 3e-4 / 4e-4 (the MinPRO
     paper used 2e-3 both sides). Stats add seq_ratio_mean/min/max; ``clipfrac`` is the clipped-token fraction.
     """
-    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
+    common = _common(agg, ref_kl_coef, entropy_coef)
     _check_eps("clip_eps_low", clip_eps_low, upper=1.0)
     _check_eps("clip_eps_high", clip_eps_high)
-    prep = prepare(inputs)
+    prep = prepare(inputs, _rc(rollout_correction, rollout_correction_cap, rollout_correction_low))
     mask, lr = prep.mask, prep.log_ratio
     count = mask.sum(-1, keepdim=True)
     seq_log = (lr.detach().sum(-1, keepdim=True) / count.clamp(min=1)).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
@@ -410,6 +426,7 @@ def cispo(
     entropy_coef: float = 0.0,
     rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
+    rollout_correction_low: float = 0.5,
 ) -> tuple[torch.Tensor, Stats]:
     """CISPO: clipped, stop-gradient importance weights on a REINFORCE term — every token keeps a gradient.
 
@@ -419,10 +436,10 @@ def cispo(
     tokens whose weight is truncated (ρ outside [1 − ε_l, 1 + ε_h]), ``trunc_high_frac`` those above 1 + ε_h.
     ``trunc_eps_low`` / ``trunc_eps_high`` were ``clip_eps_low`` / ``clip_eps_high`` (deprecated aliases).
     """
-    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
+    common = _common(agg, ref_kl_coef, entropy_coef)
     _check_eps("trunc_eps_low", trunc_eps_low, upper=1.0)
     _check_eps("trunc_eps_high", trunc_eps_high)
-    prep = prepare(inputs)
+    prep = prepare(inputs, _rc(rollout_correction, rollout_correction_cap, rollout_correction_low))
     mask, lr = prep.mask, prep.log_ratio
     lr_d = lr.detach()
     log_hi = math.log1p(trunc_eps_high)
@@ -449,6 +466,7 @@ def decoupled_ppo(
     entropy_coef: float = 0.0,
     rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
+    rollout_correction_low: float = 0.5,
 ) -> tuple[torch.Tensor, Stats]:
     """Decoupled PPO loss (Hilton et al. 2022; AReaL): the clip is taken against π_prox, π_b only reweights.
 
@@ -466,8 +484,8 @@ def decoupled_ppo(
     high = clip_eps if clip_eps_high is None else clip_eps_high
     _check_eps("clip_eps_low", low, upper=1.0)
     _check_eps("clip_eps_high", high)
-    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
-    prep = prepare(inputs)
+    common = _common(agg, ref_kl_coef, entropy_coef)
+    prep = prepare(inputs, _rc(rollout_correction, rollout_correction_cap, rollout_correction_low))
     mask = prep.mask
     prox = side_logp(inputs, "prox_logp", mask, needed_by="decoupled_ppo")
     surrogate, was_clipped = clipped_surrogate(prep.logp - prox, prep.adv, low, high)
@@ -527,6 +545,7 @@ def m2po(
     entropy_coef: float = 0.0,
     rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
+    rollout_correction_low: float = 0.5,
 ) -> tuple[torch.Tensor, Stats]:
     """M2PO (second-moment trust policy optimisation): no clip, mask the tokens with the largest lr².
 
@@ -538,8 +557,8 @@ def m2po(
     """
     if not tau > 0:
         raise ObjectiveError(f"tau must be > 0, got {tau}")
-    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
-    prep = prepare(inputs)
+    common = _common(agg, ref_kl_coef, entropy_coef)
+    prep = prepare(inputs, _rc(rollout_correction, rollout_correction_cap, rollout_correction_low))
     mask, lr = prep.mask, prep.log_ratio
     if inputs.m2po_threshold is None:
         thr = m2po_threshold(lr, mask, tau)
@@ -643,6 +662,7 @@ def minpro(
     entropy_coef: float = 0.0,
     rollout_correction: RolloutCorrection = "none",
     rollout_correction_cap: float = 2.0,
+    rollout_correction_low: float = 0.5,
 ) -> tuple[torch.Tensor, Stats]:
     """MinPRO: the token's ratio scaled by the minimum ratio of its strictly preceding valid tokens.
 
@@ -654,10 +674,10 @@ def minpro(
     outside [1 − ε_l, 1 + ε_h]) and ``trunc_high_frac`` (above 1 + ε_h). ``trunc_eps_low`` / ``trunc_eps_high`` were
     ``clip_eps_low`` / ``clip_eps_high`` (deprecated aliases).
     """
-    common = _common(agg, ref_kl_coef, entropy_coef, rollout_correction, rollout_correction_cap)
+    common = _common(agg, ref_kl_coef, entropy_coef)
     _check_eps("trunc_eps_low", trunc_eps_low, upper=1.0)
     _check_eps("trunc_eps_high", trunc_eps_high)
-    prep = prepare(inputs)
+    prep = prepare(inputs, _rc(rollout_correction, rollout_correction_cap, rollout_correction_low))
     mask, lr = prep.mask, prep.log_ratio
     log_m = prefix_log_stat(lr, mask, prefix_stat, include_one=include_one)
     log_w = log_m + lr.detach()

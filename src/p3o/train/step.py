@@ -207,7 +207,14 @@ def update(
         `ratio_min` the min), plus `loss` (mean per optimizer step), `grad_norm` (mean, before clipping), `lr`,
         `entropy` (token mean), `optimizer_steps`; averaged over ranks. Python floats.
     """
-    from p3o.objectives import ObjectiveInputs, ess_from_parts, ess_parts, m2po_threshold
+    from p3o.objectives import (
+        Correction,
+        ObjectiveInputs,
+        correction_anchor,
+        ess_from_parts,
+        ess_parts,
+        m2po_threshold,
+    )
 
     is_record = isinstance(objective_fn, Objective)
     if needs is None:
@@ -244,6 +251,14 @@ def update(
     old_logp = None
     if "old_logp" in needs or "prox_logp" in needs:
         old_logp = _snapshot(policy, all_micros, n, t, temperature, chunk_size)
+    # the objective's ratio anchor and mask: π_b, or π_θold with a rollout correction (less the rows it rejects)
+    anchor, eff_mask = batch.rollout_logp, batch.mask
+    if is_record and "old_logp" in needs:
+        rc = objective_fn.resolve(hyper)
+        keys = ("rollout_correction", "rollout_correction_cap", "rollout_correction_low")
+        corr = Correction(*(rc.get(k, d) for k, d in zip(keys, ("none", Correction.cap, Correction.low))))
+        anchor, eff_mask = correction_anchor(batch.rollout_logp, batch.mask, old_logp, corr)
+    rejected = (batch.mask & ~eff_mask).any(-1)  # (N,) rows a row-rejecting correction removes
     ref_logp = None
     if "ref_logp" in needs:
         assert ref_model is not None
@@ -264,15 +279,16 @@ def update(
         if "prox_logp" in needs:  # π_prox: a snapshot at the start of each epoch (= old_logp for epoch 0)
             prox_logp = old_logp if epoch == 0 else _snapshot(policy, all_micros, n, t, temperature, chunk_size)
         for mini, micros in zip(minis, plan):
-            num_tokens = dist.all_reduce_sum(batch.mask[mini].sum().to(torch.float32))
-            num_seqs = dist.all_reduce_sum(torch.tensor(float(len(mini)), device=dev))
+            num_tokens = dist.all_reduce_sum(eff_mask[mini].sum().to(torch.float32))
+            num_seqs = dist.all_reduce_sum((len(mini) - rejected[mini].sum()).to(torch.float32))
             step_ess = thr = None
             if "step_ess" in needs or "m2po_threshold" in needs:
                 with torch.no_grad():
                     lrs = []
                     for mb in micros:
                         lp, _ = _logprobs(policy, mb, temperature, chunk_size, False)
-                        lrs.append(((lp - mb.rollout_logp) * mb.mask, mb.mask))
+                        m = eff_mask[mb.rows, : mb.mask.shape[1]]
+                        lrs.append(((lp - anchor[mb.rows, : mb.mask.shape[1]]) * m, m))
                     if "step_ess" in needs:
                         step_ess = ess_from_parts([ess_parts(lr, m) for lr, m in lrs], group)
                     if "m2po_threshold" in needs:
