@@ -22,7 +22,14 @@ from typing import Any
 
 from p3o.errors import ConfigError
 from p3o.tasks.base import Problem
-from p3o.tasks.loaders import DEFAULT_TEST_FRACTION, default_verifier, holdout_key, is_single_source, resolve_source
+from p3o.tasks.loaders import (
+    DEFAULT_TEST_FRACTION,
+    default_verifier,
+    holdout_key,
+    is_single_source,
+    load_task,
+    resolve_source,
+)
 
 BUILTIN = "arithmetic"
 
@@ -91,14 +98,12 @@ def eval_source(task: Any, split: str | None = None) -> tuple[str, str]:
 
 def load_train_problems(task: Any, *, seed: int = 0, n: int | None = None) -> list[Problem]:
     """The training problems of `task` (first `n`; None = all). Raises ConfigError when there are none."""
-    from p3o import tasks
-
     fields = field_mapping(task)
     if task.name == BUILTIN and fields:
         key = {"prompt": "question_key", "answer": "answer_key", "solution": "solution_key"}[next(iter(fields))]
         raise ConfigError(f"task.{key}: the built-in 'arithmetic' task has no fields to map (it is generated)")
     split = train_split(task)
-    problems = tasks.load_task(task.name, split, seed=seed, n=n, **task_options(task, task.name))
+    problems = load_task(task.name, split, seed=seed, n=n, **task_options(task, task.name))
     if not problems:
         hint = ""
         if _single(task.name):
@@ -125,11 +130,9 @@ def load_eval_problems(
 
     Raises ConfigError when no evaluation problem is left.
     """
-    from p3o import tasks
-
     name, split = eval_source(task, split)
     take = n if (train is None or name == BUILTIN == task.name) else None  # filter first, then take n
-    problems = tasks.load_task(name, split, seed=seed, n=take, **task_options(task, name))
+    problems = load_task(name, split, seed=seed, n=take, **task_options(task, name))
     where = f"{name} (split {split!r})"
     if not problems:
         hint = ""
