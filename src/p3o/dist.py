@@ -1,4 +1,4 @@
-"""torch.distributed helpers that are no-ops at world size 1.
+"""torch.distributed helpers that are no-ops at world size 1, and the one device resolver (`resolve_device`).
 
 Data-parallel training is plain torch.distributed: `torchrun --nproc_per_node 2 -m p3o train ...`
 sets RANK / WORLD_SIZE / MASTER_ADDR, `init_from_env()` joins the group (gloo on CPU, nccl on GPU),
@@ -16,6 +16,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """ "auto" -> cuda when available, else cpu; any other name ("cpu", "cuda:1", ...) as `torch.device(device)`.
+
+    The one meaning of a device option (`model.device`, `p3o eval --device`); `str(resolve_device(d))` is its name.
+    """
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
 
 
 def is_initialized() -> bool:

@@ -110,7 +110,7 @@ def test_eval_cli_writes_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(
         "p3o.models.load_policy", lambda name, **kw: (torch.nn.Linear(1, 1), CharTokenizer()), raising=False
     )
-    monkeypatch.setattr("p3o.tasks.load_task", lambda *a, n=None, **kw: problems[:n])
+    monkeypatch.setattr("p3o.tasks.sources.load_task", lambda *a, n=None, **kw: problems[:n])  # what p3o eval calls
     out = tmp_path / "e.json"
     argv = ["eval", "--model", "m", "--n-samples", "4", "--k", "1,4", "--n-problems", "3", "--out", str(out)]
     assert p3o_main([*argv, "--quiet"]) == 0

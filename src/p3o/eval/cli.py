@@ -175,7 +175,8 @@ def main(argv: list[str]) -> int:
     too_big = [k for k in args.k if k > args.n_samples]
     if too_big:
         raise ConfigError(f"--k: {too_big} exceed --n-samples {args.n_samples}")
-    from p3o.eval.runner import evaluate, find_run, resolve_device
+    from p3o.dist import resolve_device
+    from p3o.eval.runner import evaluate, find_run
     from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
     from p3o.tasks.sources import eval_source
 
@@ -187,7 +188,7 @@ def main(argv: list[str]) -> int:
     train = load_train_problems(task, seed=data_seed, n=task.n_train) if run_cfg is not None else None
     problems = load_eval_problems(task, seed=data_seed, n=args.n_problems, train=train)
     name, split = eval_source(task)
-    device = resolve_device(args.device or (run_cfg.model.device if run_cfg is not None else "auto"))
+    device = str(resolve_device(args.device or (run_cfg.model.device if run_cfg is not None else "auto")))
     max_new_tokens = args.max_new_tokens or (run_cfg.rollout.max_new_tokens if run_cfg is not None else 64)
     engine = args.engine or (run_cfg.rollout.engine if run_cfg is not None else "hf")
     settings = {

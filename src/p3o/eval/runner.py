@@ -67,15 +67,6 @@ class EvalResult:
         return d
 
 
-def resolve_device(device: str = "auto") -> str:
-    """ "auto" -> "cuda" when available, else "cpu" (as `model.device` in training); other values pass through."""
-    if device == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def find_run(model: str | Path) -> tuple[Path, Path | None]:
     """(policy dir, run dir) of `model` when it is a training run, else (model, None).
 
@@ -166,6 +157,7 @@ def heldout_metrics(
     """
     import torch
 
+    from p3o.dist import resolve_device
     from p3o.rewards import make_reward_fn
     from p3o.rollout.factory import make_engine
 
@@ -180,7 +172,7 @@ def heldout_metrics(
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             seed=seed,
-            device=resolve_device(device),
+            device=str(resolve_device(device)),
         )
     else:
         sampler = engine(policy)
@@ -229,6 +221,7 @@ def evaluate(
         progress: called with (problems done, total) after each batch.
         engine: the rollout engine, "hf" or "vllm" (`p3o.rollout.factory.make_engine`; training's rollout.engine).
     """
+    from p3o.dist import resolve_device
     from p3o.rewards import get_verifier, score
     from p3o.rollout.factory import make_engine
     from p3o.tasks import default_verifier, format_prompt
@@ -250,7 +243,7 @@ def evaluate(
         top_p=top_p,
         max_new_tokens=max_new_tokens,
         seed=seed,
-        device=resolve_device(device),
+        device=str(resolve_device(device)),
     )
     verifiers: dict[str, Callable[[str, str], float]] = {}
     correct = np.zeros(len(problems), dtype=np.int64)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from p3o import dist
+from p3o.dist import resolve_device
 from p3o.errors import ConfigError
 from p3o.train.buffer import BatchSource
 from p3o.train.step import make_optimizer, make_scheduler
@@ -92,12 +93,6 @@ class Components:
             self.eval_prompts,
             self.eval_answers,
         )
-
-
-def resolve_device(cfg_device: str) -> torch.device:
-    if cfg_device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg_device)
 
 
 def build_trainer_side(cfg: Any) -> tuple[nn.Module, Any, nn.Module | None]:
