@@ -1,14 +1,13 @@
-"""Rollout/trainer mismatch per engine precision: |rollout_logp − trainer logp| and the batch ESS (markdown table).
+"""Rollout/trainer mismatch per engine precision: a thin caller of ``p3o mismatch`` (p3o.diagnose.mismatch).
 
     .venv/bin/python benchmarks/precision.py                  # the built-in tiny policy (p3o.models.load_policy)
     .venv/bin/python benchmarks/precision.py --model random    # a random 5M-parameter Qwen3 (no training needed)
     .venv-vllm/bin/python benchmarks/precision.py --engine all # HFEngine and vLLM (p3o.rollout.VLLMEngine) rows
 
-For each engine and precision the engine (its own copy of the fp32 model, converted) samples `--prompts` × `--group`
-completions at temperature 1 with processed log-probs; the fp32 trainer re-scores the same tokens with
-`p3o.policy.token_logprobs`. Reported over the valid tokens: mean and max |Δ| with Δ = logp − rollout_logp, the
-batch ESS = (Σρ)² / (|B| Σρ²) with ρ = e^Δ (Kong 1992; `p3o.objectives.effective_sample_size`),
-and the agreement of greedy tokens with the fp32 trainer's own greedy tokens (HFEngine fp32).
+For each engine and precision, ``p3o.diagnose.mismatch.measure`` samples `--prompts` random-token prompts ×
+`--group` completions at temperature 1 with processed log-probs and re-scores them with the fp32 trainer; the table
+is ``p3o mismatch``'s (mean and max |Δ|, batch ESS, tails, k1/k2/k3, greedy agreement with the fp32 trainer, and
+the same by decode position). What this script adds: the `random` model and random-token prompts (no tokenizer).
 
 HFEngine's bf16 / fp16 cast its copy and its int8 / fp8 *simulate* W8A8 numerics; the vLLM rows are vLLM's own
 kernels and sampler: fp32 / bf16 / fp16 on CPU and GPU, `bf16+kv-fp8` (bf16 with an FP8 KV cache; CPU too, on
@@ -18,27 +17,14 @@ AVX-512), fp8 (vLLM's dynamic FP8 weights and activations) on a GPU only.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 import torch
 from rollout import bench_model  # benchmarks/rollout.py: the same model choice
 
-from p3o.objectives import effective_sample_size
+from p3o.diagnose.mismatch import greedy_reference, measure, render
 
 HF_PRECISIONS = "fp32,bf16,fp16,int8,fp8"
 VLLM_PRECISIONS = "fp32,bf16,fp16,bf16+kv-fp8,fp8"
-
-
-def _engine(kind: str, model: torch.nn.Module, prec: str, **kw: Any) -> Any:
-    """An HFEngine or VLLMEngine in precision `prec` ("bf16+kv-fp8": a vLLM bf16 engine with an FP8 KV cache)."""
-    if kind == "hf":
-        from p3o.rollout import HFEngine
-
-        return HFEngine(model, precision=prec, **kw)
-    from p3o.rollout import VLLMEngine
-
-    base, _, kv = prec.partition("+kv-")
-    return VLLMEngine(model, precision=base, kv_cache_dtype=kv or "auto", **kw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,49 +38,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", default=None, help=f"default: {HF_PRECISIONS} (hf), {VLLM_PRECISIONS} (vllm)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from p3o.errors import ConfigError
-    from p3o.policy import token_logprobs
-    from p3o.rollout import HFEngine
-
     model, desc = bench_model(args.model)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = [[1, *torch.randint(3, vocab, (int(torch.randint(6, 16, (1,), generator=g)),), generator=g).tolist()]
                for _ in range(args.prompts)]  # fmt: skip
-    greedy_ref = HFEngine(model, temperature=0.0, max_new_tokens=args.new).generate(prompts, n=1)
+    ref = greedy_reference(model, None, prompts, args.new)
     kinds = ["hf", "vllm"] if args.engine == "all" else [args.engine]
-    rows = []
-    for kind in kinds:
-        for prec in (args.precisions or (HF_PRECISIONS if kind == "hf" else VLLM_PRECISIONS)).split(","):
-            try:
-                engine = _engine(kind, model, prec, temperature=1.0, max_new_tokens=args.new)
-            except ConfigError as err:  # e.g. vLLM fp8 on a CPU
-                rows.append((kind, prec, None, str(err).split(";")[0]))
-                continue
-            ro = engine.generate(prompts, n=args.group, seed=0)
-            if hasattr(engine, "close"):
-                engine.close()
-            with torch.no_grad():
-                lp, _ = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask)
-            delta = (lp - ro.rollout_logp)[ro.mask]
-            greedy_engine = _engine(kind, model, prec, temperature=0.0, max_new_tokens=args.new)
-            greedy = greedy_engine.generate(prompts, n=1)
-            if hasattr(greedy_engine, "close"):
-                greedy_engine.close()
-            t = min(greedy.response_ids.shape[1], greedy_ref.response_ids.shape[1])
-            agree = (greedy.response_ids[:, :t] == greedy_ref.response_ids[:, :t]).float().mean()
-            ess = float(effective_sample_size(lp - ro.rollout_logp, ro.mask))
-            rows.append((kind, prec, (delta.abs().mean(), delta.abs().max(), ess, agree, ro.num_tokens), ""))
-    print(f"{desc}; {args.prompts} prompts x {args.group}, {args.new} new tokens, temperature 1, processed logp\n")
-    print("| engine | precision | mean abs dlogp | max abs dlogp | batch ESS | greedy agreement | tokens |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    names = {"hf": "HFEngine", "vllm": "vLLM"}
-    for kind, prec, vals, note in rows:
-        if vals is None:
-            print(f"| {names[kind]} | {prec} | n/a: {note} | | | | |")
-            continue
-        mean, mx, ess, agree, n = vals
-        print(f"| {names[kind]} | {prec} | {mean:.2e} | {mx:.2e} | {ess:.6f} | {agree:.3f} | {n} |")
+    results = [
+        measure(model, None, prompts, engine=kind, precision=prec, group=args.group, max_new_tokens=args.new,
+                greedy_ref=ref)
+        for kind in kinds
+        for prec in (args.precisions or (HF_PRECISIONS if kind == "hf" else VLLM_PRECISIONS)).split(",")
+    ]  # fmt: skip
+    header = f"{desc}; {args.prompts} prompts x {args.group}, {args.new} new tokens, temperature 1, processed logp"
+    print(render(results, header))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The `p3o` command: `p3o train | eval | compare | plot | sft | convert-smollm2`.
+"""The `p3o` command: `p3o train | eval | compare | plot | sft | mismatch | doctor | convert-smollm2`.
 
 Each sub-command lives in its own module as `main(argv: list[str]) -> int`; this file only dispatches,
 importing the module lazily so `p3o --help` stays fast.
@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "synthetic": ("p3o.experiments.synthetic_study", "paired multi-seed runs on a tabular toy policy (exact J)"),
     "plot": ("p3o.metrics.plot", "draw reward / ESS / lag curves of a run directory to PNG"),
     "sft": ("p3o.train.sft", "supervised warm start of the built-in tiny model"),
+    "mismatch": ("p3o.diagnose.mismatch", "how far a rollout engine's log-probs are from the fp32 trainer's"),
+    "doctor": ("p3o.diagnose.doctor", "off-policy findings from a run's metrics (exit 0 healthy, 1 finding)"),
     "convert-smollm2": ("p3o.models.smollm2", "convert the SmolLM2-135M-Instruct GGUF to a safetensors checkpoint"),
 }
 

@@ -1,0 +1,67 @@
+"""``p3o mismatch``: the engine-vs-trainer report on the tiny random model, its per-position table and plot, and
+its findings on an engine whose log-probs drift along the response."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import p3o.rollout
+from p3o.cli import main as p3o_main
+from p3o.diagnose.mismatch import encode_prompts, main, measure
+from p3o.errors import ConfigError
+from p3o.models import load_policy
+
+ARGS = ["--model", "tiny-random", "--num-prompts", "3", "--group", "2", "--max-new-tokens", "10", "--threads", "1"]
+
+
+def test_fp32_engine_matches_and_writes_the_report(tmp_path: Path, capsys) -> None:
+    assert main([*ARGS, "--precision", "fp32,fp8", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| HFEngine fp32 |" in out and "| HFEngine fp8 |" in out and "- none:" in out
+    data = json.loads((tmp_path / "mismatch.json").read_text())
+    fp32, fp8 = data
+    assert fp32["stats"]["dlogp_max"] < 1e-4 and fp32["stats"]["ess"] == pytest.approx(1.0, abs=1e-6)
+    assert fp32["greedy_agreement"] == 1.0
+    assert fp8["stats"]["dlogp_mean"] > 10 * fp32["stats"]["dlogp_mean"]
+    assert len(fp8["positions"]) == 10 and fp8["positions"][0]["first"] == 0 and fp8["positions"][9]["last"] == 9
+    assert sum(p["tokens"] for p in fp8["positions"]) == fp8["stats"]["tokens"]
+    assert (tmp_path / "mismatch.png").stat().st_size > 0 and (tmp_path / "mismatch.md").is_file()
+
+
+class DriftingEngine(p3o.rollout.HFEngine):
+    """An HFEngine whose recorded log-probs are off by ±0.05·t² nats at decode position t (an engine that drifts)."""
+
+    def generate(self, prompt_ids, n, **kw):
+        ro = super().generate(prompt_ids, n, **kw)
+        t = torch.arange(ro.rollout_logp.shape[1], dtype=torch.float32)
+        sign = torch.where(torch.arange(ro.rollout_logp.shape[0]) % 2 == 0, 1.0, -1.0)[:, None]
+        ro.rollout_logp = ro.rollout_logp + sign * 0.05 * t**2
+        return ro
+
+
+def test_drifting_engine_fires_findings(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(p3o.rollout, "HFEngine", DriftingEngine)
+    assert main([*ARGS, "--precision", "fp32", "--no-greedy", "--max-new-tokens", "10"]) == 1
+    out = capsys.readouterr().out
+    assert "mismatch grows with position" in out and "ESS below 0.9" in out
+
+
+def test_bad_options() -> None:
+    model, tok = load_policy("tiny-random")
+    res = measure(model, tok, [[1, 2, 3]], engine="hf", precision="bf16", kv_cache_dtype="fp8", max_new_tokens=2)
+    assert "needs --engine vllm" in res.error and res.label == "HFEngine bf16 + KV fp8"
+    with pytest.raises(ConfigError, match="--prompts: no such file"):
+        encode_prompts(tok, "/nonexistent/prompts.txt", 2)
+    assert p3o_main(["mismatch", "--model", "tiny-random", "--group", "0"]) == 2
+
+
+def test_prompts_file(tmp_path: Path) -> None:
+    _, tok = load_policy("tiny-random")
+    (tmp_path / "p.txt").write_text("1+1=\n\n2+2=\n3+3=\n", encoding="utf-8")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1="}\n', encoding="utf-8")
+    assert len(encode_prompts(tok, str(tmp_path / "p.txt"), 2)) == 2
+    assert len(encode_prompts(tok, str(tmp_path / "p.jsonl"), 5)) == 1
