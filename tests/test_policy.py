@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from tiny_lm import make_tiny_lm
 
 from p3o.policy import (
-    Policy,
+    cache_kwarg,
     chunked_head_logprobs,
     naive_token_logprobs,
     position_ids_from_mask,
@@ -110,7 +110,7 @@ def test_no_entropy_and_bad_arguments():
         token_logprobs(model, *batch, chunk_size=0)
 
 
-def test_policy_wrapper_on_rollouts():
+def test_token_logprobs_on_a_rollouts_batch():
     model = make_tiny_lm()
     p_ids, p_mask, r_ids, mask = _batch()
     n, t = r_ids.shape
@@ -125,7 +125,8 @@ def test_policy_wrapper_on_rollouts():
         rewards=torch.zeros(n),
         truncated=torch.zeros(n, dtype=torch.bool),
     )
-    lp, ent = Policy(model, temperature=0.9, chunk_size=4).token_logprobs(ro, with_entropy=True)
+    rows = (ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask)  # the Rollouts fields token_logprobs reads
+    lp, ent = token_logprobs(model, *rows, temperature=0.9, chunk_size=4, with_entropy=True)
     ref, ref_ent = naive_token_logprobs(model, p_ids, p_mask, r_ids, mask, temperature=0.9, with_entropy=True)
     torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
@@ -238,3 +239,16 @@ def test_shared_prompts_fall_back_under_gradient_checkpointing():
     with torch.no_grad():
         ref, _ = naive_token_logprobs(model, *batch)
     torch.testing.assert_close(lp.detach(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_kwarg_names_the_kv_cache_argument_of_either_transformers_generation():
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None): ...
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None): ...
+
+    class NoCache(torch.nn.Module):
+        def forward(self, input_ids): ...
+
+    assert (cache_kwarg(New()), cache_kwarg(Old()), cache_kwarg(NoCache())) == ("cache", "past_key_values", None)

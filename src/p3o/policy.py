@@ -19,13 +19,12 @@ and the responses run on top of it: U·P + N·(T − 1) tokens through the backb
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Policy", "naive_token_logprobs", "position_ids_from_mask", "prompt_groups", "token_logprobs"]
+__all__ = ["cache_kwarg", "naive_token_logprobs", "position_ids_from_mask", "prompt_groups", "token_logprobs"]
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -220,7 +219,7 @@ _NO_SHARED_PATH: set[type] = set()
 """Backbone classes on which the prompt-sharing path failed once (they always take the plain path afterwards)."""
 
 
-def _cache_kwarg(backbone: nn.Module) -> str | None:
+def cache_kwarg(backbone: nn.Module) -> str | None:
     """Name of the backbone's KV-cache argument (`cache` in transformers ≥ 5.x, `past_key_values` before), or None."""
     try:
         params = inspect.signature(backbone.forward).parameters
@@ -267,7 +266,7 @@ def _shared_response_hidden(
     Response token 0 is predicted by the last prompt column (pass 1), token t ≥ 1 by pass-2 column t − 1.
     """
     backbone = _backbone(model)
-    kw = _cache_kwarg(backbone)
+    kw = cache_kwarg(backbone)
     if kw is None or _checkpointing(model) or type(backbone) in _NO_SHARED_PATH:
         return None
     p, t = prompt_ids.shape[1], response_ids.shape[1]
@@ -393,34 +392,3 @@ def naive_token_logprobs(
     if with_entropy:
         entropy = -(logq.exp() * logq).sum(-1).masked_fill(~mask, 0.0)
     return logp, entropy
-
-
-@dataclass
-class Policy:
-    """A causal LM together with the trainer-side temperature and chunk size used for its log-probs.
-
-    policy = Policy(model, temperature=1.0)
-    logp, entropy = policy.token_logprobs(rollouts, with_entropy=True)
-    """
-
-    model: nn.Module
-    temperature: float = 1.0
-    """Trainer-side τ: log-probs are log softmax(z / τ); match the engine's sampling τ for on-policy ratios of 1."""
-    chunk_size: int = 256
-    """Tokens per vocabulary-projection chunk (peak extra memory ≈ 3 · chunk_size · V float32)."""
-    share_prompts: bool = True
-    """Compute each run of identical consecutive prompts (a GRPO group) once; see `token_logprobs`."""
-
-    def token_logprobs(self, rollouts, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        """`token_logprobs` of a `p3o.types.Rollouts` batch (its prompt/response ids and mask)."""
-        return token_logprobs(
-            self.model,
-            rollouts.prompt_ids,
-            rollouts.prompt_mask,
-            rollouts.response_ids,
-            rollouts.mask,
-            temperature=self.temperature,
-            chunk_size=self.chunk_size,
-            with_entropy=with_entropy,
-            share_prompts=self.share_prompts,
-        )
