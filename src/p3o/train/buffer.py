@@ -82,6 +82,10 @@ class BatchSource(Protocol):
 
     def state(self) -> dict[str, Any]: ...
 
+    def metrics(self) -> dict[str, float]:
+        """Extra per-step metrics of the source (e.g. Ray's `sync_bytes`, `worker_restarts`); {} for most."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -101,6 +105,9 @@ class SyncSource:
         self.engine.load_weights(state_dict, version)
 
     def state(self) -> dict[str, Any]:
+        return {}
+
+    def metrics(self) -> dict[str, float]:
         return {}
 
     def close(self) -> None:
@@ -318,6 +325,9 @@ class AsyncSource:
                     self._raise_if_crashed()
                     self.cond.wait(self.poll_s)
             return {"queue": [_batch_state(item) for item in self.queue]}
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
     def close(self, timeout: float = 30.0) -> None:
         with self.cond:

@@ -76,11 +76,14 @@ def _trim_to_common(batch: Rollouts, info: dict[str, float], group_size: int) ->
 
 
 def _lag_stats(batch: Rollouts, version: int) -> dict[str, float]:
-    lag = token_lag(batch, version).float()
+    """lag_min / lag_mean / lag_max over the valid tokens, and the histogram lag_hist_k = share of tokens k versions
+    old (k = 0 .. lag_max)."""
+    lag = token_lag(batch, version)
     if lag.numel() == 0:
         return {"lag_min": 0.0, "lag_mean": 0.0, "lag_max": 0.0}
-    lo, mean, hi = torch.stack([lag.min(), lag.mean(), lag.max()]).tolist()
-    return {"lag_min": lo, "lag_mean": mean, "lag_max": hi}
+    lo, mean, hi = torch.stack([lag.min().float(), lag.float().mean(), lag.max().float()]).tolist()
+    hist = (torch.bincount(lag.clamp(min=0).cpu()).double() / lag.numel()).tolist()
+    return {"lag_min": lo, "lag_mean": mean, "lag_max": hi, **{f"lag_hist_{k}": h for k, h in enumerate(hist)}}
 
 
 def _batch_stats(batch: Rollouts) -> dict[str, float]:
@@ -143,6 +146,10 @@ class Trainer:
         _seed_everything(stream_seed(cfg.seed, dist.rank()))
         if cfg.rollout.workers and dist.world_size() > 1:
             raise ConfigError("rollout.workers: Ray rollout workers serve a single trainer rank (world size 1) here")
+        if cfg.rollout.workers:
+            from p3o.cluster import preflight
+
+            preflight(cfg.ray)  # Ray installed, ray.address reachable: before any model loads
         check_run_dir(run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
         comps = self.comps if self.comps is not None else build_components(cfg)
         self.comps = comps
@@ -262,7 +269,7 @@ class Trainer:
         source.push_weights(sync_weights(comps.policy), step + 1)
         t_sync = time.perf_counter() - t_sync
         t_train = time.perf_counter() - t1
-        local = {**info, **_batch_stats(batch), **lag, "dropped_rows": float(source.dropped_rows)}
+        local = {**info, **_batch_stats(batch), **lag, "dropped_rows": float(source.dropped_rows), **source.metrics()}
         row = {**_reduce_info(local), **stats}
         wall = time.perf_counter() - t0
         row.update(

@@ -1,0 +1,281 @@
+"""`RaySource`: the trainer's `BatchSource` when rollouts come from Ray actors (`rollout.workers` = N > 0).
+
+    source = RaySource(cfg, run_dir, sync_weights(policy), start_step=0)
+    batch, info = source.get(step)                 # batch `step` of the data stream, from a worker
+    source.push_weights(sync_weights(policy), step + 1)   # ONE object-store put per version
+
+Each of the N actors (`p3o.cluster.worker.RolloutWorker`) hosts an engine built by `p3o.rollout.factory` from the
+config alone and the task's verifier; the trainer hands out batch indices (the prompts of batch b are a function of
+(seed, b): `p3o.train.stream.PromptStream`) and the policy version each must be generated from:
+
+* `loop.mode sync`: batch s from version s (one worker busy at a time); bit-identical to `rollout.workers 0` when the
+  engines compute alike (HF engine, fp32, same torch thread count: the workers take the trainer's).
+* `loop.mode async`, `loop.schedule fixed`: batch b from version max(start, b − max_lag) exactly, on whichever worker
+  is free: up to max_lag + 1 batches are generated at once, and the numbers equal the in-process async and the stale
+  FIFO (n = max_lag).
+* `loop.schedule free`: batch b from the newest version at dispatch. `loop.lag_policy wait`: b is dispatched only once
+  version ≥ b − max_lag exists, so no token can be too old when it is consumed; `drop`: workers never wait (up to
+  max_lag + N batches ahead) and a batch holding a token older than max_lag versions is dropped whole, counted in
+  `dropped_batches` / `dropped_rows`, and the schedule moves on.
+* `rollout.inflight_updates`: every new version is also published to the busy workers, whose HF engine takes it
+  between two decode steps (PipelineRL): one response then holds tokens of several versions, each stamped with its
+  own version and recorded log-prob. Timing-dependent by nature.
+
+Batches are consumed in index order. A version's weights are put into the object store once (`sync_bytes` logged)
+and the reference dropped once no pending or future request needs it (Ray frees the object when no worker borrows it
+any more). A worker that dies (e.g. SIGKILL) is restarted by Ray (`max_restarts`), comes back with fresh state, is
+handed the version of each request it had not finished (the request carries it) and those requests are re-issued:
+no batch is lost or duplicated, `worker_restarts` counts it and `run_dir/rollout_workers.json` (pid, node, engine per
+worker) is rewritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p3o.cluster.runtime import connect, import_ray
+from p3o.errors import P3OError
+from p3o.train.buffer import Batch, _batch_from_state, _batch_state, rollouts_from_state
+
+MAX_RESTARTS = 8
+"""Restarts Ray grants each worker before a death becomes fatal for the run."""
+
+
+class RaySource:
+    """A `p3o.train.buffer.BatchSource` over N Ray rollout workers (see the module docstring for the schedules)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        run_dir: str | Path,
+        weights: dict[str, torch.Tensor],
+        *,
+        start_step: int = 0,
+        state: dict[str, Any] | None = None,
+        object_store_memory: int | None = None,
+    ) -> None:
+        from p3o.cluster.worker import RolloutWorker
+        from p3o.config import to_dict
+
+        ray = import_ray()
+        self.ray = ray
+        lp, ro = cfg.loop, cfg.rollout
+        self.sync = lp.mode == "sync"
+        self.overlaps_generation = not self.sync
+        self.max_lag = 0 if self.sync else lp.max_lag
+        self.schedule = "fixed" if self.sync else lp.schedule
+        self.lag_policy = "wait" if self.sync else lp.lag_policy
+        self.inflight = bool(ro.inflight_updates)
+        self.run_dir = Path(run_dir)
+        self.dropped_rows = 0
+        self.dropped_batches = 0
+        self.restarts = 0
+        self.sync_bytes = 0
+        st = state or {}
+        self.floor = start_step
+        self.done: dict[int, Batch] = dict(_batch_from_state(item) for item in st.get("queue", []))
+        self.consume_index = int(st.get("consume_index", start_step))
+        self.next_index = int(st.get("next_index", max([start_step, *[i + 1 for i in self.done]])))
+        self.skipped = int(st.get("skipped", 0))
+        self.version = start_step
+        self.running: dict[Any, tuple[int, int, int]] = {}  # task ref -> (worker, batch index, version)
+        self.busy: set[int] = set()
+
+        self.started = connect(cfg.ray, object_store_memory=object_store_memory)
+        try:
+            n = ro.workers
+            gpus = 0.0
+            if torch.cuda.is_available():  # unverified here: no GPU on the machines this was written on
+                gpus = 1.0 / (n + 1) if ro.colocate else 1.0
+            remote = ray.remote(RolloutWorker).options(
+                num_cpus=1,
+                num_gpus=gpus,
+                max_restarts=MAX_RESTARTS,
+                max_task_retries=0,  # this source re-issues a dead worker's requests itself
+                max_concurrency=2,  # `publish` / `evaluate` while `produce` runs
+            )
+            cfg_dict = to_dict(cfg)
+            threads = torch.get_num_threads()
+            self.actors = [remote.remote(cfg_dict, i, threads) for i in range(n)]
+            self.infos = ray.get([a.info.remote() for a in self.actors])
+            for info in self.infos:
+                info["restarts"] = 0
+            self._write_workers()
+            self.refs: dict[int, Any] = {}
+            self._put(weights, start_step)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- versions and weights ------------------------------------------------------------------------
+    def version_for(self, index: int) -> int:
+        """The version batch `index` is generated from: fixed, max(floor, index − skipped − max_lag); free, the
+        newest."""
+        if self.schedule == "fixed":
+            return max(self.floor, index - self.skipped - self.max_lag)
+        return self.version
+
+    def _put(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        cpu = {k: v.detach().to("cpu") for k, v in weights.items()}
+        self.refs[version] = self.ray.put(cpu)  # ONE put per version, shared by every worker
+        unique = {v.untyped_storage().data_ptr(): v for v in cpu.values()}  # tied weights are sent once
+        self.sync_bytes = sum(v.numel() * v.element_size() for v in unique.values())
+        self.version = version
+
+    def push_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self._put(state_dict, version)
+        if self.inflight:  # the busy workers take it between two decode steps
+            for w in {w for w, _, _ in self.running.values()}:
+                self.actors[w].publish.remote(version, [self.refs[version]])
+        self._free_refs()
+        self._pump()
+
+    def _free_refs(self) -> None:
+        keep = {self.version} | {v for _, _, v in self.running.values()}
+        if self.schedule == "fixed":
+            low = self.version_for(self.next_index)
+            keep |= {v for v in self.refs if v >= low}
+        for v in [v for v in self.refs if v not in keep]:
+            del self.refs[v]
+
+    # -- dispatch and collection ---------------------------------------------------------------------
+    def _dispatchable(self, index: int) -> bool:
+        if self.schedule == "fixed":
+            return self.version_for(index) <= self.version
+        if self.lag_policy == "wait":  # generated from version ≥ index − max_lag: never too old when consumed
+            return index - self.skipped - self.max_lag <= self.version
+        return index < self.consume_index + self.max_lag + len(self.actors)  # drop: keep every worker busy
+
+    def _pump(self) -> None:
+        for w in range(len(self.actors)):
+            if w in self.busy or not self._dispatchable(self.next_index):
+                continue
+            self._dispatch(w, self.next_index, self.version_for(self.next_index))
+            self.next_index += 1
+
+    def _dispatch(self, w: int, index: int, version: int) -> None:
+        ref = self.actors[w].produce.remote(index, version, [self.refs[version]])
+        self.running[ref] = (w, index, version)
+        self.busy.add(w)
+
+    def _collect(self, timeout: float) -> None:
+        ray = self.ray
+        ready, _ = ray.wait(list(self.running), num_returns=1, timeout=timeout)
+        for ref in ready:
+            w, index, version = self.running.pop(ref)
+            try:
+                rollouts, info = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
+                self._restarted(w, err)
+                self._dispatch(w, index, version)  # the same request again: same batch, same version
+                continue
+            self.busy.discard(w)
+            self.done[index] = (rollouts_from_state(rollouts), info)
+
+    def _restarted(self, w: int, err: BaseException) -> None:
+        """Worker `w` died: wait for Ray's restart, record its new pid in rollout_workers.json."""
+        self.restarts += 1
+        old = self.infos[w]["pid"]
+        info = self._wait_alive(w)
+        info["restarts"] = self.infos[w]["restarts"] + 1
+        self.infos[w] = info
+        self._write_workers()
+        print(
+            f"p3o train: rollout worker {w} died (pid {old}: {type(err).__name__}); restarted by Ray as pid "
+            f"{info['pid']}, its unfinished request re-issued",
+            file=sys.stderr,
+        )
+
+    def _wait_alive(self, w: int, timeout_s: float = 300.0) -> dict[str, Any]:
+        """Worker `w`'s `info()` once Ray has restarted it (calls fail with ActorUnavailableError meanwhile)."""
+        ray = self.ray
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return ray.get(self.actors[w].info.remote(), timeout=timeout_s)
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _write_workers(self) -> None:
+        path = self.run_dir / "rollout_workers.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"workers": self.infos}, indent=1) + "\n")
+        tmp.replace(path)
+
+    # -- the BatchSource interface -------------------------------------------------------------------
+    def get(self, step: int) -> Batch:
+        while True:
+            self._pump()
+            if self.consume_index in self.done:
+                batch, info = self.done.pop(self.consume_index)
+                self.consume_index += 1
+                self._pump()
+                lag = step - batch.policy_version[batch.mask]
+                if lag.numel() and int(lag.max()) > self.max_lag:  # a token too old: never trained on
+                    self.dropped_batches += 1
+                    self.dropped_rows += len(batch)
+                    self.skipped += 1
+                    continue
+                return batch, info
+            if not self.running:
+                raise P3OError(f"RaySource: nothing is generating batch {self.consume_index} (version {self.version})")
+            self._collect(timeout=1.0)
+
+    def metrics(self) -> dict[str, float]:
+        """Per-step extras: bytes of the last weight put, worker restarts and batches dropped so far."""
+        return {
+            "sync_bytes": float(self.sync_bytes),
+            "worker_restarts": float(self.restarts),
+            "dropped_batches": float(self.dropped_batches),
+        }
+
+    def evaluate(self, version: int) -> dict[str, float]:
+        """Held-out pass@1 of `version` (the newest pushed) on worker 0, with that worker's evaluation engine."""
+        ray = self.ray
+        for _ in range(MAX_RESTARTS + 1):
+            try:
+                return ray.get(self.actors[0].evaluate.remote(version, [self.refs[version]]))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
+                self._restarted(0, err)
+        raise P3OError("RaySource.evaluate: worker 0 keeps dying")
+
+    def state(self) -> dict[str, Any]:
+        """Finished, unconsumed batches (and the cursors). Every running request is finished first and, under the
+        fixed schedule, every batch generated from a version older than the newest: a resumed run holds only the
+        newest weights."""
+        while True:
+            if self.schedule == "fixed":
+                self._pump()
+            if not self.running and (self.schedule != "fixed" or self.version_for(self.next_index) >= self.version):
+                break
+            self._collect(timeout=1.0)
+        return {
+            "queue": [_batch_state((i, self.done[i])) for i in sorted(self.done)],
+            "consume_index": self.consume_index,
+            "next_index": self.next_index,
+            "skipped": self.skipped,
+        }
+
+    def close(self) -> None:
+        """Kill the workers; shut Ray down if this source started it."""
+        ray = self.ray
+        for actor in getattr(self, "actors", []):
+            with contextlib.suppress(Exception):  # an actor already gone is fine
+                ray.kill(actor, no_restart=True)
+        self.actors = []
+        self.running.clear()
+        if self.started and ray.is_initialized():
+            ray.shutdown()
+        self.started = False
+
+
+__all__ = ["MAX_RESTARTS", "RaySource"]

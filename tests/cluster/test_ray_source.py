@@ -1,0 +1,147 @@
+"""Rollout workers as Ray actors on a real local Ray instance (tiny random model, CPU): placement changes nothing
+(workers 1 sync ≡ workers 0), the lag bound holds per token with 2 workers, in-flight updates stamp several versions
+in one response, and a SIGKILLed worker is restarted without losing or duplicating a batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ray_args
+
+import p3o.train.loop as loop_mod
+from p3o.config import load_config
+from p3o.train.loop import run
+
+
+def _run(run_dir: Path, **overrides: object) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """Run; returns (metrics rows, final parameters)."""
+    from safetensors.torch import load_file
+
+    out = run(load_config(ray_args(run_dir, **overrides)))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (weights,) = sorted((out / "final").glob("*.safetensors"))
+    return rows, load_file(str(weights))
+
+
+def _training(rows: list[dict]) -> list[dict]:
+    skip = ("sync_bytes", "worker_restarts", "dropped_batches", "tokens_per_s")
+    return [{k: v for k, v in r.items() if not k.startswith("time_") and k not in skip} for r in rows]
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_one_worker_sync_is_bit_identical_to_in_process(ray_cluster, tmp_path):
+    rows0, p0 = _run(tmp_path / "w0", **{"rollout.workers": 0, "loop.mode": "sync"})
+    rows1, p1 = _run(tmp_path / "w1", **{"rollout.workers": 1, "loop.mode": "sync"})
+    assert any(r["loss"] != 0 for r in rows0)  # the updates really move the policy
+    assert _same(p0, p1)
+    assert _training(rows0) == _training(rows1)
+    assert rows1[-1]["sync_bytes"] == sum(v.numel() * v.element_size() for v in p1.values()) > 0
+    workers = json.loads((tmp_path / "w1" / "rollout_workers.json").read_text())["workers"]
+    assert len(workers) == 1 and workers[0]["engine"] == "hf" and workers[0]["pid"] != os.getpid()
+
+
+def test_two_workers_async_keep_every_token_within_max_lag(ray_cluster, tmp_path):
+    # free schedule, lag_policy wait: timing decides the versions, the dispatch rule bounds them
+    rows, _ = _run(
+        tmp_path / "free",
+        steps=6,
+        **{"rollout.workers": 2, "loop.mode": "async", "loop.max_lag": 1, "loop.schedule": "free"},
+    )
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    for r in rows:
+        assert 0 <= r["lag_min"] <= r["lag_max"] <= 1
+        hist = {k: v for k, v in r.items() if k.startswith("lag_hist_")}
+        assert set(hist) <= {"lag_hist_0", "lag_hist_1"} and abs(sum(hist.values()) - 1) < 1e-9
+    # fixed schedule: the two workers give exactly the in-process async run (and so the stale FIFO, n = max_lag)
+    rows_ray, p_ray = _run(tmp_path / "fixed", **{"rollout.workers": 2, "loop.mode": "async", "loop.max_lag": 2})
+    rows_in, p_in = _run(tmp_path / "inproc", **{"rollout.workers": 0, "loop.mode": "async", "loop.max_lag": 2})
+    assert _training(rows_ray) == _training(rows_in) and _same(p_ray, p_in)
+    assert [r["lag_max"] for r in rows_ray] == [0, 1, 2, 2]
+
+
+def test_inflight_updates_stamp_several_versions_in_one_response(ray_cluster, tmp_path, monkeypatch):
+    mixed: list[int] = []
+    real = loop_mod.update
+
+    def recording(policy, optimizer, scheduler, batch, *a, **kw):
+        v = batch.policy_version.masked_fill(~batch.mask, -1)
+        lo = batch.policy_version.masked_fill(~batch.mask, 1 << 30).min(1).values
+        mixed.append(int((v.max(1).values > lo).sum()))  # responses holding >= 2 versions
+        return real(policy, optimizer, scheduler, batch, *a, **kw)
+
+    monkeypatch.setattr(loop_mod, "update", recording)
+    rows, _ = _run(
+        tmp_path / "inflight",
+        steps=6,
+        **{
+            "rollout.workers": 1,
+            "rollout.inflight_updates": True,
+            "rollout.max_new_tokens": 96,
+            "rollout.prompts_per_step": 8,
+            "loop.mode": "async",
+            "loop.schedule": "free",
+            "loop.max_lag": 2,
+        },
+    )
+    assert sum(mixed) > 0, mixed
+    assert all(r["lag_max"] <= 2 for r in rows)
+
+
+def test_sigkilled_worker_is_restarted_and_no_batch_is_lost(ray_cluster, tmp_path, monkeypatch):
+    run_dir = tmp_path / "killed"
+    real = loop_mod.update
+    calls = {"n": 0}
+    killed: list[int] = []
+
+    def kill_then_update(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the worker is generating the next batches now (async, fixed schedule)
+            pid = json.loads((run_dir / "rollout_workers.json").read_text())["workers"][0]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(loop_mod, "update", kill_then_update)
+    rows, params = _run(run_dir, steps=5, **{"rollout.workers": 1, "loop.mode": "async", "loop.max_lag": 1})
+    monkeypatch.setattr(loop_mod, "update", real)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]  # every step logged exactly once
+    assert rows[-1]["worker_restarts"] >= 1
+    worker = json.loads((run_dir / "rollout_workers.json").read_text())["workers"][0]
+    assert worker["pid"] != killed[0] and worker["restarts"] >= 1
+    # the re-issued requests carried their versions: the run equals an uninterrupted one
+    rows_ok, params_ok = _run(
+        tmp_path / "ok", steps=5, **{"rollout.workers": 0, "loop.mode": "async", "loop.max_lag": 1}
+    )
+    assert _training(rows) == _training(rows_ok) and _same(params, params_ok)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"rollout.workers": -1}, "rollout.workers"),
+        ({"rollout.workers": 1, "rollout.inflight_updates": True, "rollout.engine": "vllm"}, "inflight_updates"),
+        ({"rollout.workers": 1, "ray.address": "127.0.0.1:9"}, "ray.address: cannot reach"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(tmp_path, overrides, message):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "p3o", "train", *ray_args(tmp_path / "bad", **overrides)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
