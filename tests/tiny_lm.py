@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 
-def make_tiny_lm(vocab_size: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0) -> torch.nn.Module:
+def make_tiny_lm(seed: int = 0, vocab_size: int = 64, hidden: int = 32, layers: int = 2) -> torch.nn.Module:
     """A randomly initialised Qwen3ForCausalLM small enough for unit tests (float32, eval mode)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

@@ -15,34 +15,17 @@ from typing import Any
 
 import torch
 
-from p3o.config import TrainConfig, apply_overrides
-from p3o.train.wiring import Components
-from p3o.types import Rollouts
+TESTS = Path(__file__).resolve().parents[1]
+if str(TESTS) not in sys.path:  # run as a script (the resume tests' subprocess): tiny_lm.py is one folder up
+    sys.path.insert(0, str(TESTS))
+
+from tiny_lm import make_tiny_lm  # noqa: E402  (the one tiny random Qwen3; re-exported for the training tests)
+
+from p3o.config import TrainConfig, apply_overrides  # noqa: E402
+from p3o.train.wiring import Components  # noqa: E402
+from p3o.types import Rollouts  # noqa: E402
 
 VOCAB = 64
-EOS = 2
-
-
-def make_tiny_lm(seed: int = 0, vocab_size: int = VOCAB, hidden: int = 32, layers: int = 2) -> torch.nn.Module:
-    """A randomly initialised Qwen3ForCausalLM (float32) — the same recipe as tests/conftest.py."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden // 4,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=EOS,
-        pad_token_id=0,
-    )
-    return Qwen3ForCausalLM(cfg).float().eval()
 
 
 def even_token_reward(r: Rollouts) -> torch.Tensor:
@@ -65,7 +48,7 @@ def fake_components(seed: int = 0, n_prompts: int = 12, max_new_tokens: int = 6,
         return HFEngine(model, None, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed, pad_token_id=0)
 
     return Components(
-        policy=make_tiny_lm(seed),
+        policy=make_tiny_lm(seed=seed),
         tokenizer=None,
         prompts=prompts,
         answers=[str(i) for i in range(n_prompts)],
