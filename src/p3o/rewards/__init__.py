@@ -6,10 +6,10 @@ get_verifier("my_rewards:score")               # your own fn(completion, answer)
 reward_fn = make_reward_fn("math", timeout_s=1.0)   # rollouts -> (N,) float32 rewards
 """
 
+from p3o.errors import VerifierError
 from p3o.rewards.extract import hash_answer, last_boxed, parse_int, parse_number
 from p3o.rewards.verifiers import (
     VERIFIERS,
-    VerifierError,
     exact_int,
     format_reward,
     get_verifier,
