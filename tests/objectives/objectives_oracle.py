@@ -61,13 +61,41 @@ def kl_token(x: float, estimator: str) -> tuple[float, float]:
     return 0.0, 0.0
 
 
+def _gmpo(d: dict, coef: list[list[float]], lo: float, hi: float) -> tuple[float, list[list[float]]]:
+    """GMPO per row: c̃ = min(c, ε_hi) for A > 0, max(c, −ε_lo) for A < 0, 0 for A = 0; R = exp(mean c̃);
+    ℓ_i = −A_i·R_i written on each valid token (so the aggregation's per-token coefficients sum per row)."""
+    logp, roll, mask, adv = d["logp"], d["rollout"], d["mask"], d["adv"]
+    loss, grad = 0.0, [[0.0] * len(logp[0]) for _ in logp]
+    for i, row in enumerate(logp):
+        a = adv[i]
+        ts = [t for t in range(len(row)) if mask[i][t]]
+        cs, free = [], []
+        for t in ts:
+            c = row[t] - roll[i][t]
+            if a > 0:
+                cs.append(min(c, hi))
+                free.append(c <= hi)
+            elif a < 0:
+                cs.append(max(c, -lo))
+                free.append(c >= -lo)
+            else:
+                cs.append(0.0)
+                free.append(False)
+        r = math.exp(sum(cs) / len(ts))
+        weight = sum(coef[i][t] for t in ts)
+        loss += weight * -a * r
+        for t, f in zip(ts, free):
+            grad[i][t] = weight * -a * r / len(ts) if f else 0.0
+    return loss, grad
+
+
 def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
     """Loss and gradient of objective ``name`` on the data dict d (lists: logp, rollout, prox, mask, adv)."""
     logp, roll, prox, mask, adv = d["logp"], d["rollout"], d["prox"], d["mask"], d["adv"]
     n_rows, n_cols = len(logp), len(logp[0])
     lr = [[logp[i][t] - roll[i][t] for t in range(n_cols)] for i in range(n_rows)]
     valid_lr = [lr[i][t] for i in range(n_rows) for t in range(n_cols) if mask[i][t]]
-    aggs = {"grpo": "seq-mean-token-mean", "gspo": "seq-mean-token-mean"}
+    aggs = dict.fromkeys(("grpo", "gspo", "gmpo", "sapo", "topr"), "seq-mean-token-mean")
     coef = agg_coef(mask, hp.get("agg", aggs.get(name, "token-mean")))
     if name == "m2po":  # brute force: drop the largest lr² one by one until the mean of the rest is < τ
         vals = sorted((x * x for x in valid_lr), reverse=True)
@@ -78,8 +106,19 @@ def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
     e_b = ess(valid_lr)
     if name == "p3o_two_anchor":
         e_p = ess([logp[i][t] - prox[i][t] for i in range(n_rows) for t in range(n_cols) if mask[i][t]])
+    if name in ("kl_cov", "clip_cov"):  # Cov_t = (A − Ā)(logp − mean logp) over the valid tokens
+        cells = [(i, t) for i in range(n_rows) for t in range(n_cols) if mask[i][t]]
+        a_bar = sum(adv[i] for i, _ in cells) / len(cells)
+        lp_bar = sum(logp[i][t] for i, t in cells) / len(cells)
+        cov = {(i, t): (adv[i] - a_bar) * (logp[i][t] - lp_bar) for i, t in cells}
+        if name == "kl_cov":
+            k = max(1, int(len(cells) * hp.get("ratio", 2e-4)))
+            chosen = set(sorted(cells, key=lambda c: -cov[c])[:k])
+    if name == "gmpo":
+        return _gmpo(d, coef, hp.get("clip_eps_low", 0.4), hp.get("clip_eps_high", 0.4))
     loss, grad = 0.0, [[0.0] * n_cols for _ in range(n_rows)]
     for i in range(n_rows):
+        seq_sum = sum(lr[i][t] for t in range(n_cols) if mask[i][t])
         seq_lr = [lr[i][t] for t in range(n_cols) if mask[i][t]]
         run_min = math.inf
         for t in range(n_cols):
@@ -137,6 +176,34 @@ def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
                 w = clip(m * rho, 1 - hp.get("trunc_eps_low", 1.0), 1 + hp.get("trunc_eps_high", 4.0))
                 val, g = -w * a * logp[i][t], -w * a
                 run_min = min(run_min, rho)
+            elif name == "sapo":
+                tau = hp.get("tau_pos", 1.0) if a > 0 else hp.get("tau_neg", 1.05)
+                sig = 1 / (1 + math.exp(-tau * (rho - 1)))
+                val, g = -sig * 4 / tau * a, -a * 4 * sig * (1 - sig) * rho
+            elif name == "dppo":
+                delta = math.exp(logp[i][t]) - math.exp(roll[i][t])
+                masked = delta > hp.get("mask_high", 0.2) if a > 0 else delta < -hp.get("mask_low", 0.2)
+                kl_tau, adv_tau = hp.get("kl_tau", 1e-3), hp.get("adv_tau", 1.0)
+                pg = 0.0 if masked else -adv_tau * a * rho
+                val, g = pg + kl_tau * x * x, pg + 2 * kl_tau * x
+            elif name == "topr":
+                c = 1.0 if a >= 0 else math.exp(min(0.0, seq_sum))
+                val, g = -c * a * logp[i][t], -c * a
+            elif name == "dro":
+                beta = hp["beta"]
+                val, g = -(a * logp[i][t] - 0.5 * beta * x * x), -(a - beta * x)
+            elif name == "gpg":
+                val, g = -a * logp[i][t], -a
+            elif name == "kl_cov":
+                beta = hp.get("beta", 0.1)
+                val, g = -a * rho, -a * rho
+                if (i, t) in chosen:
+                    val, g = val + beta * abs(x), g + beta * math.copysign(1.0, x)
+            elif name == "clip_cov":  # ratio 1: every band token is chosen (no randomness)
+                val, g = ppo_token(rho, a, hp.get("clip_eps_low", 0.2), hp.get("clip_eps_high", 0.2))
+                unclipped = -rho * a >= -clip(rho, 0.8, 1.2) * a
+                if unclipped and hp["cov_low"] < cov[(i, t)] < hp.get("cov_high", 5.0):
+                    val, g = 0.0, 0.0
             else:
                 raise KeyError(name)
             loss += coef[i][t] * val

@@ -25,13 +25,14 @@ from p3o.objectives import (
 )
 
 COMMON = ("agg", "ref_kl_coef", "entropy_coef", "rollout_correction", "rollout_correction_cap")
+REQUIRED: dict[str, dict] = {"dro": {"beta": 0.1}}  # hyper-parameters without a default
 
 
 def _run(name: str, inputs: ObjectiveInputs, **hp: object) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(loss, d loss / d logp, stats) of objective ``name``."""
+    """(loss, d loss / d logp, stats) of objective ``name`` (its required hyper-parameters filled in)."""
     logp = inputs.logp.detach().clone().requires_grad_()
     inputs.logp = logp
-    loss, stats = get_objective(name)(inputs, **hp)
+    loss, stats = get_objective(name)(inputs, **{**REQUIRED.get(name, {}), **hp})
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), grad, stats
 
@@ -207,6 +208,18 @@ def test_extra_terms_and_rollout_correction() -> None:
         ("minpro", {}),
         ("minpro", {"trunc_eps_low": 0.5, "trunc_eps_high": 0.5}),
         ("p3o", {"agg": "seq-mean-token-sum-norm"}),
+        ("gmpo", {}),
+        ("gmpo", {"clip_eps_low": 0.1, "clip_eps_high": 0.2}),
+        ("sapo", {}),
+        ("sapo", {"tau_pos": 2.0, "tau_neg": 0.5, "agg": "token-mean"}),
+        ("dppo", {}),
+        ("dppo", {"mask_low": 0.02, "mask_high": 0.05, "kl_tau": 0.1, "adv_tau": 2.0}),
+        ("topr", {}),
+        ("dro", {"beta": 0.5}),
+        ("gpg", {}),
+        ("kl_cov", {}),
+        ("kl_cov", {"ratio": 0.3, "beta": 1.0}),
+        ("clip_cov", {"ratio": 1.0, "cov_low": 0.0}),
         ("p3o", {"kl_estimator": "k3_is"}),
         ("p3o", {"kl_estimator": "k2", "scope": "micro-batch"}),
         ("p3o", {"kl_estimator": "none"}),
@@ -330,7 +343,8 @@ def test_property_finite_everywhere(seed: int, scale: float, name: str) -> None:
 # ----------------------------------------------------------------------------------------------- accumulation
 
 
-@pytest.mark.parametrize("name", [n for n in OBJECTIVES if n != "p3o_two_anchor"])
+# kl_cov / clip_cov choose their tokens per call (coupling "batch", as verl does per micro-batch)
+@pytest.mark.parametrize("name", [n for n in OBJECTIVES if n not in ("p3o_two_anchor", "kl_cov", "clip_cov")])
 def test_gradient_accumulation_matches_one_batch(name: str) -> None:
     d = _random_data(6, n=6, t=5)
     mask = d["mask"]

@@ -448,6 +448,7 @@ def finish(
     entropy_coef: float,
     stats: dict[str, torch.Tensor],
     extra_mask: torch.Tensor | None = None,
+    num_seqs: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Apply the common modifier and extra terms to an (N, T) policy loss, aggregate it and finalise the stats.
 
@@ -456,7 +457,8 @@ def finish(
     w^rc is the rollout correction's weight, computed by :func:`prepare` (1 for ``none`` and the row rejections,
     whose rows :func:`prepare` already removed from ``prep.mask``); u = ``inputs.loss_weight`` (1 when None);
     ``extra_mask`` (N, T) bool removes tokens from
-    the policy term only (their weight is 0, the denominator is unchanged).
+    the policy term only (their weight is 0, the denominator is unchanged). ``num_seqs``: the row count of the
+    ``seq-mean-*`` modes when ``inputs.num_seqs`` is None (default: N less the rejected rows).
     """
     if agg not in AGG_MODES:
         raise ObjectiveError(f"agg: unknown aggregation mode {agg!r}; valid: {', '.join(AGG_MODES)}")
@@ -481,8 +483,9 @@ def finish(
         ent = _clean(inputs.entropy, mask)
         per_token = per_token - entropy_coef * ent
         stats["entropy"] = masked_mean(ent.detach(), mask)
-    num_seqs = inputs.num_seqs
-    if num_seqs is None and prep.rejected_rows is not None:  # rejected rows leave the row count too
+    if inputs.num_seqs is not None:
+        num_seqs = inputs.num_seqs
+    elif num_seqs is None and prep.rejected_rows is not None:  # rejected rows leave the row count too
         num_seqs = mask.shape[0] - prep.rejected_rows
     loss = reduce_tokens(per_token, mask, agg, inputs.num_tokens, num_seqs=num_seqs)
     stats["num_valid_tokens"] = mask.sum().float()

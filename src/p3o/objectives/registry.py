@@ -75,6 +75,8 @@ class Objective:
             instrument) use it to pack independent batches into one call exactly.
         aliases: deprecated spelling -> current keyword (accepted with a DeprecationWarning for one release).
         summary: one line for listings (``p3o train --help``, docs).
+        required: hyper-parameters with no usable default (``dro``'s ``beta``): :meth:`resolve` refuses to fill
+            them in.
     """
 
     name: str
@@ -83,11 +85,13 @@ class Objective:
     coupling: Literal["row", "ess-scope", "batch"] = "row"
     aliases: Mapping[str, str] = field(default_factory=dict)
     summary: str = ""
+    required: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.needs) - set(INPUTS)
         assert not unknown, f"{self.name}: unknown inputs {unknown}; valid: {INPUTS}"
         assert set(self.aliases.values()) <= set(self.hypers), f"{self.name}: alias to an unknown keyword"
+        assert set(self.required) <= set(self.hypers), f"{self.name}: required keyword not in the signature"
 
     @functools.cached_property
     def hypers(self) -> dict[str, Hyper]:
@@ -131,7 +135,7 @@ class Objective:
             every hyper-parameter -> value (or only the given ones with ``given_only``).
         Raises:
             ObjectiveError (one line): an unknown keyword (with the nearest valid one and the objectives that do
-            accept it), or a keyword given under both its old and its new spelling.
+            accept it), a keyword given under both its old and its new spelling, or a ``required`` one missing.
         A deprecated spelling warns (DeprecationWarning) and is renamed.
         """
         hyper = dict(hyper or {})
@@ -161,6 +165,12 @@ class Objective:
             given[key] = value if check is None else check(show(key), value, hypers[key].type)
         if given_only:
             return given
+        missing = [k for k in self.required if given.get(k) is None]
+        if missing:
+            raise ObjectiveError(
+                f"{show(missing[0]) if key_prefix is not None else f'{where}: {missing[0]!r}'} must be set for "
+                f"objective {self.name!r} (it has no default)"
+            )
         return {**self.defaults(), **given}
 
     def _unknown(self, key: str, where: str, key_prefix: str | None) -> str:
@@ -270,6 +280,36 @@ _RECORDS = (
         losses.minpro,
         aliases=_TRUNC_ALIASES,
         summary="token ratio × the minimum earlier ratio, truncated (MinPRO)",
+    ),
+)
+
+_RECORDS += (
+    Objective("gmpo", losses.gmpo, summary="geometric mean of sign-clipped token ratios per sequence (GMPO)"),
+    Objective("sapo", losses.sapo, summary="sigmoid soft gate on the token ratio instead of a clip (SAPO)"),
+    Objective(
+        "dppo",
+        losses.dppo,
+        summary="probability-difference mask + squared log-ratio term (DPPO-Binary-TV, prime-rl default)",
+    ),
+    Objective("topr", losses.topr, summary="REINFORCE, negatives tapered by the truncated sequence ratio (TOPR)"),
+    Objective(
+        "dro",
+        losses.dro,
+        required=("beta",),
+        summary="REINFORCE − ½β·lr² (DRO / Kimi-1.5, token level; beta required)",
+    ),
+    Objective("gpg", losses.gpg, summary="plain REINFORCE −A·logp, no ratio (GPG)"),
+    Objective(
+        "kl_cov",
+        losses.kl_cov,
+        coupling="batch",
+        summary="−A·ρ plus β·|lr| on the top-covariance tokens (KL-Cov)",
+    ),
+    Objective(
+        "clip_cov",
+        losses.clip_cov,
+        coupling="batch",
+        summary="PPO clip; random tokens in a covariance band lose their gradient (Clip-Cov)",
     ),
 )
 
