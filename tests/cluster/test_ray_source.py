@@ -38,33 +38,58 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def test_one_worker_sync_is_bit_identical_to_in_process(ray_cluster, tmp_path):
-    rows0, p0 = _run(tmp_path / "w0", **{"rollout.workers": 0, "loop.mode": "sync"})
-    rows1, p1 = _run(tmp_path / "w1", **{"rollout.workers": 1, "loop.mode": "sync"})
+    # the held-out evaluation runs on the worker (its own engine) and must give the in-process numbers too
+    ev = {"task.n_eval": 8, "log.eval_every": 2}
+    rows0, p0 = _run(tmp_path / "w0", **{"rollout.workers": 0, "loop.mode": "sync", **ev})
+    rows1, p1 = _run(tmp_path / "w1", **{"rollout.workers": 1, "loop.mode": "sync", **ev})
     assert any(r["loss"] != 0 for r in rows0)  # the updates really move the policy
     assert _same(p0, p1)
     assert _training(rows0) == _training(rows1)
+    assert [r["step"] for r in rows1 if "eval_score" in r] == [1, 2, 4]
     assert rows1[-1]["sync_bytes"] == sum(v.numel() * v.element_size() for v in p1.values()) > 0
     workers = json.loads((tmp_path / "w1" / "rollout_workers.json").read_text())["workers"]
     assert len(workers) == 1 and workers[0]["engine"] == "hf" and workers[0]["pid"] != os.getpid()
 
 
 def test_two_workers_async_keep_every_token_within_max_lag(ray_cluster, tmp_path):
-    # free schedule, lag_policy wait: timing decides the versions, the dispatch rule bounds them
-    rows, _ = _run(
-        tmp_path / "free",
-        steps=6,
-        **{"rollout.workers": 2, "loop.mode": "async", "loop.max_lag": 1, "loop.schedule": "free"},
-    )
-    assert [r["step"] for r in rows] == list(range(1, 7))
-    for r in rows:
-        assert 0 <= r["lag_min"] <= r["lag_max"] <= 1
-        hist = {k: v for k, v in r.items() if k.startswith("lag_hist_")}
-        assert set(hist) <= {"lag_hist_0", "lag_hist_1"} and abs(sum(hist.values()) - 1) < 1e-9
-    # fixed schedule: the two workers give exactly the in-process async run (and so the stale FIFO, n = max_lag)
+    # fixed schedule: two workers generate up to max_lag + 1 batches at once, and the run is exactly the in-process
+    # async run (and so the stale FIFO, n = max_lag); the lag histogram covers every consumed token
     rows_ray, p_ray = _run(tmp_path / "fixed", **{"rollout.workers": 2, "loop.mode": "async", "loop.max_lag": 2})
     rows_in, p_in = _run(tmp_path / "inproc", **{"rollout.workers": 0, "loop.mode": "async", "loop.max_lag": 2})
     assert _training(rows_ray) == _training(rows_in) and _same(p_ray, p_in)
     assert [r["lag_max"] for r in rows_ray] == [0, 1, 2, 2]
+    for r in rows_ray:
+        assert 0 <= r["lag_min"] <= r["lag_max"] <= 2
+        hist = {k: v for k, v in r.items() if k.startswith("lag_hist_")}
+        assert set(hist) <= {"lag_hist_0", "lag_hist_1", "lag_hist_2"} and abs(sum(hist.values()) - 1) < 1e-9
+    workers = json.loads((tmp_path / "fixed" / "rollout_workers.json").read_text())["workers"]
+    assert len({w["pid"] for w in workers}) == 2
+
+
+def test_drop_policy_never_trains_on_a_token_too_old(ray_cluster, tmp_path):
+    # free schedule, lag_policy drop, max_lag 0: two eager workers generate ahead from older versions, so batches
+    # arrive too old; each is dropped whole and counted, and every trained token is on-policy
+    rows, _ = _run(
+        tmp_path / "drop",
+        **{
+            "rollout.workers": 2,
+            "loop.mode": "async",
+            "loop.schedule": "free",
+            "loop.lag_policy": "drop",
+            "loop.max_lag": 0,
+        },
+    )
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["lag_max"] == 0 for r in rows)
+    assert rows[-1]["dropped_batches"] > 0 and rows[-1]["dropped_rows"] == 8 * rows[-1]["dropped_batches"]
+
+
+def test_resumed_trainer_with_workers_ends_as_an_uninterrupted_run(ray_cluster, tmp_path):
+    fixed = {"rollout.workers": 1, "loop.mode": "async", "loop.max_lag": 1, "ckpt.every": 1}
+    _run(tmp_path / "resumed", steps=2, **fixed)  # stops after step 2 (its checkpoint holds the queued batches)
+    rows, params = _run(tmp_path / "resumed", **{**fixed, "ckpt.resume": True})
+    rows_ok, params_ok = _run(tmp_path / "ok", **{"rollout.workers": 0, "loop.mode": "async", "loop.max_lag": 1})
+    assert _training(rows) == _training(rows_ok) and _same(params, params_ok)
 
 
 def test_inflight_updates_stamp_several_versions_in_one_response(ray_cluster, tmp_path, monkeypatch):
