@@ -35,6 +35,7 @@ FLOORS: list[tuple[str, frozenset[str]]] = [
 SAME_FLOOR: dict[tuple[str, str], str] = {
     ("models", "tasks"): "the built-in tokenizer is trained on the arithmetic task's text",
     ("__main__", "cli"): "`python -m p3o` is the `p3o` command",
+    ("integrations", "monitor"): "the TRL / verl adapters report the trainer's off-policy monitor",
 }
 # What the floors must forbid, as the architecture states it (a check of the table itself).
 FORBIDDEN = [
@@ -83,8 +84,9 @@ def imports_of(path: Path, module: str, modules: Iterable[str]) -> dict[str, lis
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         for target in targets:
             found = _resolve(target, modules)
-            if found is not None and found != module:
-                out.setdefault(found, []).append(node.lineno)
+            lines = out.setdefault(found, []) if found is not None and found != module else None
+            if lines is not None and node.lineno not in lines:
+                lines.append(node.lineno)
     return out
 
 
