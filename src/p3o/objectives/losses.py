@@ -1009,8 +1009,8 @@ def clip_cov(
         choose min(k, |K|) tokens of K uniformly at random;  ℓ_t = max(L1_t, L2_t)·1[t not chosen]
 
     (no dual clip; chosen tokens stay in the token-mean's denominator). The random choice uses a
-    ``torch.Generator`` seeded from ``choice_seed`` and the step's data (the recorded log-probs of this call), never the
-    global RNG: the same run reproduces, and successive steps draw differently. ratio = 2e-4, band (1, 5),
+    ``torch.Generator`` seeded from ``choice_seed`` and the step's data (the recorded log-probs of this call),
+    never the global RNG: the same run reproduces, and successive steps draw differently. ratio = 2e-4, band (1, 5),
     ε = 0.2 (verl). Stats: clipfrac (PPO clip), cov_clipped_frac (the chosen tokens).
     """
     _check_eps("clip_eps_low", clip_eps_low, upper=1.0)
