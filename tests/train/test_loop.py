@@ -193,3 +193,24 @@ def test_prompt_stream_is_a_function_of_the_index():
     assert sorted(first_epoch) == list(range(10))  # an epoch visits every prompt once
     r0, r1 = PromptStream(10, 4, seed=3, rank=0, world_size=2), PromptStream(10, 4, seed=3, rank=1, world_size=2)
     assert r0.indices(1)[0] + r1.indices(1)[0] == seq[1]
+
+
+def test_objective_hyper_parameters_are_resolved_once_per_run(tmp_path, monkeypatch):
+    # resolving (defaults, spellings, checks) happens at setup, not per step or per micro-batch: the count of
+    # resolutions does not grow with the number of steps
+    from p3o.objectives.registry import Objective
+
+    real = Objective.resolve
+    counts = []
+    for steps in (1, 4):
+        calls = {"n": 0}
+
+        def counting(self, *a, _calls=calls, **kw):
+            _calls["n"] += 1
+            return real(self, *a, **kw)
+
+        monkeypatch.setattr(Objective, "resolve", counting)
+        cfg = fake_config(tmp_path / f"steps{steps}", steps=steps, **{"update.micro_batch_size": 2})
+        run(cfg, components=fake_components())
+        counts.append(calls["n"])
+    assert counts[0] == counts[1] and counts[0] >= 1

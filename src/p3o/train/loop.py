@@ -153,10 +153,9 @@ class Trainer:
         check_run_dir(run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
         comps = self.comps if self.comps is not None else build_components(cfg)
         self.comps = comps
-        # the objective's hyper-parameters, resolved once for the run
-        self.objective = get_objective(cfg.objective.name)
-        self.hyper = objective_hyper(cfg.objective)
-        self.needs = self.objective.inputs_needed(self.hyper)
+        # the objective with its hyper-parameters, resolved once for the run (defaults, spellings, types)
+        self.objective = get_objective(cfg.objective.name).bind(objective_hyper(cfg.objective))
+        self.needs = self.objective.needs
         _attach_adapters_and_reference(cfg, comps, self.needs)
         policy = comps.policy
         self.optimizer, self.scheduler = build_optimizer(policy, cfg.optim, cfg.update, cfg.steps)
@@ -254,7 +253,7 @@ class Trainer:
             self.scheduler,
             batch,
             self.objective,
-            self.hyper,
+            {},
             needs=self.needs,
             num_mini_batches=up.num_mini_batches,
             micro_batch_size=up.micro_batch_size,

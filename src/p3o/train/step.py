@@ -31,18 +31,10 @@ from torch import Tensor, nn
 
 from p3o import dist
 from p3o.errors import ConfigError
-from p3o.objectives.registry import Objective
+from p3o.objectives.registry import BoundObjective, Objective
 from p3o.types import Rollouts
 
 SCHEDULES = ("constant", "cosine")
-
-
-def objective_needs(name: str, hyper: dict[str, Any]) -> frozenset[str]:
-    """Which optional ObjectiveInputs fields objective `name` with `hyper` reads: its registry record says
-    (:meth:`p3o.objectives.Objective.inputs_needed`)."""
-    from p3o.objectives import get_objective
-
-    return get_objective(name).inputs_needed(hyper)
 
 
 def make_optimizer(
@@ -172,7 +164,7 @@ def update(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     batch: Rollouts,
-    objective_fn: Objective | Callable[..., tuple[Tensor, dict[str, Tensor]]],
+    objective_fn: Objective | BoundObjective | Callable[..., tuple[Tensor, dict[str, Tensor]]],
     hyper: dict[str, Any],
     *,
     needs: frozenset[str] | set[str] | None = None,
@@ -195,8 +187,9 @@ def update(
     Args:
         policy: the trainer's model (float32 on CPU here); its parameters are updated in place.
         batch: Rollouts with N rows; prompt_ids (N, P), response_ids / mask / rollout_logp (N, T), advantages (N,).
-        objective_fn: an objective record (`p3o.objectives.get_objective(name)`), or any
-            `fn(ObjectiveInputs, **hyper) -> (loss 0-d, stats dict of 0-d tensors)`.
+        objective_fn: an objective bound to its hyper-parameters once per run (`get_objective(name).bind(hyper)`;
+            `hyper` must then be {}), a record (`p3o.objectives.get_objective(name)`, bound here once per update),
+            or any `fn(ObjectiveInputs, **hyper) -> (loss 0-d, stats dict of 0-d tensors)`.
         needs: the optional inputs to compute and pass (exactly these; the others stay None). None: what the
             record says (`objective_fn.inputs_needed(hyper)`); a plain function then gets none.
         temperature: the trainer-side temperature of the log-probs (`train.temperature`).
@@ -216,13 +209,18 @@ def update(
         m2po_threshold,
     )
 
-    is_record = isinstance(objective_fn, Objective)
+    if isinstance(objective_fn, Objective):
+        objective_fn = objective_fn.bind(hyper)  # resolved once for this update, not per micro-batch
+    elif isinstance(objective_fn, BoundObjective) and hyper:
+        raise ValueError(f"update: objective {objective_fn.name!r} is bound; pass hyper={{}}, got {sorted(hyper)}")
+    is_record = isinstance(objective_fn, BoundObjective)
+    call_hyper: dict[str, Any] = {} if is_record else hyper
     if needs is None:
-        needs = objective_fn.inputs_needed(hyper) if is_record else frozenset()
+        needs = objective_fn.needs if is_record else frozenset()
     if "m2po_threshold" in needs:
         if not is_record:
             raise ValueError("update: the m2po_threshold pre-pass needs an objective record (for its tau)")
-        tau = float(objective_fn.resolve(hyper)["tau"])
+        tau = float(objective_fn.hyper["tau"])
     if batch.advantages is None:
         raise ValueError("update: batch.advantages is None (compute advantages before the update)")
     if num_mini_batches < 1 or micro_batch_size < 1 or epochs < 1:
@@ -254,7 +252,7 @@ def update(
     # the objective's ratio anchor and mask: π_b, or π_θold with a rollout correction (less the rows it rejects)
     anchor, eff_mask = batch.rollout_logp, batch.mask
     if is_record and "old_logp" in needs:
-        rc = objective_fn.resolve(hyper)
+        rc = objective_fn.hyper
         keys = ("rollout_correction", "rollout_correction_cap", "rollout_correction_low")
         corr = Correction(*(rc.get(k, d) for k, d in zip(keys, ("none", Correction.cap, Correction.low))))
         anchor, eff_mask = correction_anchor(batch.rollout_logp, batch.mask, old_logp, corr)
@@ -313,7 +311,7 @@ def update(
                     step_ess=step_ess,
                     m2po_threshold=thr,
                 )
-                loss, st = objective_fn(inputs, **hyper)
+                loss, st = objective_fn(inputs, **call_hyper)
                 loss.backward()
                 step_loss = step_loss + loss.detach()
                 w = mb.mask.sum().to(torch.float64)
@@ -360,4 +358,4 @@ def update(
     return out
 
 
-__all__ = ["SCHEDULES", "lr_factor", "make_optimizer", "make_scheduler", "objective_needs", "update"]
+__all__ = ["SCHEDULES", "lr_factor", "make_optimizer", "make_scheduler", "update"]
