@@ -285,9 +285,9 @@ class OffPolicyMonitor:
         self._parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(nb + 1)]
         # sums: tokens, |lr|, ρ>2, ρ<0.5, k1, k2, k3, m, m>0.5, m<0.1, lag, nonfinite, valid(all), lag-bucket
         # counts (nb), position counts (10), position |lr| sums (10)
-        self._sums = torch.zeros(12 + nb + 2 * N_POSITION_BUCKETS, dtype=torch.float64)
+        self._sums: torch.Tensor | None = None  # float64 on the first micro-batch's device (collectives run there)
         # maxima: |lr|, ρ, −ρ (min), lag, −lag (min)
-        self._max = torch.full((5,), -math.inf, dtype=torch.float64)
+        self._max: torch.Tensor | None = None
         self._seen = False
 
     def observe(
@@ -301,8 +301,9 @@ class OffPolicyMonitor:
         """Add one micro-batch, all (N, T): no communication; ``update()`` reduces and reports the step."""
         assert logp.shape == rollout_logp.shape == mask.shape, (logp.shape, rollout_logp.shape, mask.shape)
         with torch.no_grad():
-            logp, rollout_logp = logp.detach().double().cpu(), rollout_logp.detach().double().cpu()
-            mask = mask.detach().bool().cpu()
+            dev = logp.device if self._sums is None else self._sums.device
+            logp, rollout_logp = logp.detach().to(dev, torch.float64), rollout_logp.detach().to(dev, torch.float64)
+            mask = mask.detach().to(dev, torch.bool)
             finite = torch.isfinite(logp) & torch.isfinite(rollout_logp)
             valid = mask & finite
             lr = torch.where(valid, logp - rollout_logp, torch.zeros((), dtype=torch.float64))
@@ -315,11 +316,11 @@ class OffPolicyMonitor:
             if versions is not None:
                 if version is None:
                     raise ValueError("OffPolicyMonitor: versions given without the trainer's version (version=)")
-                lag = (int(version) - versions.detach().to(torch.int64).cpu()).clamp(min=0)
+                lag = (int(version) - versions.detach().to(dev, torch.int64)).clamp(min=0)
             else:
-                lag = torch.zeros((n, t), dtype=torch.int64)
+                lag = torch.zeros((n, t), dtype=torch.int64, device=dev)
             bucket_masks = [valid & (lag >= lo) & (lag <= (lag.max() if hi is None else hi)) for lo, hi in LAG_BUCKETS]
-            pos = torch.arange(t).expand(n, t)
+            pos = torch.arange(t, device=dev).expand(n, t)
             dec = (pos * N_POSITION_BUCKETS // self.max_len).clamp(max=N_POSITION_BUCKETS - 1)
             absd = lr.abs()
             lagd = lag.double()
@@ -341,7 +342,10 @@ class OffPolicyMonitor:
             onehot = torch.nn.functional.one_hot(dec, N_POSITION_BUCKETS).double() * vf[..., None]  # (N, T, 10)
             sums += list(onehot.sum((0, 1)).unbind())
             sums += list((onehot * absd[..., None]).sum((0, 1)).unbind())
-            self._sums += torch.stack(sums)
+            zero = torch.zeros(len(sums), dtype=torch.float64, device=dev)
+            self._sums = (zero if self._sums is None else self._sums) + torch.stack(sums)
+            if self._max is None:
+                self._max = torch.full((5,), -math.inf, dtype=torch.float64, device=dev)
             if valid.any():
                 mx = torch.stack(
                     [
@@ -384,7 +388,7 @@ class OffPolicyMonitor:
         if logp is not None:
             assert rollout_logp is not None and mask is not None, "update(logp, rollout_logp, mask)"
             self.observe(logp, rollout_logp, mask, versions, version if version is not None else step)
-        if not self._seen:
+        if not self._seen or self._sums is None or self._max is None:
             raise ValueError("OffPolicyMonitor.update: no tokens observed this step (pass logp, rollout_logp, mask)")
         group = self._group()
         sums, mx = self._sums.clone(), self._max.clone()
@@ -392,7 +396,7 @@ class OffPolicyMonitor:
             dist.all_reduce(sums, group=group)
             dist.all_reduce(mx, op=dist.ReduceOp.MAX, group=group)
         ess = [float(ess_from_parts(parts, group)) for parts in self._parts]
-        row = self._row(sums, mx, ess)
+        row = self._row(sums.cpu(), mx.cpu(), ess)
         if step is not None:
             row["step"] = float(step)
         self._reset()

@@ -31,7 +31,7 @@ def tokenizer():
 def make_trainer(tokenizer, tmp_path, *, cls=P3OGRPOTrainer, max_steps=3, saved_model=False, **kwargs):
     """A (P3O)GRPOTrainer on a fresh tiny model; ``saved_model``: the model is saved first and TRL's reference model
     (``beta`` != 0) is loaded from that folder."""
-    trainer_kwargs = {k: kwargs.pop(k) for k in ("objective", "objective_kwargs") if k in kwargs}
+    trainer_kwargs = {k: kwargs.pop(k) for k in ("objective", "objective_kwargs", "offpolicy_monitor") if k in kwargs}
     config = {
         "output_dir": str(tmp_path),
         "use_cpu": True,

@@ -38,6 +38,7 @@ TRL's ``entropy`` (and ``kl`` when beta != 0).
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,15 +46,26 @@ import torch
 import torch.nn.functional as F
 
 try:
+    from transformers import TrainerCallback
     from trl import GRPOTrainer
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("p3o.integrations.trl needs TRL: pip install 'p3o[trl]'") from e
 
 from p3o.errors import ConfigError
 from p3o.integrations._common import PluginObjective, default_group, require_inputs, resolve_objective
+from p3o.monitor import OffPolicyMonitor, prefixed
 from p3o.objectives import ObjectiveInputs
 
-__all__ = ["TRL_INPUTS", "CheckedVLLMSync", "P3OGRPOTrainer", "reload_vllm_weights"]
+__all__ = [
+    "TRL_INPUTS",
+    "CheckedVLLMSync",
+    "OffPolicyCallback",
+    "P3OGRPOTrainer",
+    "SamplingContractWarning",
+    "add_offpolicy_monitor",
+    "reload_vllm_weights",
+    "sampling_contract_issue",
+]
 
 TRL_INPUTS = frozenset({"old_logp", "prox_logp", "entropy"})
 """Optional ``ObjectiveInputs`` the trainer always supplies (π_θold, π_prox and the entropies; ``ref_logp`` too when
@@ -78,6 +90,9 @@ class P3OGRPOTrainer(GRPOTrainer):
             ``minpro``. ``GRPOConfig.loss_type`` / ``epsilon`` are not used; ``GRPOConfig.beta`` != 0 is the default
             ``ref_kl_coef``. A keyword that needs an input TRL does not supply (``ref_kl_coef`` without ``beta``,
             ``scope="step"``) is a one-line ConfigError.
+        offpolicy_monitor: attach :class:`OffPolicyCallback` (``offpolicy/*`` metrics: ESS per lag bucket, lags,
+            position deciles, ratio tails, findings), as :func:`add_offpolicy_monitor` does for a plain
+            ``GRPOTrainer``.
 
     TRL options that act inside TRL's own loss and have no meaning here are rejected with a ConfigError:
     ``top_entropy_quantile`` < 1, ``off_policy_mask_threshold``, ``importance_sampling_level="sequence"`` (use
@@ -89,6 +104,7 @@ class P3OGRPOTrainer(GRPOTrainer):
         *args: Any,
         objective: str = "p3o",
         objective_kwargs: Mapping[str, Any] | None = None,
+        offpolicy_monitor: bool = True,
         **kwargs: Any,
     ) -> None:
         self.objective = objective
@@ -109,6 +125,9 @@ class P3OGRPOTrainer(GRPOTrainer):
         if getattr(self, "use_vllm", False) and getattr(self, "vllm_mode", None) == "colocate":
             self.vllm_weight_sync = CheckedVLLMSync(self.vllm_generation)
             self.vllm_generation.sync_weights = self.vllm_weight_sync
+        warn_sampling_contract(self)
+        self.offpolicy: OffPolicyCallback | None = add_offpolicy_monitor(self) if offpolicy_monitor else None
+        """The off-policy monitor's callback (``offpolicy/*`` metrics; None with ``offpolicy_monitor=False``)."""
 
     def _check_trl_options(self) -> None:
         args = self.args
@@ -213,6 +232,172 @@ class P3OGRPOTrainer(GRPOTrainer):
         ent = torch.where(mask, entropy.float(), torch.zeros((), device=device))
         totals = self.accelerator.reduce(torch.stack([ent.sum(), mask.sum().float()]), reduction="sum")
         self._metrics[mode]["entropy"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+
+
+class SamplingContractWarning(UserWarning):
+    """TRL samples with settings its recorded log-probs do not reflect (issued once per trainer)."""
+
+
+_TRUNCATING_KWARGS = ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def sampling_contract_issue(trainer: Any) -> str | None:
+    """The first TRL sampling setting that the ratio's denominator does not reflect, as one line, or None.
+
+    The ratio π_θ/π_rollout is an importance weight only when the rollout log-probs are those of the distribution
+    the tokens were drawn from. TRL's colocated vLLM records ``processed_logprobs`` (after temperature, penalties,
+    top-k, top-p, min-p): nothing to say. Otherwise (transformers generation, or a vLLM server TRL does not
+    configure) the log-probs TRL has are the trainer's own at the sampling temperature — without top-p < 1, top-k,
+    min-p, a repetition / presence / frequency penalty or a logit bias (``GRPOConfig`` or ``generation_kwargs``).
+    A temperature alone is reflected (TRL divides the trainer's logits by it).
+    """
+    if getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_mode", None) == "colocate":
+        return None
+    args = trainer.args
+    kw = dict(getattr(args, "generation_kwargs", None) or {})
+    settings = {
+        "top_p": kw.get("top_p", getattr(args, "top_p", 1.0)),
+        "top_k": kw.get("top_k", getattr(args, "top_k", 0)),
+        "min_p": kw.get("min_p", getattr(args, "min_p", None)),
+        "repetition_penalty": kw.get("repetition_penalty", getattr(args, "repetition_penalty", 1.0)),
+        "presence_penalty": kw.get("presence_penalty"),
+        "frequency_penalty": kw.get("frequency_penalty"),
+    }
+    neutral = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+    for name in _TRUNCATING_KWARGS:
+        value = settings[name]
+        if value is None or value == neutral.get(name, 0.0) or (name == "top_k" and value in (-1, 0)):
+            continue
+        where = "generation_kwargs" if name in kw else "GRPOConfig"
+        return (
+            f"{where}.{name}={value} changes the sampling distribution, but the rollout log-probs TRL records here "
+            f"(the trainer's own, at the sampling temperature) do not include it, so π_θ/π_rollout is not an "
+            f"importance weight; turn {name} off, or generate with TRL's colocated vLLM (processed log-probs)"
+        )
+    for key in ("logit_bias", "sequence_bias", "bad_words_ids"):
+        if kw.get(key):
+            return (
+                f"generation_kwargs.{key} changes the sampling distribution, but the rollout log-probs TRL records "
+                f"here do not include it, so π_θ/π_rollout is not an importance weight; remove it"
+            )
+    return None
+
+
+def warn_sampling_contract(trainer: Any) -> str | None:
+    """Warn once per trainer (:class:`SamplingContractWarning`) when :func:`sampling_contract_issue` finds one; TRL
+    owns these settings, so this warns instead of refusing. Returns the message (None when the contract holds)."""
+    issue = sampling_contract_issue(trainer)
+    if issue is not None and not getattr(trainer, "_p3o_sampling_warned", False):
+        trainer._p3o_sampling_warned = True
+        warnings.warn(issue, SamplingContractWarning, stacklevel=3)
+    return issue
+
+
+class OffPolicyCallback(TrainerCallback):
+    """Logs :class:`p3o.monitor.OffPolicyMonitor` statistics as ``offpolicy/<key>`` next to TRL's metrics, for any
+    ``trl.GRPOTrainer`` (plain or :class:`P3OGRPOTrainer`) — use :func:`add_offpolicy_monitor` to attach it.
+
+    The hook wraps three of the trainer's methods on the instance: ``_generate_and_score_completions`` tags every
+    generated row with the optimizer step it was generated at (``p3o_versions``, (N,)), ``_compute_loss`` marks the
+    loss pass, and ``_get_per_token_logps_and_entropies`` hands the loss pass's log π_θ (N, T) to the monitor
+    together with the rollout log-probs TRL has: ``sampling_per_token_logps`` (vLLM with importance-sampling
+    correction; NaN entries fall back to ``old_per_token_logps``), else ``old_per_token_logps`` (TRL's no-grad pass
+    at generation time, present when a generation serves several optimizer steps). Without either the batch is
+    on-policy by construction and nothing is logged. The mask is ``completion_mask`` (× ``tool_mask``); the lag of a
+    token is the optimizer steps between its generation and the loss pass.
+
+    At the end of each optimizer step (``on_step_end``, every process) the monitor reduces the step's micro-batches
+    over all processes (torch.distributed's default group when initialised) and the row is appended to TRL's
+    ``_metrics["train"]``, which TRL averages over the logging interval and logs with its own metrics.
+    """
+
+    def __init__(self, trainer: Any, monitor: OffPolicyMonitor | None = None) -> None:
+        self.trainer = trainer
+        self.monitor = monitor or OffPolicyMonitor(max_len=int(trainer.max_completion_length))
+        self.last: dict[str, float] = {}
+        """The last step's statistics (un-prefixed)."""
+        self._in_loss = False
+        self._captured: torch.Tensor | None = None
+        self._observed = False
+        self._wrap()
+
+    def _wrap(self) -> None:
+        tr = self.trainer
+        generate, compute_loss, logps = (
+            tr._generate_and_score_completions,
+            tr._compute_loss,
+            tr._get_per_token_logps_and_entropies,
+        )
+
+        def generate_tagged(generation_batch: Any) -> Any:
+            out = generate(generation_batch)
+            ids = out.get("completion_ids") if isinstance(out, dict) else None
+            if tr.model.training and isinstance(ids, torch.Tensor):
+                out["p3o_versions"] = torch.full((ids.shape[0],), tr.state.global_step, device=ids.device)
+            return out
+
+        def loss_observed(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+            self._in_loss, self._captured = True, None
+            try:
+                loss = compute_loss(model, inputs)
+            finally:
+                self._in_loss = False
+            if tr.model.training and self._captured is not None:
+                self._observe(inputs, self._captured)
+            self._captured = None
+            return loss
+
+        def logps_captured(*args: Any, **kwargs: Any) -> Any:
+            out = logps(*args, **kwargs)
+            if self._in_loss and self._captured is None:
+                self._captured = out[0].detach()
+            return out
+
+        tr._generate_and_score_completions = generate_tagged
+        tr._compute_loss = loss_observed
+        tr._get_per_token_logps_and_entropies = logps_captured
+
+    def _observe(self, inputs: dict[str, Any], logp: torch.Tensor) -> None:
+        old = inputs.get("old_per_token_logps")
+        sampling = inputs.get("sampling_per_token_logps")
+        if sampling is not None:
+            rollout = sampling if old is None else torch.where(torch.isnan(sampling), old, sampling)
+        elif old is not None:
+            rollout = old
+        else:
+            return
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs and inputs["tool_mask"] is not None:
+            mask = mask * inputs["tool_mask"]
+        versions = inputs.get("p3o_versions")
+        step = int(self.trainer.state.global_step)
+        if versions is not None:
+            versions = versions.reshape(-1, 1).expand(logp.shape)
+        self.monitor.observe(logp, rollout, mask.bool(), versions, version=step if versions is not None else None)
+        self._observed = True
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Close the step: reduce over micro-batches and processes, append ``offpolicy/*`` to TRL's metrics."""
+        if not self._observed:
+            return control
+        self._observed = False
+        self.last = self.monitor.update(step=state.global_step)
+        metrics = self.trainer._metrics["train"]
+        for key, value in prefixed(self.last).items():
+            metrics[key].append(float(value))
+        return control
+
+
+def add_offpolicy_monitor(trainer: Any, monitor: OffPolicyMonitor | None = None) -> OffPolicyCallback:
+    """Attach an :class:`OffPolicyCallback` to ``trainer`` (a ``trl.GRPOTrainer``) and return it.
+
+    ``monitor`` defaults to ``OffPolicyMonitor(max_len=trainer.max_completion_length)``; its findings (rules in
+    docs/metrics.md) log a warning when they start firing and appear as ``offpolicy/finding_<name>``.
+    """
+    warn_sampling_contract(trainer)
+    callback = OffPolicyCallback(trainer, monitor)
+    trainer.add_callback(callback)
+    return callback
 
 
 class CheckedVLLMSync:
