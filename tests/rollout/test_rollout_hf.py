@@ -68,7 +68,7 @@ def test_fp32_processed_logp_equals_trainer_logp(tiny_lm, temperature):
 
 
 def test_raw_mode_records_unscaled_logsoftmax(tiny_lm):
-    eng = HFEngine(tiny_lm, temperature=0.5, top_k=8, max_new_tokens=6, logprob_mode="raw")
+    eng = HFEngine(tiny_lm, temperature=0.5, max_new_tokens=6, logprob_mode="raw")
     ro = eng.generate(PROMPTS, n=2, seed=0)
     lp, _ = token_logprobs(tiny_lm, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask, temperature=1.0)
     torch.testing.assert_close(ro.rollout_logp, lp.detach(), atol=1e-5, rtol=0)
@@ -267,3 +267,16 @@ def test_fast_decode_other_architectures(arch):
     torch.testing.assert_close(a.rollout_logp, b.rollout_logp, atol=1e-5, rtol=0)
     lp, _ = token_logprobs(model, a.prompt_ids, a.prompt_mask, a.response_ids, a.mask)
     torch.testing.assert_close(a.rollout_logp, lp.detach(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("kw", "setting"), [({"top_p": 0.9}, "rollout.top_p 0.9"), ({"top_k": 5}, "rollout.top_k 5")])
+def test_sampling_contract_refuses_raw_logprobs_under_truncation(tiny_lm, kw, setting):
+    """Raw log-probs under top-p / top-k are not the sampling distribution's: refused with one line naming the
+    setting and both fixes; processed log-probs under the same truncation, and raw ones at another temperature
+    (the deliberate temperature-mismatch regime), are fine."""
+    with pytest.raises(ConfigError, match=r"rollout\.logprob_mode: raw") as err:
+        HFEngine(tiny_lm, logprob_mode="raw", **kw)
+    msg = str(err.value)
+    assert "\n" not in msg and setting in msg and "logprob_mode processed" in msg
+    HFEngine(tiny_lm, logprob_mode="processed", **kw)
+    HFEngine(tiny_lm, logprob_mode="raw", temperature=1.2)

@@ -26,6 +26,7 @@ VLLM_CHECKS = [
     "fp32_logprobs_equal_token_logprobs",
     "raw_mode_records_unscaled_logsoftmax",
     "bf16_and_fp16_give_a_real_mismatch",
+    "engine_leaves_the_process_environment_and_threads_as_it_found_them",
     "fp8_kv_cache_runs_or_is_refused",
     "fp8_kv_cache_really_runs",
     "unsupported_head_size_is_refused_with_one_line",

@@ -128,7 +128,7 @@ def fp32_logprobs_equal_token_logprobs() -> None:
 @check
 def raw_mode_records_unscaled_logsoftmax() -> None:
     model = lm()
-    eng = VLLMEngine(model, temperature=0.5, top_k=8, max_new_tokens=6, logprob_mode="raw")
+    eng = VLLMEngine(model, temperature=0.5, max_new_tokens=6, logprob_mode="raw")
     ro = eng.generate(PROMPTS, n=2, seed=0)
     diff = (ro.rollout_logp - trainer_logp(model, ro, 1.0)).abs().max().item()
     assert diff <= 1e-4, f"raw log-probs differ from log_softmax(z) by {diff:.2e}"
@@ -144,6 +144,19 @@ def bf16_and_fp16_give_a_real_mismatch() -> None:
         delta = (trainer_logp(model, ro) - ro.rollout_logp)[ro.mask].abs()
         assert low < delta.mean().item() < 0.1, f"{precision}: mean |Δlogp| {delta.mean().item():.2e}"
         eng.close()
+
+
+@check
+def engine_leaves_the_process_environment_and_threads_as_it_found_them() -> None:
+    keys = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_LOGGING_LEVEL")
+    before = {k: os.environ.get(k) for k in keys}
+    threads = torch.get_num_threads()
+    eng = VLLMEngine(lm(seed=3), max_new_tokens=4, max_model_len=96)  # a new shape: a fresh vLLM instance starts
+    eng.generate(PROMPTS, n=1, seed=0)
+    assert {k: os.environ.get(k) for k in keys} == before, {k: os.environ.get(k) for k in keys}
+    assert torch.get_num_threads() == threads
+    torch.set_num_threads(threads)  # still the real setter, not vLLM's no-op
+    eng.close()
 
 
 @check

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from p3o.errors import ConfigError, P3OError
 from p3o.policy import position_ids_from_mask
-from p3o.rollout.base import LOGPROB_MODES, check_sampling
+from p3o.rollout.base import LOGPROB_MODES, check_sampling, left_pad, stop_and_pad_ids
 from p3o.rollout.fast import FastDecoder
 from p3o.rollout.quant import PRECISIONS, QuantLinear, quantize_model, requantize_
 from p3o.types import Rollouts
@@ -75,14 +75,6 @@ def _cache_kwarg(model: nn.Module) -> str:
     """KV-cache keyword of a transformers forward: `cache` in transformers 5, `past_key_values` before."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
-
-
-def _as_id_list(x: int | Iterable[int] | None) -> list[int]:
-    if x is None:
-        return []
-    if isinstance(x, int):
-        return [x]
-    return [int(i) for i in x]
 
 
 class HFEngine:
@@ -155,20 +147,8 @@ class HFEngine:
             raise ConfigError(f"fast_decode: not supported for {type(self.model).__name__}")
         self._fast = FastDecoder(self.model) if (fast_decode is not False and supported) else None
 
-        cfg = getattr(self.model, "config", None)
-        gen_cfg = getattr(self.model, "generation_config", None)
-        stops = set(_as_id_list(stop_token_ids))
-        for src in (cfg, gen_cfg, tokenizer):
-            stops.update(_as_id_list(getattr(src, "eos_token_id", None)))
-        self.stop_token_ids = sorted(stops)
-        if pad_token_id is None:
-            for src in (tokenizer, cfg, gen_cfg):
-                pad_token_id = getattr(src, "pad_token_id", None)
-                if pad_token_id is not None:
-                    break
-        if pad_token_id is None:
-            pad_token_id = self.stop_token_ids[0] if self.stop_token_ids else 0
-        self.pad_token_id = int(pad_token_id)
+        sources = (tokenizer, getattr(self.model, "config", None), getattr(self.model, "generation_config", None))
+        self.stop_token_ids, self.pad_token_id = stop_and_pad_ids(sources, stop_token_ids, pad_token_id)
         self._stop = torch.tensor(self.stop_token_ids or [-1], dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------------ weights
@@ -254,12 +234,8 @@ class HFEngine:
             if seed is not None:
                 gen = torch.Generator(device=self.device).manual_seed(int(seed))
             dev = self.device
-            p_len = max(len(p) for p in prompt_ids)
-            ids = torch.full((b, p_len), self.pad_token_id, dtype=torch.long)
-            pmask = torch.zeros((b, p_len), dtype=torch.bool)
-            for i, p in enumerate(prompt_ids):
-                ids[i, p_len - len(p) :] = torch.tensor(p, dtype=torch.long)
-                pmask[i, p_len - len(p) :] = True
+            ids, pmask = left_pad(prompt_ids, self.pad_token_id)
+            p_len = ids.shape[1]
             ids, pmask = ids.to(dev), pmask.to(dev)
             t_max = self.max_new_tokens
             attn = torch.ones((b, p_len + t_max), dtype=torch.long, device=dev)

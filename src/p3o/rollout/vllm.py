@@ -37,9 +37,8 @@ import torch
 from torch import Tensor, nn
 
 from p3o.errors import ConfigError, P3OError
-from p3o.rollout.base import check_sampling
+from p3o.rollout.base import check_sampling, left_pad, stop_and_pad_ids
 from p3o.rollout.capabilities import check_vllm_support, head_dim_of, model_dir_head_dim
-from p3o.rollout.hf import _as_id_list
 from p3o.types import Rollouts
 
 __all__ = ["VLLM_DTYPES", "VLLM_PRECISIONS", "VLLMEngine"]
@@ -88,6 +87,23 @@ class _QuietFilter(logging.Filter):
         return not str(record.msg).startswith(_QUIET)
 
 
+@contextlib.contextmanager
+def _scoped_env(values: dict[str, str], *, defaults: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` (and ``defaults`` where unset) in os.environ for the block, then restore what was there."""
+    saved = {k: os.environ.get(k) for k in {**values, **defaults}}
+    os.environ.update(values)
+    for k, v in defaults.items():
+        os.environ.setdefault(k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _quiet_vllm_warnings() -> None:
     """Drop vLLM's warnings that are expected for how p3o drives it (a logger filter: vLLM resets logger levels)."""
     for name in (
@@ -117,24 +133,18 @@ def _write_model_dir(model: nn.Module, weights: dict[str, Tensor], model_dir: Pa
     save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
-def _stop_ids_of(model_or_dir: nn.Module | Path, tokenizer: Any) -> tuple[list[int], list[int]]:
-    """(EOS ids, pad-id candidates in HFEngine's order: tokenizer, config, generation config) of a model."""
+def _config_sources(model_or_dir: nn.Module | Path, tokenizer: Any) -> tuple[Any, Any, Any]:
+    """(tokenizer, config, generation config) of an in-memory model or a model directory, for `stop_and_pad_ids`."""
     if isinstance(model_or_dir, nn.Module):
-        cfg = getattr(model_or_dir, "config", None)
-        gen_cfg = getattr(model_or_dir, "generation_config", None)
-    else:
-        from transformers import AutoConfig, GenerationConfig
+        return tokenizer, getattr(model_or_dir, "config", None), getattr(model_or_dir, "generation_config", None)
+    from transformers import AutoConfig, GenerationConfig
 
-        cfg = AutoConfig.from_pretrained(model_or_dir)
-        try:
-            gen_cfg = GenerationConfig.from_pretrained(model_or_dir)
-        except OSError:
-            gen_cfg = None
-    eos: set[int] = set()
-    for src in (cfg, gen_cfg, tokenizer):
-        eos.update(_as_id_list(getattr(src, "eos_token_id", None)))
-    pads = [getattr(src, "pad_token_id", None) for src in (tokenizer, cfg, gen_cfg)]
-    return sorted(eos), [int(p) for p in pads if p is not None]
+    cfg = AutoConfig.from_pretrained(model_or_dir)
+    try:
+        gen_cfg = GenerationConfig.from_pretrained(model_or_dir)
+    except OSError:
+        gen_cfg = None
+    return tokenizer, cfg, gen_cfg
 
 
 class VLLMEngine:
@@ -233,11 +243,8 @@ class VLLMEngine:
         self._group_offset = 0
         self._generator = torch.Generator().manual_seed(int(seed))
 
-        eos, pads = _stop_ids_of(model if isinstance(model, nn.Module) else Path(model), tokenizer)
-        self.stop_token_ids = sorted(set(eos) | set(_as_id_list(stop_token_ids)))
-        if pad_token_id is None:
-            pad_token_id = pads[0] if pads else (self.stop_token_ids[0] if self.stop_token_ids else 0)
-        self.pad_token_id = int(pad_token_id)
+        sources = _config_sources(model if isinstance(model, nn.Module) else Path(model), tokenizer)
+        self.stop_token_ids, self.pad_token_id = stop_and_pad_ids(sources, stop_token_ids, pad_token_id)
 
         self._weights: dict[str, Tensor] = {}
         self.llm: Any = None
@@ -308,10 +315,35 @@ class VLLMEngine:
         kv_cache_gib: float,
         llm_kwargs: dict[str, Any],
     ) -> Any:
-        # In-process engine core: reload_weights gets the tensors directly (and no worker process to manage).
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # share the trainer's cores, do not pin them
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # VLLM_LOGGING_LEVEL=INFO shows vLLM's own log
+        # In-process engine core: reload_weights gets the tensors directly (and no worker process to manage). vLLM
+        # reads these while it starts (import, LLM construction); the caller's environment is restored afterwards.
+        env = _scoped_env(
+            {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            defaults={
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the trainer's cores, do not pin them
+                "VLLM_LOGGING_LEVEL": "ERROR",  # VLLM_LOGGING_LEVEL=INFO shows vLLM's own log
+            },
+        )
+        with env:
+            return self._construct_llm(
+                model_dir,
+                seed=seed,
+                max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_gib=kv_cache_gib,
+                llm_kwargs=llm_kwargs,
+            )
+
+    def _construct_llm(
+        self,
+        model_dir: Path,
+        *,
+        seed: int,
+        max_model_len: int | None,
+        gpu_memory_utilization: float,
+        kv_cache_gib: float,
+        llm_kwargs: dict[str, Any],
+    ) -> Any:
         try:
             import vllm
             from vllm.platforms import current_platform
@@ -492,12 +524,7 @@ class VLLMEngine:
                 valid[i, :k] = True
             truncated[i] = k == 0 or r[-1] not in stops
 
-        p_len = max(len(p) for p in prompt_ids)
-        ids = torch.full((b, p_len), self.pad_token_id, dtype=torch.long)
-        pmask = torch.zeros((b, p_len), dtype=torch.bool)
-        for i, p in enumerate(prompt_ids):
-            ids[i, p_len - len(p) :] = torch.tensor(p, dtype=torch.long)
-            pmask[i, p_len - len(p) :] = True
+        ids, pmask = left_pad(prompt_ids, self.pad_token_id)
         texts: list[str] = []
         if self.tokenizer is not None:
             texts = list(self.tokenizer.batch_decode([r for r in rows], skip_special_tokens=True))
