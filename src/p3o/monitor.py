@@ -16,6 +16,7 @@ The statistics (lr_t = logp_t − rollout_logp_t, ρ_t = e^{lr_t}, over valid to
 
 * ``ess`` = (Σρ)² / (|B|·Σρ²) (Kong's ESS, ∈ [1/|B|, 1]), and ``ess_lag_<b>`` per lag bucket b ∈ LAG_BUCKETS;
 * ``lag_min`` / ``lag_mean`` / ``lag_max`` and ``lag_frac_<b>`` (the lag histogram: share of tokens per bucket);
+  these and ``ess_lag_<b>`` only when the step's batches came with ``versions``;
 * ``dlogp_mean``, ``dlogp_max`` (|lr|) and ``dlogp_pos_<d>``: mean |lr| in decile d = ⌊10·t / max_len⌋ of the
   decode position t;
 * ``ratio_min``, ``ratio_max``, ``ratio_frac_above_2``, ``ratio_frac_below_0_5`` (the tails);
@@ -289,6 +290,7 @@ class OffPolicyMonitor:
         # maxima: |lr|, ρ, −ρ (min), lag, −lag (min)
         self._max: torch.Tensor | None = None
         self._seen = False
+        self._has_versions = False
 
     def observe(
         self,
@@ -317,6 +319,7 @@ class OffPolicyMonitor:
                 if version is None:
                     raise ValueError("OffPolicyMonitor: versions given without the trainer's version (version=)")
                 lag = (int(version) - versions.detach().to(dev, torch.int64)).clamp(min=0)
+                self._has_versions = True
             else:
                 lag = torch.zeros((n, t), dtype=torch.int64, device=dev)
             bucket_masks = [valid & (lag >= lo) & (lag <= (lag.max() if hi is None else hi)) for lo, hi in LAG_BUCKETS]
@@ -397,6 +400,8 @@ class OffPolicyMonitor:
             dist.all_reduce(mx, op=dist.ReduceOp.MAX, group=group)
         ess = [float(ess_from_parts(parts, group)) for parts in self._parts]
         row = self._row(sums.cpu(), mx.cpu(), ess)
+        if not self._has_versions:  # no versions this step: no lag statistics (not a lag of 0)
+            row = {k: v for k, v in row.items() if not k.startswith(("lag_", "ess_lag_"))}
         if step is not None:
             row["step"] = float(step)
         self._reset()

@@ -295,6 +295,10 @@ def verl_ppo_loss_call_site() -> None:
     close(grad_of(loss, logp), grad_of(want, logp), "grad")
     assert abs(metrics["actor/objective/ess"] - stats["ess"].item()) < 1e-6, metrics["actor/objective/ess"]
     assert stats["ess"] < 1 and "actor/objective/rollout_is_folded_frac" not in metrics
+    # the off-policy monitor's keys ride along (same tokens, same ratio: the same ESS), without lags (verl has none)
+    assert abs(metrics["actor/offpolicy/ess"] - stats["ess"].item()) < 1e-6, metrics["actor/offpolicy/ess"]
+    assert metrics["actor/offpolicy/tokens"] == n_tok and "actor/offpolicy/dlogp_pos_0" in metrics
+    assert "actor/offpolicy/finding_low_ess" in metrics and not any("lag" in k for k in metrics if "offpolicy" in k)
 
 
 @check

@@ -41,9 +41,10 @@ Hyper-parameters: ``register_objective("minpro_eps2", "minpro", trunc_eps_high=2
 ``'{"trunc_eps_high": 2.0}'``) read by every p3o loss at call time. Both are checked by the objective's record
 (``p3o.objectives.get_objective``), the only place that knows its keywords. The objective's stats appear in verl's
 metrics as ``actor/objective/<stat>`` (``actor/objective/ess``, ``actor/objective/kl_weight``, ...;
-``actor/objective/rollout_is_folded_frac`` when verl passes weights), plus verl's usual ``actor/pg_clipfrac`` (the
-objective's ``clipfrac`` where a PPO clip exists, else its ``band_frac``) and ``actor/ppo_kl`` (mean of
-old_log_prob − logp).
+``actor/objective/rollout_is_folded_frac`` when verl passes weights), the off-policy monitor's statistics as
+``actor/offpolicy/<key>`` (``p3o.monitor``: ESS, position deciles, ratio tails, k1/k2/k3, findings), plus verl's
+usual ``actor/pg_clipfrac`` (the objective's ``clipfrac`` where a PPO clip exists, else its ``band_frac``) and
+``actor/ppo_kl`` (mean of old_log_prob − logp).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from p3o.integrations._common import (
     resolve_objective,
     stats_to_floats,
 )
+from p3o.monitor import OffPolicyMonitor, prefixed
 from p3o.objectives import ObjectiveInputs
 
 __all__ = [
@@ -102,6 +104,8 @@ p3o's versions of the baselines carry a ``p3o_`` prefix. The two objectives with
 π_old (decoupled PPO is then the PPO clip against π_old, two-anchor P3O is P3O)."""
 
 ENV_KWARGS = "P3O_OBJECTIVE_KWARGS"
+ENV_MONITOR = "P3O_OFFPOLICY_MONITOR"
+"""Set to 0 to turn off the ``actor/offpolicy/*`` metrics (the monitor's reductions cost a few small collectives)."""
 VERL_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
@@ -327,12 +331,16 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
     ``entropy_coef``, ``rollout_correction``, ``scope="step"``) is a one-line ConfigError.
 
     Metrics: ``actor/objective/<stat>`` for every stat of the objective, ``actor/objective/rollout_is_folded_frac``
-    when weights are passed, ``actor/ppo_kl`` = mean(old_log_prob − logp) and ``actor/pg_clipfrac`` =
-    the objective's ``clipfrac`` (share of tokens where a PPO clip zeroes the gradient: grpo, dapo, gspo,
-    decoupled_ppo), else its ``band_frac`` (share with |ρ − 1| > 0.2: p3o, minpro, m2po, cispo, ...).
+    when weights are passed, ``actor/offpolicy/<key>`` (:class:`p3o.monitor.OffPolicyMonitor` of this micro-batch
+    against the ratio's denominator, reduced over the data-parallel group; findings over its last 20 calls; NaN
+    entries such as empty position deciles left out; off with ``P3O_OFFPOLICY_MONITOR=0``), ``actor/ppo_kl`` =
+    mean(old_log_prob − logp) and ``actor/pg_clipfrac`` = the objective's ``clipfrac`` (share of tokens where a PPO
+    clip zeroes the gradient: grpo, dapo, gspo, decoupled_ppo), else its ``band_frac`` (share with |ρ − 1| > 0.2:
+    p3o, minpro, m2po, cispo, ...).
     """
     base = _verl_objective(objective, objective_kwargs, "objective_kwargs")
     with_env: dict[str, PluginObjective] = {}
+    monitors: list[OffPolicyMonitor] = []  # one per loss function, created at the first call (its width)
 
     def current() -> PluginObjective:
         # $P3O_OBJECTIVE_KWARGS is read at call time: it holds the keywords of the one loss a run selects, which
@@ -396,6 +404,11 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
             "actor/ppo_kl": values.pop("__ppo_kl"),
         }
         metrics.update({f"actor/objective/{k}": v for k, v in values.items()})
+        if os.environ.get(ENV_MONITOR, "1") != "0":
+            if not monitors:
+                monitors.append(OffPolicyMonitor(max_len=mask.shape[1], group=inputs.group or False))
+            row = monitors[0].update(log_prob.detach(), rollout_logp, mask)
+            metrics.update({k: v for k, v in prefixed(row, "actor/offpolicy/").items() if math.isfinite(v)})
         return loss, metrics
 
     policy_loss.__name__ = f"p3o_policy_loss_{objective}"
