@@ -75,6 +75,9 @@ def test_a_base_built_by_older_code_is_rebuilt_not_reused(tmp_path: Path, monkey
     assert sft.resolve_model_name("tiny-1m", tmp_path) == str(new)
     assert sft.resolve_model_name("tiny-random", tmp_path) == "tiny-random"
     assert sft.resolve_model_name("runs/x/final", tmp_path) == "runs/x/final" and len(built) == 2
+    assert sft.resolve_model_name("tiny-7b", tmp_path) == "tiny-7b"  # load_policy's own error names the sizes
+    with pytest.raises(ConfigError, match="unknown tiny size in 'tiny-7b'; known: 1m, 5m, 30m"):
+        load_policy("tiny-7b", cache_dir=tmp_path)
 
 
 def test_a_custom_recipe_gets_its_own_entry(tmp_path: Path) -> None:

@@ -258,10 +258,13 @@ def ensure_base(
 def resolve_model_name(name: str, cache_dir: str | Path | None = None) -> str:
     """The directory of the warm-started base when `name` is "tiny" / "tiny-<size>" (built on first use), else `name`.
 
-    What `p3o train` passes to `p3o.models.load_policy`, which loads a built base but never trains one.
+    What `p3o train` passes to `p3o.models.load_policy`, which loads a built base but never trains one (an unknown
+    size, e.g. "tiny-7b", is returned as is: load_policy names the known sizes).
     """
+    from p3o.models.configs import SIZES
+
     tiny = parse_tiny(name)
-    if tiny is None or tiny[1] or Path(name).exists():
+    if tiny is None or tiny[1] or tiny[0] not in SIZES or Path(name).exists():
         return name
     return str(ensure_base(tiny[0], cache_dir))
 
