@@ -1,8 +1,9 @@
 """A stand-in for `python -m p3o train` used by the runner tests: parses `--key value` overrides, writes
 config.yaml and a metrics.jsonl whose reward curve depends on the objective and seed, and final/.
 
-objective.name = "boom" exits 3; "collapse" makes the reward rise then fall to 0. Each call appends a line to
-$FAKE_TRAIN_CALLS so tests can count launches.
+objective.name = "boom" exits 3; "collapse" makes the reward rise then fall to 0; `fake.bonus` b adds b·(1 + seed/10)
+to every reward (an objective that differs from another by a known, seed-dependent amount). Each call appends a line
+to $FAKE_TRAIN_CALLS so tests can count launches.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def main(argv: list[str]) -> int:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(nested))
     steps, seed = int(flat.get("steps", 10)), int(flat.get("seed", 0))
     collapse = flat.get("objective.name") == "collapse"
+    bonus = float(flat.get("fake.bonus", 0.0)) * (1 + seed / 10)
     with open(run_dir / "metrics.jsonl", "w") as f:
         for s in range(1, steps + 1):
-            r = min(1.0, 0.05 * s + 0.01 * seed)
+            r = min(1.0, 0.05 * s + 0.01 * seed) + bonus
             if collapse and s > steps // 2:
                 r = 0.0
             f.write(json.dumps({"step": s, "reward_mean": r, "ess": 1.0 - 0.01 * s, "kl_weight": 0.01 * s}) + "\n")

@@ -34,7 +34,7 @@ def test_tiny_compare_end_to_end(tmp_path: Path, capsys) -> None:
     }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(raw))
-    assert p3o_main(["compare", str(path), "--jobs", "2"]) == 0, capsys.readouterr()
+    assert p3o_main(["compare", str(path), "--jobs", "2", "--exploratory"]) == 0, capsys.readouterr()
     out = capsys.readouterr().out
     # Both evaluations ran (they are serialised: concurrent transformers loading is not thread-safe).
     assert out.count("; eval pass@1 ") == 2 and "[2/2]" in out, out
@@ -50,5 +50,5 @@ def test_tiny_compare_end_to_end(tmp_path: Path, capsys) -> None:
     assert "| p3o | 1/1 |" in report and "| grpo-0.2 | 1/1 |" in report and "runs with metrics: 2/2" in report
     assert "Policy size:" in report
     # Resumable: nothing is trained again.
-    assert p3o_main(["compare", str(path), "--in-process"]) == 0
+    assert p3o_main(["compare", str(path), "--in-process", "--exploratory"]) == 0
     assert capsys.readouterr().out.count(": skipped") == 2

@@ -108,7 +108,7 @@ def test_write_report_links_figures_relative_to_report(tmp_path: Path) -> None:
     assert "`model.name=tiny`" in text and "`steps=8`" in text
     assert "runs with metrics: 9/9" in text
     assert "## Verdicts" in text and "Holm" in text and "**supported**" in text
-    verdicts = json.loads((tmp_path / "docs" / "results.verdicts.json").read_text())
+    verdicts = json.loads((tmp_path / "docs" / "results.verdicts.json").read_text())["verdicts"]
     assert {v["claim"] for v in verdicts} == {"a", "b", "c"} and all("p_adj" in v for v in verdicts)
 
 

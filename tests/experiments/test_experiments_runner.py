@@ -91,7 +91,17 @@ def test_compare_cli_end_to_end_with_fake_train(tmp_path: Path, capsys: pytest.C
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(raw))
     report = tmp_path / "docs" / "results.md"
-    argv = ["compare", str(path), "--jobs", "2", "--train-cmd", " ".join(FAKE), "--report", str(report)]
+    argv = [
+        "compare",
+        str(path),
+        "--jobs",
+        "2",
+        "--train-cmd",
+        " ".join(FAKE),
+        "--report",
+        str(report),
+        "--exploratory",
+    ]
     assert p3o_main(argv) == 0
     out = capsys.readouterr().out
     assert "[12/12]" in out and f"report: {report}" in out
@@ -104,9 +114,11 @@ def test_compare_cli_end_to_end_with_fake_train(tmp_path: Path, capsys: pytest.C
     # p3o: reward 0.05·s + 0.01·seed, 12 steps; final = mean of the last ⌈0.2·12⌉ = 3 steps → 0.55 + 0.01·seed
     assert "| p3o | 3/3 | 0.560 ± 0.010 |" in text
     # Nothing re-runs the second time; --report-only just re-aggregates.
-    assert p3o_main(["compare", str(path), "--train-cmd", " ".join(FAKE), "--report", str(report)]) == 0
+    assert (
+        p3o_main(["compare", str(path), "--train-cmd", " ".join(FAKE), "--report", str(report), "--exploratory"]) == 0
+    )
     assert "skipped" in capsys.readouterr().out
-    assert p3o_main(["compare", str(path), "--report-only", "--report", str(report)]) == 0
+    assert p3o_main(["compare", str(path), "--report-only", "--report", str(report), "--exploratory"]) == 0
 
 
 def test_compare_cli_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,7 +136,7 @@ def test_compare_exit_code_when_a_run_fails(tmp_path: Path, capsys: pytest.Captu
     raw = experiment(tmp_path, [{"label": "boom", "overrides": {"objective.name": "boom"}}], seeds=1)
     raw["regimes"] = ["on-policy"]
     path.write_text(yaml.safe_dump(raw))
-    assert p3o_main(["compare", str(path), "--train-cmd", " ".join(FAKE)]) == 1
+    assert p3o_main(["compare", str(path), "--train-cmd", " ".join(FAKE), "--exploratory"]) == 1
     assert "1 run(s) failed" in capsys.readouterr().err
     assert "Runs without metrics" in (tmp_path / "out" / "report.md").read_text()
 

@@ -116,7 +116,7 @@ def test_shipped_experiments_parse_and_start_with_their_command(path: Path) -> N
         from p3o.experiments.synthetic_study import load_study
 
         study = load_study(path)
-        assert study.seeds >= 6 and study.claims and study.primary.metric
+        assert len(study.seeds) >= 6 and study.claims and study.primary.metric
         return
     exp = load_experiment(path)
     # paired seeds and a declared primary metric: ≥ 6 seeds for claims, ≥ 4 for a calibration-only grid

@@ -80,3 +80,34 @@ def test_bootstrap_ci_covers_mean() -> None:
     assert lo < d.mean() < hi
     t_lo, t_hi = paired(d, np.zeros_like(d)).ci
     assert abs(lo - t_lo) < 0.01 and abs(hi - t_hi) < 0.01
+
+
+def test_a_tracks_verdict_is_contradicted_only_when_the_interval_clears_the_margin() -> None:
+    base = [0.5, 0.6, 0.7, 0.4, 0.55]
+    # d̄ = 0.05 > δ = 0.03 and significant, but the 95 % interval [+0.018, +0.082] reaches inside [−δ, δ].
+    straddles = paired([b + d for b, d in zip(base, [0.02, 0.08, 0.05, 0.03, 0.07])], base, margin=0.03)
+    assert straddles.p_diff < 0.05 and straddles.ci[0] < 0.03 < straddles.diff
+    assert verdict("tracks", straddles, straddles.p_equiv) == "inconclusive"
+    # The same mean with less spread: the interval [+0.042, +0.058] lies entirely above δ.
+    clears = paired([b + d for b, d in zip(base, [0.05, 0.06, 0.04, 0.05, 0.05])], base, margin=0.03)
+    assert clears.ci[0] > 0.03
+    assert verdict("tracks", clears, clears.p_equiv) == "contradicted"
+    # ... unless the family is so large that Bonferroni leaves the difference not significant.
+    assert verdict("tracks", clears, clears.p_equiv, m=10**9) == "inconclusive"
+
+
+def test_effects_below_the_margin_are_negligible() -> None:
+    base = [0.5, 0.6, 0.7, 0.4, 0.55, 0.65]
+    tiny = paired([b + d for b, d in zip(base, [0.002, 0.003, 0.002, 0.001, 0.002, 0.002])], base, margin=0.01)
+    assert tiny.p_diff < 1e-3  # significant, yet 0.002 < δ
+    assert verdict("better", tiny, tiny.p_diff) == "negligible"
+    assert verdict("worse", tiny, tiny.p_diff) == "negligible"  # the wrong sign below δ is negligible too
+    # Not significant, but the interval lies inside (−δ, δ): negligible, whatever more seeds would add.
+    inside = paired([b + d for b, d in zip(base, [0.004, -0.003, 0.002, -0.002, 0.003, -0.001])], base, margin=0.01)
+    assert inside.p_diff > 0.05 and inside.ci[0] > -0.01 and inside.ci[1] < 0.01
+    assert verdict("better", inside, inside.p_diff) == "negligible"
+    big = paired([b + 0.05 + d for b, d in zip(base, [0.002, 0.003, 0.002, 0.001, 0.002, 0.002])], base, margin=0.01)
+    assert verdict("better", big, big.p_diff) == "supported" and verdict("worse", big, big.p_diff) == "contradicted"
+    # Without a margin nothing is negligible (the old behaviour of a bare paired test).
+    assert verdict("better", paired(tiny_a := [b + 0.002 for b in base], base), 1e-4) == "supported"
+    assert len(tiny_a) == 6

@@ -91,9 +91,16 @@ def _offpolicy_inputs(s: int = 3, n: int = 8, t: int = 5) -> tuple:
     return logp, roll, prox, adv.reshape(s, n)
 
 
+def _required(name: str) -> dict:
+    """Values for the hyper-parameters an objective has no default for (dro's beta): 0.1 each."""
+    from p3o.objectives import get_objective
+
+    return {k: 0.1 for k in get_objective(name).required}
+
+
 @pytest.mark.parametrize(
     ("name", "hyper"),
-    [(name, {}) for name in OBJECTIVES]
+    [(name, _required(name)) for name in OBJECTIVES]
     + [("p3o", {"scope": "sequence"}), ("p3o", {"agg": "seq-mean-token-mean"}), ("grpo", {"clip_eps": 0.4})],
 )
 def test_one_call_layouts_equal_per_seed_calls(name: str, hyper: dict) -> None:
@@ -168,7 +175,8 @@ def test_seeds_are_paired_across_cells_and_objectives() -> None:
 
 def test_all_objectives_run_in_an_off_policy_regime() -> None:
     for name in OBJECTIVES:
-        out = run_synthetic(SyntheticConfig(objective=name, seeds=2, steps=3, **syn.parse_regime("mb2+lag-2")))
+        cfg = SyntheticConfig(objective=name, hyper=_required(name), seeds=2, steps=3, **syn.parse_regime("mb2+lag-2"))
+        out = run_synthetic(cfg)
         assert all(0.0 <= x <= 1.0 for x in out["per_seed"]["final_reward"]), name
 
 

@@ -51,17 +51,21 @@ def _write(tmp_path: Path, **over: object) -> Path:
 def test_study_runs_resumes_and_decides(tmp_path: Path) -> None:
     path = _write(tmp_path)
     report = tmp_path / "docs" / "r.md"
-    assert compare_main([str(path), "--report", str(report), "--figures", str(tmp_path / "figs")]) == 0
+    assert (
+        compare_main([str(path), "--report", str(report), "--figures", str(tmp_path / "figs"), "--exploratory"]) == 0
+    )
     text = report.read_text()
     assert "synthetic instrument" in text and "| a | on-policy | p3o | grpo-tm-0.2 |" in text
-    verdicts = {v["claim"]: v for v in json.loads(report.with_suffix(".verdicts.json").read_text())}
+    verdicts = {v["claim"]: v for v in json.loads(report.with_suffix(".verdicts.json").read_text())["verdicts"]}
     assert verdicts["a"]["verdict"] == "supported" and verdicts["a"]["identical"]
     assert verdicts["t"]["n"] == 4 and verdicts["t"]["verdict"] in ("supported", "inconclusive")
     assert (tmp_path / "figs" / "tiny-study-curves.png").stat().st_size > 1000
     cells = sorted((tmp_path / "out" / "cells").glob("*.json"))
     assert len(cells) == 4
     stamp = cells[0].stat().st_mtime_ns
-    assert compare_main([str(path), "--report", str(report), "--figures", str(tmp_path / "figs")]) == 0
+    assert (
+        compare_main([str(path), "--report", str(report), "--figures", str(tmp_path / "figs"), "--exploratory"]) == 0
+    )
     assert cells[0].stat().st_mtime_ns == stamp  # cached cells are not recomputed
 
 

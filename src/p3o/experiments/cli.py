@@ -5,6 +5,10 @@ Usage:
     p3o compare configs/experiments/lm.yaml --jobs 2
     p3o compare configs/experiments/synthetic.yaml --report docs/results-synthetic.md
     p3o compare configs/experiments/lm.yaml --report-only           # re-aggregate finished runs only
+    p3o compare my-draft.yaml --exploratory                          # not pre-registered: marked, kept out of README
+
+A confirmatory study (the default) must be committed and unchanged, its out_dir must hold only runs of the same
+decision rule, and its seeds must be fresh (:mod:`p3o.experiments.prereg`); otherwise exit 2 with one line.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import yaml
 from p3o.config import TrainConfig, apply_overrides, config_help, load_config
 from p3o.config import config_field as _f
 from p3o.errors import ConfigError
+from p3o.experiments.prereg import decision_digest, preregister, record
 from p3o.experiments.report import collect, write_report
 from p3o.experiments.runner import DEFAULT_TRAIN_CMD, RunOutcome, run_grid
 from p3o.experiments.spec import Experiment, RunSpec, expand, load_experiment
@@ -44,6 +49,11 @@ class CompareOptions:
     train_cmd: str | None = _f(None, "training command (None: python -m p3o train)")
     in_process: bool = _f(False, "train in this process (no start-up cost; --jobs 1)")
     timeout: float | None = _f(None, "per-run wall-clock limit in seconds", gt=0)
+    exploratory: bool = _f(
+        False,
+        "exploratory study: skip the pre-registration checks (committed file, one decision rule per out_dir, fresh "
+        "seeds); the report and every verdict are marked exploratory",
+    )
 
 
 USAGE = "usage: p3o compare EXPERIMENT.yaml [--jobs N] [--report PATH] [--key value ...]"
@@ -159,7 +169,9 @@ def main(argv: list[str]) -> int:
 
         command = "p3o compare " + shlex.join([a for a in argv if a])
         report = Path(args.report) if args.report else None
-        return synthetic_study.run_and_report(Path(args.experiment), report, _path(args.figures), command)
+        return synthetic_study.run_and_report(
+            Path(args.experiment), report, _path(args.figures), command, exploratory=args.exploratory
+        )
     # another trainer has other keys; aggregating finished runs needs no check
     exp = load_experiment(args.experiment, check_config=not (args.train_cmd or args.report_only))
     if args.out_dir is not None:
@@ -176,9 +188,22 @@ def main(argv: list[str]) -> int:
         for spec in runs:
             print(shlex.join(train_argv(spec, train_cmd)))
         return 0
+    selection = [s for f in exp.baselines.values() for s in f.selection_seeds]
+    digest = decision_digest(exp.decision_rule())
+    runs_dir = exp.out_dir / "runs"
+    pre = preregister(
+        args.experiment,
+        exp.out_dir,
+        exp.name,
+        digest,
+        list(dict.fromkeys([*exp.seeds, *selection])),
+        exploratory=args.exploratory,
+        runs_exist=runs_dir.is_dir() and any(runs_dir.iterdir()),
+    )
     start = time.perf_counter()
     failed: list[RunOutcome] = []
     if not args.report_only:
+        record(exp.out_dir, exp.name, digest, pre)  # before any run: the out_dir remembers what made its runs
         total = len(runs)
         count = [0]
 
@@ -215,7 +240,7 @@ def main(argv: list[str]) -> int:
         _eval_base(exp)
     report = _path(args.report) or exp.out_dir / "report.md"
     command = "p3o compare " + shlex.join([a for a in argv if a])
-    write_report(collect(exp), report, figure_dir=_path(args.figures), command=command)
+    write_report(collect(exp), report, figure_dir=_path(args.figures), command=command, preregistration=pre)
     print(f"report: {report} ({time.perf_counter() - start:.0f} s)", flush=True)
     if failed:
         print(f"{len(failed)} run(s) failed; see the logs under {exp.out_dir / 'logs'}", file=sys.stderr)

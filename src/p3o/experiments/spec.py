@@ -43,6 +43,7 @@ _TOP_KEYS = {
     "claims",
     "primary",
     "calibration",
+    "baselines",
 }
 #: Decisive kinds (paired by seed, Holm-corrected, verdict supported / contradicted / inconclusive) and
 #: descriptive kinds (a table and a sentence, no verdict).
@@ -128,6 +129,27 @@ class Claim:
 
 
 @dataclass
+class BaselineFamily:
+    """A declared family of baselines: a claim whose B is the family's name compares A with its members.
+
+    ``rule: each`` tests A against every member (each comparison a verdict of the Holm family); ``rule: best``
+    tests A against the member with the highest mean of the claim's metric on ``selection_seeds`` in that regime
+    (seeds disjoint from the experiment's test seeds; the grid runs the members on them too):
+
+        baselines:
+          grpo-family: {members: [grpo-tm-0.2, grpo-tm-0.4, grpo-tm-0.6, grpo-minpro, grpo-tis, cispo-1-4,
+                                  minpro-1-4], rule: best, selection_seeds: [100, 101, 102]}
+        claims: [{id: x, title: P3O beats the best GRPO-family baseline, kind: better, regimes: [stale-2],
+                  objectives: [p3o, grpo-family]}]
+    """
+
+    name: str
+    members: list[str]
+    rule: str = "each"
+    selection_seeds: list[int] = field(default_factory=list)
+
+
+@dataclass
 class Experiment:
     """A parsed experiment file (see the module docstring)."""
 
@@ -144,7 +166,24 @@ class Experiment:
     primary: PrimarySpec = field(default_factory=PrimarySpec)
     calibration: str | None = None
     """Objective label whose runs make the report's calibration table (how off-policy each regime is)."""
+    baselines: dict[str, BaselineFamily] = field(default_factory=dict)
     source: Path | None = None
+
+    def decision_rule(self) -> dict[str, Any]:
+        """What the verdicts depend on (pre-registration digest): the primary block, the claims, the families."""
+        return {"primary": self.primary, "claims": self.claims, "baselines": self.baselines}
+
+    def selection_runs(self) -> list[tuple[str, str, int]]:
+        """(regime, objective, seed) of the selection runs of ``rule: best`` families, in the regimes of the claims
+        that name them."""
+        out: list[tuple[str, str, int]] = []
+        for claim in self.claims:
+            family = self.baselines.get(claim.objectives[1]) if len(claim.objectives) == 2 else None
+            if family is None or family.rule != "best":
+                continue
+            for regime in claim.regimes:
+                out += [(regime, m, s) for m in family.members for s in family.selection_seeds]
+        return list(dict.fromkeys(out))
 
     def objectives_in(self, regime: str) -> list[str]:
         """Labels of the objectives run in `regime`, in the experiment's objective order."""
@@ -311,6 +350,7 @@ def parse_experiment(raw: Any, source: Path | None = None, *, check_config: bool
         for label in arm.objectives or []:
             if label not in labels:
                 raise ConfigError(f"{where}: regimes[{i}].objectives: '{label}' is not one of the objectives")
+    exp.baselines = _families(raw.get("baselines"), exp, where)
     exp.claims = _claims(raw.get("claims") or [], exp, where)
     if check_config:
         _validate_overrides(exp, where)
@@ -338,6 +378,38 @@ def _validate_overrides(exp: Experiment, where: str) -> None:
                 raise ConfigError(f"{where}: regime '{regime.label}' × objective '{objective.label}': {err}") from None
 
 
+def _families(raw: Any, exp: Experiment, where: str) -> dict[str, BaselineFamily]:
+    """The ``baselines:`` block: {name: {members, rule, selection_seeds}}, members among the objectives."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: baselines: expected a mapping of family name -> {{members, rule, ...}}")
+    labels = {a.label for a in exp.objectives}
+    out = {}
+    for name, entry in raw.items():
+        here = f"{where}: baselines.{name}"
+        if name in labels or not _LABEL.match(str(name)):
+            raise ConfigError(f"{here}: a family needs a plain name that is not an objective label")
+        if not isinstance(entry, dict) or set(entry) - {"members", "rule", "selection_seeds"}:
+            raise ConfigError(f"{here}: expected {{members, rule, selection_seeds}}")
+        members = entry.get("members")
+        if not isinstance(members, list) or not members or any(m not in labels for m in members):
+            raise ConfigError(f"{here}.members: expected a non-empty list of the experiment's objective labels")
+        rule = str(entry.get("rule", "each"))
+        sel = entry.get("selection_seeds") or []
+        if rule not in ("each", "best"):
+            raise ConfigError(f"{here}.rule: '{rule}' is not one of each, best")
+        if not isinstance(sel, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in sel):
+            raise ConfigError(f"{here}.selection_seeds: expected a list of integers")
+        if rule == "best" and not sel:
+            raise ConfigError(f"{here}: rule 'best' picks on selection_seeds, disjoint from the test seeds")
+        shared = sorted(set(sel) & set(exp.seeds))
+        if shared:
+            raise ConfigError(f"{here}.selection_seeds: {shared} are also test seeds; they must be disjoint")
+        out[str(name)] = BaselineFamily(str(name), [str(m) for m in members], rule, [int(x) for x in sel])
+    return out
+
+
 def _claims(raw: Any, exp: Experiment, where: str) -> list[Claim]:
     if not isinstance(raw, list):
         raise ConfigError(f"{where}: claims: expected a list")
@@ -351,14 +423,20 @@ def _claims(raw: Any, exp: Experiment, where: str) -> list[Claim]:
         claim = claim_from(entry, here)
         if claim.kind not in CLAIM_KINDS:
             raise ConfigError(f"{here}.kind: '{claim.kind}' is not one of {', '.join(CLAIM_KINDS)}")
-        for label in [*claim.objectives, *claim.reference, *claim.expected]:
+        family = exp.baselines.get(claim.objectives[1]) if len(claim.objectives) == 2 else None
+        compared = [claim.objectives[0], *family.members] if family else claim.objectives
+        if family is not None and claim.kind not in DECISIVE_KINDS:
+            raise ConfigError(
+                f"{here}: a baseline family is compared by a decisive claim ({', '.join(DECISIVE_KINDS)})"
+            )
+        for label in [*compared, *claim.reference, *claim.expected]:
             if label not in objectives:
                 raise ConfigError(f"{here}: objective '{label}' is not in this experiment's objectives")
         for label in claim.regimes:
             if label not in regimes:
                 raise ConfigError(f"{here}: regime '{label}' is not in this experiment's regimes")
             ran = set(exp.objectives_in(label))
-            absent = [o for o in [*claim.objectives, *claim.reference] if o not in ran]
+            absent = [o for o in [*compared, *claim.reference] if o not in ran]
             if absent:
                 raise ConfigError(f"{here}: objective(s) {absent} are not run in regime '{label}'")
         if claim.kind in DECISIVE_KINDS and len(claim.objectives) != 2:
@@ -384,15 +462,21 @@ def load_experiment(path: str | Path, *, check_config: bool = True) -> Experimen
 
 
 def expand(exp: Experiment) -> list[RunSpec]:
-    """Every (regime, objective, seed) run, regime-major, with merged overrides (base < regime < objective)."""
+    """Every (regime, objective, seed) run, regime-major, with merged overrides (base < regime < objective); then
+    the selection runs of ``rule: best`` baseline families (:meth:`Experiment.selection_runs`)."""
+    regimes = {a.label: a for a in exp.regimes}
+    objectives = {a.label: a for a in exp.objectives}
+    keys = [
+        (regime.label, objective.label, seed)
+        for regime in exp.regimes
+        for objective in exp.objectives
+        if regime.objectives is None or objective.label in regime.objectives
+        for seed in exp.seeds
+    ]
     runs = []
-    for regime in exp.regimes:
-        for objective in exp.objectives:
-            if regime.objectives is not None and objective.label not in regime.objectives:
-                continue
-            for seed in exp.seeds:
-                run_dir = exp.out_dir / "runs" / regime.label / objective.label / f"seed{seed}"
-                overrides = {**exp.base, **regime.overrides, **objective.overrides, "seed": seed}
-                overrides["run_dir"] = str(run_dir)
-                runs.append(RunSpec(regime.label, objective.label, seed, run_dir, overrides))
+    for regime, objective, seed in list(dict.fromkeys([*keys, *exp.selection_runs()])):
+        run_dir = exp.out_dir / "runs" / regime / objective / f"seed{seed}"
+        overrides = {**exp.base, **regimes[regime].overrides, **objectives[objective].overrides, "seed": seed}
+        overrides["run_dir"] = str(run_dir)
+        runs.append(RunSpec(regime, objective, seed, run_dir, overrides))
     return runs

@@ -12,11 +12,14 @@ deviation ``s``:
       p_lower = 1 − F_t((d̄ + δ) / (s/√n); df),  p_upper = F_t((d̄ − δ) / (s/√n); df)
 
 Holm's step-down correction over the m decision p-values of a report: sort p_(1) ≤ … ≤ p_(m);
-``p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) · p_(j))``. A verdict is then
+``p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) · p_(j))``. With the declared margin δ (the claim's or the primary
+block's) a verdict is then
 
-- ``better`` (A beats B): supported when p̃_diff < α and d̄ > 0; contradicted when p̃_diff < α and d̄ < 0;
-- ``tracks`` (A within ±δ of B): supported when p̃_equiv < α; contradicted when the difference is significant
-  (Bonferroni, m · p_diff < α) *and* |d̄| > δ;
+- ``better`` (A beats B): *negligible* when the effect is below the margin — significant (p̃_diff < α) with
+  |d̄| < δ, or a (1 − α) interval inside (−δ, δ); otherwise supported when p̃_diff < α and d̄ ≥ δ, contradicted
+  when p̃_diff < α and d̄ ≤ −δ (``worse``: the mirror image);
+- ``tracks`` (A within ±δ of B): supported when p̃_equiv < α (TOST); contradicted only when the (1 − α) interval
+  lies entirely outside [−δ, δ] and the difference is significant after Bonferroni (m · p_diff < α);
 - ``identical``: supported when every paired difference is exactly zero (the same per-seed value), contradicted
   otherwise;
 - anything else: inconclusive.
@@ -45,7 +48,8 @@ __all__ = [
     "verdict",
 ]
 
-VERDICTS = ("supported", "contradicted", "inconclusive")
+#: Every verdict label, in the order the reports count them.
+VERDICTS = ("supported", "contradicted", "negligible", "inconclusive")
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -228,11 +232,12 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 
 def verdict(kind: str, res: PairedResult, p_adj: float, *, m: int = 1, alpha: float = 0.05) -> str:
-    """supported / contradicted / inconclusive for a claim of `kind` (see the module docstring).
+    """supported / contradicted / negligible / inconclusive for a claim of `kind` (see the module docstring).
 
     Args:
         kind: "better" (A > B), "worse" (A < B), "tracks" (|A − B| < margin) or "identical".
-        res: the paired comparison.
+        res: the paired comparison; ``res.margin`` is δ (None: no effect is called negligible, and a tracks claim
+            is contradicted by any significant difference outside 0).
         p_adj: Holm-adjusted decision p-value (p_diff for better/worse, p_equiv for tracks).
         m: number of decisions in the family (for the Bonferroni contradiction rule of "tracks").
     """
@@ -240,18 +245,21 @@ def verdict(kind: str, res: PairedResult, p_adj: float, *, m: int = 1, alpha: fl
         return "inconclusive"
     if kind == "identical":
         return "supported" if res.identical else "contradicted"
-    if math.isnan(p_adj):
-        return "inconclusive"
+    margin = res.margin if res.margin is not None else 0.0
+    lo, hi = res.ci
     if kind in ("better", "worse"):
-        if p_adj >= alpha or res.diff == 0:
+        significant = not math.isnan(p_adj) and p_adj < alpha and res.diff != 0
+        if margin > 0 and ((significant and abs(res.diff) < margin) or (-margin < lo and hi < margin)):
+            return "negligible"
+        if not significant:
             return "inconclusive"
         good = res.diff > 0 if kind == "better" else res.diff < 0
         return "supported" if good else "contradicted"
     if kind == "tracks":
-        if p_adj < alpha:
+        if not math.isnan(p_adj) and p_adj < alpha:
             return "supported"
-        margin = res.margin if res.margin is not None else 0.0
-        if not math.isnan(res.p_diff) and res.p_diff * m < alpha and abs(res.diff) > margin:
+        outside = lo > margin or hi < -margin
+        if outside and not math.isnan(res.p_diff) and res.p_diff * m < alpha:
             return "contradicted"
         return "inconclusive"
     raise ValueError(f"verdict: unknown claim kind {kind!r}")

@@ -94,6 +94,7 @@ class SyntheticConfig:
     hyper: dict[str, Any] = field(default_factory=dict)
     seeds: int = 16
     seed_offset: int = 0
+    seed_ids: list[int] | None = None
     steps: int = 200
     vocab: int = 4
     length: int = 8
@@ -119,11 +120,15 @@ class SyntheticConfig:
     threads: int = 1
 
     def seed_list(self) -> list[int]:
-        """The seeds of this cell: seed_offset, ..., seed_offset + seeds − 1."""
+        """The seeds of this cell: ``seed_ids`` when given, else seed_offset, ..., seed_offset + seeds − 1."""
+        if self.seed_ids is not None:
+            return [int(s) for s in self.seed_ids]
         return list(range(self.seed_offset, self.seed_offset + self.seeds))
 
     def validate(self) -> None:
         """Raise ConfigError on an impossible setting."""
+        if self.seed_ids is not None and (not self.seed_ids or len(set(self.seed_ids)) != len(self.seed_ids)):
+            raise ConfigError(f"synthetic.seed_ids: expected distinct seeds, got {self.seed_ids!r}")
         if self.vocab < 2 or self.length < 1 or self.prompts < 1 or self.group < 1 or self.seeds < 1:
             raise ConfigError("synthetic: vocab >= 2, length, prompts, group and seeds >= 1 required")
         if self.reward not in ("threshold", "count"):
@@ -640,7 +645,7 @@ def run_synthetic(cfg: SyntheticConfig) -> dict[str, Any]:
 def _run(cfg: SyntheticConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     seeds = cfg.seed_list()
-    s_n, p_n, g_n, t_len = cfg.seeds, cfg.prompts, cfg.group, cfg.length
+    s_n, p_n, g_n, t_len = len(seeds), cfg.prompts, cfg.group, cfg.length
     n_rows = p_n * g_n
     task = make_task(cfg)
     theta = init_params(cfg)

@@ -36,6 +36,7 @@ import yaml
 from p3o.config import config_field as _f
 from p3o.config import config_help, load_config
 from p3o.errors import ConfigError
+from p3o.experiments.prereg import Preregistration, decision_digest, preregister, record, verdict_file
 from p3o.experiments.report import write_block
 from p3o.experiments.spec import DECISIVE_KINDS, Claim, PrimarySpec, claim_from
 from p3o.experiments.synthetic import SyntheticConfig, parse_objective, parse_regime, run_synthetic
@@ -55,7 +56,9 @@ class SyntheticStudy:
     base: dict[str, Any]
     cells: list[tuple[str, list[str]]]
     """(regime, objective specs run there)."""
-    seeds: int
+    seeds: list[int]
+    """The seeds of every cell: ``seeds: N`` in the file is base.seed_offset .. base.seed_offset + N − 1 (0 ..
+    N − 1 by default), ``seeds: [..]`` a list of fresh seeds."""
     out_dir: Path
     primary: PrimarySpec
     claims: list[Claim] = field(default_factory=list)
@@ -93,9 +96,25 @@ def load_study(path: str | Path) -> SyntheticStudy:
         cells.append((str(entry["regime"]), [str(o) for o in entry["objectives"]]))
     if not cells:
         raise ConfigError(f"{where}: cells: expected a non-empty list")
-    seeds = raw.get("seeds", 16)
-    if not isinstance(seeds, int) or seeds < 2:
-        raise ConfigError(f"{where}: seeds: expected a count ≥ 2, got {seeds!r}")
+    if {"seeds", "seed_ids"} & set(base):
+        raise ConfigError(f"{where}: base: give the seeds at the top level (seeds: N or a list), not in base")
+    seeds_raw = raw.get("seeds", 16)
+    offset = base.pop("seed_offset", 0)
+    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool) and seeds_raw >= 2:
+        seeds = list(range(int(offset), int(offset) + seeds_raw))
+    elif (
+        isinstance(seeds_raw, list)
+        and len(seeds_raw) >= 2
+        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds_raw)
+        and len(set(seeds_raw)) == len(seeds_raw)
+        and not offset
+    ):
+        seeds = [int(x) for x in seeds_raw]
+    else:
+        raise ConfigError(
+            f"{where}: seeds: expected a count ≥ 2 (from base.seed_offset) or a list of ≥ 2 distinct seeds ≥ 0 "
+            f"(without base.seed_offset), got {seeds_raw!r}"
+        )
     prim = raw.get("primary") or {}
     if not isinstance(prim, dict) or set(prim) - {f.name for f in dataclasses.fields(PrimarySpec)}:
         raise ConfigError(f"{where}: primary: expected {{metric, alpha, margin, secondary}}")
@@ -177,23 +196,48 @@ def run_cells(
     return out
 
 
+def study_config(study: SyntheticStudy) -> SyntheticConfig:
+    """The shared SyntheticConfig of the study's cells (a contiguous seed list is a count and an offset)."""
+    seeds = study.seeds
+    contiguous = seeds == list(range(seeds[0], seeds[0] + len(seeds)))
+    where = {"seeds": len(seeds), "seed_offset": seeds[0]} if contiguous else {"seeds": len(seeds), "seed_ids": seeds}
+    return SyntheticConfig(**{**study.base, **where, "per_seed_curves": False})
+
+
 def run_study(study: SyntheticStudy, *, log: Any = print) -> dict[tuple[str, str], dict[str, Any]]:
-    """Compute every missing cell of the study (cached as JSON under ``out_dir/cells``) and return them all."""
-    base = SyntheticConfig(**{**study.base, "seeds": study.seeds})
-    base.per_seed_curves = False
-    return run_cells(
-        base, study.cells, cache=lambda r, o: _cell_path(study, r, o), log=log, metric=study.primary.metric
+    """Compute every missing cell of the study (cached as JSON under ``out_dir/cells``) and return them all.
+
+    A cached cell made with other settings (seeds, steps, ...) is never mixed in: ConfigError naming it.
+    """
+    cells = run_cells(
+        study_config(study),
+        study.cells,
+        cache=lambda r, o: _cell_path(study, r, o),
+        log=log,
+        metric=study.primary.metric,
     )
+    for (regime, spec), res in cells.items():
+        knobs = parse_regime(regime)
+        name, hyper = parse_objective(spec)
+        want = dataclasses.replace(study_config(study), **knobs, objective=name, hyper=hyper)
+        if json.loads(json.dumps(res.get("config"))) != json.loads(json.dumps(dataclasses.asdict(want))):
+            raise ConfigError(
+                f"{_cell_path(study, regime, spec)} was computed with other settings (seeds, base): remove it or use "
+                "another out_dir"
+            )
+    return cells
 
 
-def decide(study: SyntheticStudy, cells: dict[tuple[str, str], dict[str, Any]]) -> list[Decision]:
+def decide(
+    study: SyntheticStudy, cells: dict[tuple[str, str], dict[str, Any]], *, exploratory: bool = False
+) -> list[Decision]:
     """Paired-by-seed results, Holm-adjusted over the whole study, and verdicts
     (:func:`p3o.experiments.verdicts.decide` on the cells' per-seed numbers)."""
 
     def values(regime: str, a: str, b: str, metric: str) -> tuple[list[float], list[float]]:
         return cells[(regime, a)]["per_seed"][metric], cells[(regime, b)]["per_seed"][metric]
 
-    return decide_claims(study.claims, study.primary, values)
+    return decide_claims(study.claims, study.primary, values, exploratory=exploratory)
 
 
 def _plot(study: SyntheticStudy, cells: dict[tuple[str, str], dict[str, Any]], path: Path) -> Path:
@@ -252,32 +296,44 @@ def render(
     report: Path,
     figures: Path,
     command: str,
+    preregistration: Preregistration | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
     """Markdown report and the verdict records (written next to it as ``.verdicts.json`` by the caller)."""
     import os
 
-    decisions = decide(study, cells)
+    exploratory = preregistration is not None and preregistration.exploratory
+    decisions = decide(study, cells, exploratory=exploratory)
     fig = _plot(study, cells, figures / f"{study.name}-curves.png")
     rel = os.path.relpath(fig.resolve(), report.parent.resolve())
     pr = study.primary
     lines = [f"# Study `{study.name}` (synthetic instrument)", "", f"Generated by `{command}`.", ""]
+    if preregistration is not None:
+        lines += preregistration.lines(study.source)
     if study.description.strip():
         lines += [study.description.strip(), ""]
     lines += [
         "## Settings",
         "",
         "- Shared: " + ", ".join(f"`{k}={v}`" for k, v in study.base.items()),
-        f"- Seeds per cell: {study.seeds}, paired (seed k shares task, initial table and noise streams everywhere)",
-        f"- Pre-registered primary metric: **{pr.metric}**; {1 - pr.alpha:.0%} paired-t intervals; Holm over "
-        f"{tested_count(decisions)} tested verdicts at α = {pr.alpha:g}; "
-        f"equivalence margin δ = {pr.margin:g} (TOST) for *tracks*.",
+        f"- Seeds per cell: {len(study.seeds)} ({_seed_text(study.seeds)}), paired (seed k shares task, initial "
+        "table and noise streams everywhere)",
+        f"- Primary metric (the decision rule in the study file): **{pr.metric}**; {1 - pr.alpha:.0%} paired-t "
+        f"intervals; Holm over {tested_count(decisions)} tested primary verdicts at α = {pr.alpha:g}; margin "
+        f"δ = {pr.margin:g}: *tracks* is TOST within ±δ, contradicted only by an interval entirely outside [−δ, δ]; "
+        "an effect below δ is *negligible*"
+        + (
+            f"; secondary metrics ({', '.join(pr.secondary)}) get verdicts beside the primary one, labelled "
+            "secondary (their own Holm family)."
+            if pr.secondary
+            else "."
+        ),
         "",
         "## Verdicts",
         "",
         decisions_table(decisions, 4, metric_and_n=False),
     ]
     records = [d.to_dict() for d in decisions]
-    lines += ["", f"Totals: {verdict_counts(decisions)}.", ""]
+    lines += ["", f"Totals (primary verdicts): {verdict_counts(decisions)}.", ""]
     lines += ["## Claims", ""]
     for claim in study.claims:
         lines += [f"- **({claim.id}) {claim.title}.** {claim.text.strip()}".rstrip()]
@@ -303,17 +359,39 @@ def render(
     return "\n".join(lines).rstrip() + "\n", records
 
 
-def run_and_report(path: str | Path, report: Path | None, figures: Path | None, command: str) -> int:
-    """Run (resumably) and report a synthetic study (``p3o compare`` of an ``instrument: synthetic`` file)."""
+def _seed_text(seeds: list[int]) -> str:
+    if seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"seeds {seeds[0]}–{seeds[-1]}"
+    return "seeds " + ", ".join(map(str, seeds))
+
+
+def run_and_report(
+    path: str | Path, report: Path | None, figures: Path | None, command: str, *, exploratory: bool = False
+) -> int:
+    """Run (resumably) and report a synthetic study (``p3o compare`` of an ``instrument: synthetic`` file), under
+    the pre-registration checks of :mod:`p3o.experiments.prereg` (``exploratory`` lifts them and marks the
+    verdicts)."""
     study = load_study(path)
+    digest = decision_digest({"primary": study.primary, "claims": study.claims})
+    cached = study.out_dir / "cells"
+    pre = preregister(
+        path,
+        study.out_dir,
+        study.name,
+        digest,
+        study.seeds,
+        exploratory=exploratory,
+        runs_exist=cached.is_dir() and any(cached.glob("*.json")),
+    )
+    record(study.out_dir, study.name, digest, pre)
     t0 = time.perf_counter()
     cells = run_study(study)
     report = report or study.out_dir / "report.md"
     figures = figures or report.parent / "figures"
-    text, records = render(study, cells, report, figures, command)
+    text, records = render(study, cells, report, figures, command, pre)
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(text)
-    report.with_suffix(".verdicts.json").write_text(json.dumps(records, indent=1, default=float) + "\n")
+    report.with_suffix(".verdicts.json").write_text(verdict_file(pre, records))
     print(f"report: {report} ({time.perf_counter() - t0:.0f} s)", flush=True)
     return 0
 
