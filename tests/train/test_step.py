@@ -186,3 +186,40 @@ def test_update_supplies_exactly_the_inputs_the_record_needs(needs, hyper, want)
         for call in calls[:2]:
             torch.testing.assert_close(call["prox_logp"], call["old_logp"], rtol=0, atol=0)
         assert not torch.equal(calls[2]["prox_logp"], calls[2]["old_logp"])  # the second epoch moved on
+
+
+@pytest.mark.parametrize(
+    ("name", "hyper"),
+    [
+        ("p3o", {"scope": "step", "rollout_correction": "geo-rs"}),
+        ("grpo", {"agg": "token-mean", "rollout_correction": "seq-max-k2", "rollout_correction_cap": 0.3}),
+        ("grpo", {"rollout_correction": "geo-rs"}),
+    ],
+)
+def test_row_rejecting_corrections_are_counted_for_the_whole_step(name, hyper):
+    """A row rejection removes rows from the step's denominators and its step-scope ESS, which are taken against
+    π_θold like the objective's ratio: splitting the step into micro-batches changes nothing."""
+    hyper = {"rollout_correction_low": 0.8, "rollout_correction_cap": 1.25, **hyper}
+    batch = random_batch(make_tiny_lm(), n=8, noise=0.5, seed=3)
+    out = []
+    for mbs in (8, 2):
+        model = make_tiny_lm()
+        sgd = torch.optim.SGD(model.parameters(), lr=1.0)  # scale-sensitive: Adam would hide a wrong denominator
+        stats = update(model, sgd, None, batch, get_objective(name), hyper, micro_batch_size=mbs, grad_clip=0.0)
+        out.append((params_of(model), stats))
+    assert 0 < out[0][1]["rc_rejected_frac"] < 1
+    before = params_of(make_tiny_lm())
+    steps = [{k: v - before[k] for k, v in params.items()} for params, _ in out]
+    scale = max(v.abs().max().item() for v in steps[0].values())
+    for key, value in steps[0].items():
+        torch.testing.assert_close(steps[1][key], value, rtol=1e-4, atol=1e-5 * scale)
+    assert out[0][1]["loss"] == pytest.approx(out[1][1]["loss"], rel=1e-5, abs=1e-7)
+    # and the step's loss is the objective on the whole batch with its own (kept-row) denominators
+    from p3o.objectives import ObjectiveInputs
+    from p3o.policy import token_logprobs
+
+    with torch.no_grad():
+        logp, _ = token_logprobs(make_tiny_lm(), batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
+    whole = ObjectiveInputs(logp, batch.rollout_logp, batch.mask, batch.advantages, old_logp=logp)
+    want, _ = get_objective(name)(whole, **{**hyper, "scope": "micro-batch"} if name == "p3o" else hyper)
+    assert out[1][1]["loss"] == pytest.approx(want.item(), rel=1e-5, abs=1e-7)
