@@ -90,3 +90,11 @@ def test_every_record_binds_with_its_defaults() -> None:
     for name, rec in OBJECTIVES.items():
         required = {k: 0.1 for k, h in rec.hypers.items() if h.default is None and k == "beta"}
         assert rec.bind(**required).hyper == rec.resolve(required), name
+
+
+def test_coupling_for_a_row_rejecting_correction_is_batch() -> None:
+    grpo = get_objective("grpo")
+    assert grpo.coupling_for({}) == "row" and grpo.coupling_for({"rollout_correction": "token-tis"}) == "row"
+    for mode in ("geo-rs", "seq-max-k2", "seq-max-k3"):
+        assert grpo.coupling_for({"rollout_correction": mode}) == "batch"
+    assert get_objective("p3o").coupling_for({}) == "ess-scope"

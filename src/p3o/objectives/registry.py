@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from p3o.objectives import losses
-from p3o.objectives.core import ObjectiveError
+from p3o.objectives.core import ROW_REJECTIONS, ObjectiveError
 
 ObjectiveFn = Callable[..., Any]
 
@@ -197,6 +197,14 @@ class Objective:
         """
         full = self.resolve({**(hyper or {}), **more})
         return BoundObjective(self, full, self.inputs_needed(full))
+
+    def coupling_for(self, hyper: Mapping[str, Any] | None = None) -> str:
+        """:attr:`coupling` under ``hyper``: a row-rejecting rollout correction (``geo-rs``, ``seq-max-k2/k3``)
+        makes the denominators depend on the other rows, so it is ``batch`` then."""
+        full = self.resolve(hyper)
+        if full.get("rollout_correction") in ROW_REJECTIONS:
+            return "batch"
+        return self.coupling
 
     def inputs_needed(self, hyper: Mapping[str, Any] | None = None) -> frozenset[str]:
         """The optional ``ObjectiveInputs`` fields this objective reads with ``hyper`` (defaults filled in)."""
