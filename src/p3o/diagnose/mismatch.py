@@ -307,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy-agreement runs")
     ap.add_argument("--out", default=None, help="directory for mismatch.json, mismatch.md and mismatch.png")
+    ap.add_argument("--plot", default=None, help="the per-position plot's path (default: OUT/mismatch.png)")
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:
@@ -367,7 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in results
         ]
         (out / "mismatch.json").write_text(json.dumps(_no_nan(payload), indent=1) + "\n", encoding="utf-8")
-        print(f"plot: {plot(results, out / 'mismatch.png', header)}")
+    if args.out or args.plot:
+        png = Path(args.plot) if args.plot else Path(args.out) / "mismatch.png"
+        print(f"plot: {plot(results, png, header)}")
     if all(r.error for r in results):
         return 2
     return 1 if any(r.findings for r in results) else 0
