@@ -9,14 +9,13 @@ so the default install never needs vLLM.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from torch import nn
 
 from p3o.errors import ConfigError
 
 ENGINES = ("hf", "vllm")
-EngineName = Literal["hf", "vllm"]
 
 
 def make_engine(kind: str, model: nn.Module | str, tokenizer: Any, **kwargs: Any) -> Any:
@@ -35,4 +34,4 @@ def make_engine(kind: str, model: nn.Module | str, tokenizer: Any, **kwargs: Any
     raise ConfigError(f"rollout.engine: unknown engine {kind!r}; known: {', '.join(ENGINES)}")
 
 
-__all__ = ["ENGINES", "EngineName", "make_engine"]
+__all__ = ["ENGINES", "make_engine"]

@@ -12,7 +12,6 @@ float32 trainer, and `rollout_logp` records the engine's log-probs, not the trai
 from __future__ import annotations
 
 import copy
-import inspect
 import threading
 from collections.abc import Callable, Iterable
 
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from p3o.errors import ConfigError, P3OError
-from p3o.policy import position_ids_from_mask
+from p3o.policy import cache_kwarg, position_ids_from_mask
 from p3o.rollout.base import LOGPROB_MODES, check_sampling, left_pad, stop_and_pad_ids
 from p3o.rollout.fast import FastDecoder
 from p3o.rollout.quant import PRECISIONS, QuantLinear, quantize_model, requantize_
@@ -69,12 +68,6 @@ def _sample_categorical(probs: Tensor, generator: torch.Generator) -> Tensor:
     cdf = probs.cumsum(-1)  # (N, V)
     u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
-
-
-def _cache_kwarg(model: nn.Module) -> str:
-    """KV-cache keyword of a transformers forward: `cache` in transformers 5, `past_key_values` before."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 class HFEngine:
@@ -141,7 +134,7 @@ class HFEngine:
         engine_model = copy.deepcopy(model).to(self.device).eval()
         self.model = quantize_model(engine_model, precision)
         self.model.requires_grad_(False)
-        self._cache_kw = _cache_kwarg(self.model)
+        self._cache_kw = cache_kwarg(self.model)
         supported = FastDecoder.supports(self.model)
         if fast_decode and not supported:
             raise ConfigError(f"fast_decode: not supported for {type(self.model).__name__}")
