@@ -162,3 +162,46 @@ def test_p3o_pg_is_p3o_without_its_kl_term() -> None:
     ess = effective_sample_size(lr, mask, scope="sequence")
     kl = ((1 - ess) * torch.where(mask, k3(lr), torch.zeros(()))).sum() / mask.sum()
     assert torch.allclose(full, pg + kl, atol=1e-6)
+
+
+def test_exact_context_divergences_match_sampled_estimators() -> None:
+    """E over π_b's tokens of k3 is χ²(π_b‖π_θ) − KL(π_b‖π_θ), of k3_is KL(π_θ‖π_b), of k2 ½·lr²: exact vs sampled."""
+    from p3o.objectives import kl_estimate
+
+    cfg = SyntheticConfig(seeds=1, prompts=2, length=3, vocab=3)
+    task = syn.make_task(cfg)
+    theta = syn.init_params(cfg)[0]
+    theta_b = theta + 1.5 * torch.randn(theta.shape, generator=torch.Generator().manual_seed(5))
+    exact = syn.context_divergences(theta, theta_b)
+    assert float(exact["e_k3"]) == pytest.approx(float(exact["chi2"] - exact["kl_rev"]), abs=1e-12)
+    assert float(exact["e_k3_is"]) == pytest.approx(float(exact["kl"]), abs=1e-12)
+    assert abs(float(exact["e_k3"] - exact["kl"])) > 0.1 * float(exact["kl"])  # k3 on π_b: not KL(π_θ‖π_b)
+    g = 40000
+    u = torch.rand((1, cfg.prompts, g, cfg.length), generator=torch.Generator().manual_seed(1))
+    batch = syn.sample_batch(theta_b[None], theta_b[None], task, g, u)
+    lr = syn.token_logp(torch.log_softmax(theta[None], -1), batch) - batch.rollout_logp
+    for name in ("k3", "k3_is", "k2"):
+        sampled = kl_estimate(lr.double(), name, clamp=50.0)
+        se = float(sampled.std() / sampled.numel() ** 0.5)
+        assert abs(float(sampled.mean()) - float(exact[f"e_{name}"])) < 5 * se, name
+
+
+def test_probe_reports_each_estimators_reversal_and_the_exact_kl(tmp_path) -> None:
+    traj = SyntheticConfig(objective="p3o", seeds=1, steps=40, lr=0.05, threshold=5, per_seed_curves=False)
+    cfg = ProbeConfig(
+        objectives=("p3o", "p3o-k3_is", "p3o-k2", "p3o-pg"),
+        lags=(0, 8, 32),
+        points=1,
+        batches=4,
+        ref_groups=64,
+        trajectory=traj,
+    )
+    res = probe_synthetic(cfg)
+    assert set(res["kl"]["lag"]) == {0, 8, 32} and res["kl"]["kl"][res["kl"]["lag"].index(0)] == 0.0
+    table = probe.reversal_table(res)
+    assert table.count("\n") == 1 + 4 and "`p3o-k3_is`" in table and ("none up to L=32" in table or "L=" in table)
+    doc = tmp_path / "d.md"
+    probe.update_doc(doc, res, "p3o probe --x")
+    text = doc.read_text()
+    assert "**Where the gradient reverses**" in text and "χ²(π_b‖π_θ) − KL(π_b‖π_θ)" in text
+    assert "| 32 |" in probe.kl_table(res)

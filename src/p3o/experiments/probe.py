@@ -48,6 +48,7 @@ from p3o.experiments.synthetic import (
     SyntheticConfig,
     Task,
     batch_diagnostics,
+    context_divergences,
     engine_logits,
     expected_reward,
     objective_loss,
@@ -60,9 +61,12 @@ from p3o.objectives import effective_sample_size
 
 #: Objectives probed by default (name[:key=value...] specs of :func:`p3o.experiments.synthetic.parse_objective`).
 #: p3o_two_anchor is left out: at the first update of a batch π_prox = π_θ, so it coincides with p3o. ``p3o-pg``
-#: (the preset ``p3o`` with ``kl_estimator=none``: P3O without its KL term) separates the two halves of its gradient.
+#: (the preset ``p3o`` with ``kl_estimator=none``: P3O without its KL term) separates the two halves of its gradient;
+#: ``p3o-k3_is`` and ``p3o-k2`` are P3O with the other KL estimators (beyond the paper; ``p3o`` is k3, the paper's).
 DEFAULT_OBJECTIVES = (
     "p3o",
+    "p3o-k3_is",
+    "p3o-k2",
     "grpo",
     "dapo",
     "gspo:clip_eps_low=2e-3:clip_eps_high=2e-3",
@@ -89,6 +93,8 @@ _BATCH_COLUMNS = (
     "zero",
 )
 _POINT_COLUMNS = ("traj", "k", "J", "ref_half_cos", "ref_exact_cos", "gain_ref", "gain_exact")
+#: Exact divergences per (traj, point, lag) of the synthetic probe (:func:`synthetic.context_divergences`).
+_KL_COLUMNS = ("traj", "point", "lag", "kl", "kl_rev", "chi2", "e_k3", "e_k3_is", "e_k2")
 
 
 def _columns(names: tuple[str, ...]) -> dict[str, list]:
@@ -233,6 +239,7 @@ def _probe(cfg: ProbeConfig, t0: float, log: Any) -> dict[str, Any]:
     g_n, b_n = tcfg.group, cfg.batches
     cols = _columns(_BATCH_COLUMNS)
     points = _columns(_POINT_COLUMNS)
+    kl_rows = _columns(_KL_COLUMNS)
     mean_dirs: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for j in range(tcfg.seeds):
         task_j = Task(task_all.targets[j : j + 1], task_all.reward, task_all.threshold)
@@ -257,6 +264,9 @@ def _probe(cfg: ProbeConfig, t0: float, log: Any) -> dict[str, Any]:
                 eps = torch.randn((b_n, *theta_k.shape), generator=gen)
                 u = torch.rand((b_n, theta_k.shape[0], g_n, theta_k.shape[1]), generator=gen)
                 samp, rec = engine_logits(theta_b, ecfg, eps)
+                exact = context_divergences(theta_k, params[k - lag][j])
+                for key, val in (("traj", j), ("point", k), ("lag", lag), *((n, float(x)) for n, x in exact.items())):
+                    kl_rows[key].append(val)
                 task_b = _expand_task(task_j, b_n)
                 batch = sample_batch(samp, rec, task_b, g_n, u)
                 adv, _ = group_advantages(batch.rewards.reshape(-1), batch.group_ids.reshape(-1))
@@ -310,6 +320,7 @@ def _probe(cfg: ProbeConfig, t0: float, log: Any) -> dict[str, Any]:
         "points": points,
         "cells": cells,
         "ess_bins": bins,
+        "kl": kl_rows,
         "wall_s": time.perf_counter() - t0,
     }
 
@@ -382,6 +393,50 @@ def markdown_table(result: dict[str, Any], key: str = "cos") -> str:
     for o in objectives:
         vals = [by[(o, lag)][key] if (o, lag) in by else math.nan for lag in lags]
         rows.append(f"| `{o}` | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+    return "\n".join(rows)
+
+
+def reversal_table(result: dict[str, Any]) -> str:
+    """Where each objective's gradient reverses: the smallest lag L at which the cosine of the mean direction with
+    g_ref (the estimator's bias, per-batch noise averaged out) turns negative, the smallest at which the mean
+    per-batch cosine does, and the cosine of the mean at the largest lag probed."""
+    cells = result["cells"]
+    lags = sorted({c["lag"] for c in cells})
+    by = {(c["objective"], c["lag"]): c for c in cells}
+    ess = {lag: _nanmean([c["ess"] for c in cells if c["lag"] == lag]) for lag in lags}
+
+    def first(o: str, key: str) -> str:
+        lag = next((lag for lag in lags if (o, lag) in by and by[(o, lag)].get(key, math.nan) < 0), None)
+        return f"L={lag} (ESS {ess[lag]:.3f})" if lag is not None else f"none up to L={lags[-1]}"
+
+    rows = [
+        f"| objective | mean direction reverses at | mean per-batch cosine < 0 at | cos of the mean at L={lags[-1]} |",
+        "|---|---|---|---:|",
+    ]
+    for o in dict.fromkeys(c["objective"] for c in cells):
+        last = by.get((o, lags[-1]), {}).get("cos_of_mean", math.nan)
+        rows.append(f"| `{o}` | {first(o, 'cos_of_mean')} | {first(o, 'cos')} | {last:.3f} |")
+    return "\n".join(rows)
+
+
+def kl_table(result: dict[str, Any]) -> str:
+    """The synthetic probe's exact divergences per lag (means over trajectories and probe points; per token, over the
+    contexts π_b visits): KL(π_θ‖π_b), KL(π_b‖π_θ), χ²(π_b‖π_θ), and the expectation on π_b's samples of each P3O KL
+    estimator — k3 (the paper's) is χ² − KL(π_b‖π_θ), not KL(π_θ‖π_b); k3_is is KL(π_θ‖π_b) exactly."""
+    kl = result.get("kl") or {}
+    lags = sorted(set(kl.get("lag", [])))
+    rows = [
+        "| lag L | KL(π_θ‖π_b) | KL(π_b‖π_θ) | χ²(π_b‖π_θ) | E_b[k3] | E_b[k3_is] | E_b[k2] | E_b[k3] / KL(π_θ‖π_b) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for lag in lags:
+        ii = [i for i, x in enumerate(kl["lag"]) if x == lag]
+        m = {k: _nanmean([kl[k][i] for i in ii]) for k in ("kl", "kl_rev", "chi2", "e_k3", "e_k3_is", "e_k2")}
+        ratio = m["e_k3"] / m["kl"] if m["kl"] > 0 else math.nan
+        rows.append(
+            f"| {lag} | {m['kl']:.3g} | {m['kl_rev']:.3g} | {m['chi2']:.3g} | {m['e_k3']:.3g} | {m['e_k3_is']:.3g} | "
+            f"{m['e_k2']:.3g} | {ratio:.3f} |"
+        )
     return "\n".join(rows)
 
 
@@ -499,7 +554,20 @@ def update_doc(path: str | Path, result: dict[str, Any], command: str, block: st
         "**Fraction of zero gradients** among the signal batches (every token clipped or masked):",
         "",
         markdown_table(result, "zero_frac"),
+        "",
+        "**Where the gradient reverses** (P3O's rows: each `kl_estimator`; `p3o` is k3, the paper's):",
+        "",
+        reversal_table(result),
     ]
+    if result.get("kl"):
+        body += [
+            "",
+            "**Exact per-context KL** at the probe points (per token, over the contexts π_b visits; π_b = the "
+            "parameters L updates back, engine noise aside). P3O's KL term is k3 on π_b's tokens: its expectation "
+            "is χ²(π_b‖π_θ) − KL(π_b‖π_θ), not KL(π_θ‖π_b):",
+            "",
+            kl_table(result),
+        ]
     write_block(path, block, "\n".join(body))
 
 

@@ -82,6 +82,10 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     "p3o": {"objective.name": "p3o"},
     # P3O's policy-gradient part alone: the p3o record with its KL term off (the probe's decomposition).
     "p3o-pg": {"objective.name": "p3o", "objective.kl_estimator": "none"},
+    # P3O with the other KL estimators (beyond the paper; k3 is the paper's and the default): k3_is = ρ·k3(1/ρ) is
+    # unbiased for KL(π_θ‖π_b) on π_b's samples, k2 = ½·lr².
+    "p3o-k3_is": {"objective.name": "p3o", "objective.kl_estimator": "k3_is"},
+    "p3o-k2": {"objective.name": "p3o", "objective.kl_estimator": "k2"},
     "grpo": {"objective.name": "grpo", "objective.clip_eps": 0.2},
     "grpo-0.2": {"objective.name": "grpo", "objective.clip_eps": 0.2},
     "grpo-0.4": {"objective.name": "grpo", "objective.clip_eps": 0.4},

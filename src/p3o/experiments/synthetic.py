@@ -343,6 +343,51 @@ def expected_reward(theta: Tensor, task: Task) -> Tensor:
     return (dist * r).sum(-1).mean(-1)
 
 
+def context_divergences(theta: Tensor, theta_b: Tensor) -> dict[str, Tensor]:
+    """EXACT per-context divergences between π_θ and a behaviour policy π_b, and what P3O's KL estimators average to
+    on tokens sampled from π_b, each as a per-token mean over the contexts π_b visits.
+
+    For every context (p, t, c) with next-token distributions π = softmax(θ[p, t, c]), b = softmax(θ_b[p, t, c]) and
+    lr(v) = log π(v) − log b(v):
+
+        kl       KL(π_θ ‖ π_b) = Σ_v π lr                      (the divergence P3O's KL term is meant to estimate)
+        kl_rev   KL(π_b ‖ π_θ) = −Σ_v b lr
+        chi2     χ²(π_b ‖ π_θ) = Σ_v b² / π − 1
+        e_k3     E_b[k3(lr)] = E_b[e^{−lr} + lr − 1] = χ²(π_b ‖ π_θ) − KL(π_b ‖ π_θ)    (the paper's estimator)
+        e_k3_is  E_b[e^{lr}·lr − e^{lr} + 1] = KL(π_θ ‖ π_b)                              (unbiased)
+        e_k2     E_b[½·lr²]
+
+    each weighted by d_t^b(c), the probability that π_b reaches context c at position t (d_0 = BOS; d_{t+1}(v) =
+    Σ_c d_t(c)·b(v | t, c)), summed over c, averaged over positions t and prompts p.
+
+    Args:
+        theta, theta_b: (..., P, T, V+1, V) logits tables (any leading batch shape).
+    Returns:
+        {name: (...,) float64} for the six names above.
+    """
+    lp = torch.log_softmax(theta.double(), -1)
+    lb = torch.log_softmax(theta_b.double(), -1)
+    pi, b = lp.exp(), lb.exp()
+    lr = lp - lb
+    per = {
+        "kl": (pi * lr).sum(-1),
+        "kl_rev": -(b * lr).sum(-1),
+        "chi2": (b * torch.expm1(-lr)).sum(-1),
+        "e_k2": 0.5 * (b * lr * lr).sum(-1),
+    }
+    per["e_k3"] = per["chi2"] - per["kl_rev"]
+    per["e_k3_is"] = per["kl"].clone()
+    *lead, p_n, t_len, c_n, v = theta.shape
+    visit = torch.zeros((*lead, p_n, t_len, c_n), dtype=torch.float64)
+    d = torch.zeros((*lead, p_n, c_n), dtype=torch.float64)
+    d[..., v] = 1.0
+    for t in range(t_len):
+        visit[..., t, :] = d
+        nxt = (d[..., None] * b[..., t, :, :]).sum(-2)  # (..., P, V)
+        d = torch.cat([nxt, torch.zeros((*lead, p_n, 1), dtype=torch.float64)], -1)
+    return {k: (visit * x).sum(-1).mean(-1).mean(-1) for k, x in per.items()}
+
+
 @dataclass
 class Batch:
     """S seeds' rollout batches, N = P·G sequences each. Shapes: y, prev, rollout_logp (S, N, T); pid, rewards,
