@@ -104,6 +104,13 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     "grpo-tm-0.2": {"objective.name": "grpo", "objective.clip_eps": 0.2, "objective.agg": "token-mean"},
     "grpo-tm-0.4": {"objective.name": "grpo", "objective.clip_eps": 0.4, "objective.agg": "token-mean"},
     "grpo-tm-0.6": {"objective.name": "grpo", "objective.clip_eps": 0.6, "objective.agg": "token-mean"},
+    # The P3O paper's GRPO with truncated importance sampling against the engine (token-TIS, cap 2), token-mean.
+    "grpo-tm-tis": {
+        "objective.name": "grpo",
+        "objective.clip_eps": 0.2,
+        "objective.agg": "token-mean",
+        "objective.rollout_correction": "token-tis",
+    },
     # The MinPRO paper's GRPO: clip-higher 0.2 / 0.28, token-mean (= DAPO's loss without its data-side tricks).
     "grpo-minpro": {
         "objective.name": "grpo",
