@@ -78,6 +78,7 @@ def test_rule_best_picks_on_selection_seeds_and_tests_on_the_others(tmp_path: Pa
     assert means["grpo-b"] > means["grpo-c"] > means["grpo-a"]
     text = (tmp_path / "r.md").read_text()
     assert "best of `grpo-family` on selection seeds 10, 11" in text and "| grpo-b | 3/3 |" in text
+    assert "| regime | p3o | grpo-a | grpo-b | grpo-c |" in text  # the claim's table lists the family's members
 
 
 def test_selection_seeds_must_be_disjoint_from_test_seeds(tmp_path: Path) -> None:

@@ -304,7 +304,9 @@ def regime_table(summary: GridSummary, regime: str) -> str:
 
 
 def _claim_table(summary: GridSummary, claim: Claim) -> str:
-    objectives = list(dict.fromkeys([*claim.objectives, *claim.reference]))
+    families = summary.exp.baselines
+    named = [m for o in [*claim.objectives, *claim.reference] for m in (families[o].members if o in families else [o])]
+    objectives = list(dict.fromkeys(named))
     metric = claim.metric
     head = "| regime | " + " | ".join(objectives) + " |\n|---|" + "---|" * len(objectives)
     rows = [head]
