@@ -25,7 +25,8 @@ step s is compared against trainer version s, and `lag = s − policy_version` o
 Data parallel (torchrun, gloo/nccl): every rank generates prompts_per_step / world_size prompts with its own seed,
 the update all-reduces the token count, ESS sums and gradients, rank 0 writes metrics and checkpoints.
 
-The data stream and producer are `p3o.train.stream`; turning the config into objects is `p3o.train.wiring`.
+The data stream and producer are `p3o.train.stream`; turning the config into objects is `p3o.train.wiring`. With
+`rollout.workers` > 0 the batch source is `p3o.cluster.RaySource` (rollout workers as Ray actors, docs/training.md).
 """
 
 from __future__ import annotations
