@@ -76,3 +76,18 @@ def test_fixed_async_resumed_equals_uninterrupted(tmp_path):
     rows, params = _run(tmp_path, "resumed", jitter_seed=6, **{"ckpt.resume": True, "ckpt.every": 1})
     assert rows == rows_full
     assert all(torch.equal(params[k], params_full[k]) for k in params)
+
+
+def test_default_config_cli_runs_twice_identically(tmp_path):
+    # the real pipeline (task, verifier, engine factory, evaluation) with the default loop, on the random tiny model
+    from p3o.config import load_config
+
+    def once(name: str) -> list[dict]:
+        argv = ["--model.name", "tiny-random", "--run_dir", str(tmp_path / name), "--steps", "4"]
+        argv += ["--rollout.prompts_per_step", "4", "--rollout.max_new_tokens", "8", "--task.n_eval", "16"]
+        argv += ["--log.progress", "false", "--log.plot", "false", "--log.tensorboard", "false"]
+        return training_columns(run(load_config(argv)))
+
+    a, b = once("a"), once("b")
+    assert a == b and [r["lag_max"] for r in a] == [0, 1, 2, 2]
+    assert "eval_accuracy" in a[0] and "ess" in a[-1]
