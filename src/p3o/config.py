@@ -108,7 +108,7 @@ class TaskConfig:
     n_train: int | None = _f(None, "number of training problems (None: all the task provides)", ge=1)
     eval_name: str | None = _f(None, "evaluation data: a file, folder or preset (None: task.name's held-out rows)")
     eval_split: str = _f("test", "split used for evaluation during and after training")
-    n_eval: int = _f(128, "number of evaluation problems (0: no evaluation)", ge=0)
+    n_eval: int = _f(512, "number of evaluation problems (0: no evaluation)", ge=0)
     allow_train_eval_overlap: bool = _f(
         False, "evaluate on training rows too (a single file is then not split); prints a warning"
     )
@@ -185,7 +185,7 @@ class OptimConfig:
     betas: tuple[float, float] = _f((0.9, 0.999), "AdamW betas (beta1, beta2)")
     eps: float = _f(1e-8, "AdamW epsilon", gt=0)
     warmup_steps: int = _f(0, "linear warm-up steps (optimizer steps)", ge=0)
-    schedule: Literal["constant", "cosine"] = _f("constant", "learning-rate schedule after warm-up")
+    schedule: Literal["constant", "cosine"] = _f("cosine", "learning-rate schedule after warm-up")
     min_lr_ratio: float = _f(0.0, "cosine schedule floor as a fraction of lr", ge=0, le=1)
     grad_clip: float = _f(1.0, "global gradient-norm clip (0: off)", ge=0)
 
@@ -286,7 +286,7 @@ class TrainConfig:
         False, "replace an earlier run's outputs in run_dir (a fresh run otherwise refuses such a directory)"
     )
     seed: int = _f(0, "random seed (python, numpy, torch, sampling)")
-    steps: int = _f(150, "training steps (one rollout batch each)", ge=1)
+    steps: int = _f(200, "training steps (one rollout batch each)", ge=1)
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "policy model"})
     task: TaskConfig = field(default_factory=TaskConfig, metadata={"help": "task and verifier"})
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "sampling"})
