@@ -84,9 +84,14 @@ def test_drop_policy_never_trains_on_a_token_too_old(ray_cluster, tmp_path):
     assert rows[-1]["dropped_batches"] > 0 and rows[-1]["dropped_rows"] == 8 * rows[-1]["dropped_batches"]
 
 
-def test_resumed_trainer_with_workers_ends_as_an_uninterrupted_run(ray_cluster, tmp_path):
+def test_resumed_trainer_with_workers_ends_as_an_uninterrupted_run(ray_cluster, tmp_path, monkeypatch):
+    from test_determinism import _Stop, stop_after
+
     fixed = {"rollout.workers": 1, "loop.mode": "async", "loop.max_lag": 1, "ckpt.every": 1}
-    _run(tmp_path / "resumed", steps=2, **fixed)  # stops after step 2 (its checkpoint holds the queued batches)
+    with monkeypatch.context() as m:
+        stop_after(m, 2)  # the trainer dies after step 2 (its checkpoint holds the queued batches)
+        with pytest.raises(_Stop):
+            _run(tmp_path / "resumed", **fixed)
     rows, params = _run(tmp_path / "resumed", **{**fixed, "ckpt.resume": True})
     rows_ok, params_ok = _run(tmp_path / "ok", **{"rollout.workers": 0, "loop.mode": "async", "loop.max_lag": 1})
     assert _training(rows) == _training(rows_ok) and _same(params, params_ok)

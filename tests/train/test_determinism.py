@@ -11,6 +11,7 @@ import json
 import random
 import time
 
+import pytest
 import torch
 from train_fakes import fake_components, fake_config, params_of
 
@@ -70,9 +71,31 @@ def test_fixed_async_equals_the_stale_fifo(tmp_path):
     assert all(torch.equal(params_async[k], params_stale[k]) for k in params_async)
 
 
-def test_fixed_async_resumed_equals_uninterrupted(tmp_path):
+class _Stop(Exception):
+    """Raised by the patched update to stop a run between steps (its checkpoints stay)."""
+
+
+def stop_after(monkeypatch, updates: int) -> None:
+    """Make the (updates + 1)-th call of the loop's update raise _Stop: the run dies after `updates` steps."""
+    import p3o.train.loop as loop_mod
+
+    real, calls = loop_mod.update, {"n": 0}
+
+    def stopping(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] > updates:
+            raise _Stop
+        return real(*a, **kw)
+
+    monkeypatch.setattr(loop_mod, "update", stopping)
+
+
+def test_fixed_async_resumed_equals_uninterrupted(tmp_path, monkeypatch):
     rows_full, params_full = _run(tmp_path, "full", jitter_seed=4)
-    _run(tmp_path, "resumed", jitter_seed=5, steps=3, **{"ckpt.every": 1})  # stops after step 3 (a checkpoint)
+    with monkeypatch.context() as m:
+        stop_after(m, 3)  # the same config (the lr schedule's horizon too), killed after step 3's checkpoint
+        with pytest.raises(_Stop):
+            _run(tmp_path, "resumed", jitter_seed=5, **{"ckpt.every": 1})
     rows, params = _run(tmp_path, "resumed", jitter_seed=6, **{"ckpt.resume": True, "ckpt.every": 1})
     assert rows == rows_full
     assert all(torch.equal(params[k], params_full[k]) for k in params)
