@@ -118,6 +118,7 @@ def test_inflight_updates_stamp_several_versions_in_one_response(ray_cluster, tm
             "rollout.prompts_per_step": 8,
             "loop.mode": "async",
             "loop.schedule": "free",
+            "loop.lag_policy": "drop",  # the worker never waits, so every new version reaches a running batch
             "loop.max_lag": 2,
         },
     )

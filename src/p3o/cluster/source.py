@@ -171,15 +171,17 @@ class RaySource:
         for ref in ready:
             w, index, version = self.running.pop(ref)
             try:
-                rollouts, info = ray.get(ref)
+                rollouts, info, pid = ray.get(ref)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
-                self._restarted(w, err)
+                self._restarted(w, type(err).__name__)
                 self._dispatch(w, index, version)  # the same request again: same batch, same version
                 continue
+            if pid != self.infos[w]["pid"]:  # restarted while idle: the request reached the new process
+                self._restarted(w, "restarted while idle")
             self.busy.discard(w)
             self.done[index] = (rollouts_from_state(rollouts), info)
 
-    def _restarted(self, w: int, err: BaseException) -> None:
+    def _restarted(self, w: int, why: str) -> None:
         """Worker `w` died: wait for Ray's restart, record its new pid in rollout_workers.json."""
         self.restarts += 1
         old = self.infos[w]["pid"]
@@ -188,7 +190,7 @@ class RaySource:
         self.infos[w] = info
         self._write_workers()
         print(
-            f"p3o train: rollout worker {w} died (pid {old}: {type(err).__name__}); restarted by Ray as pid "
+            f"p3o train: rollout worker {w} died (pid {old}: {why}); restarted by Ray as pid "
             f"{info['pid']}, its unfinished request re-issued",
             file=sys.stderr,
         )
@@ -245,7 +247,7 @@ class RaySource:
             try:
                 return ray.get(self.actors[0].evaluate.remote(version, [self.refs[version]]))
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
-                self._restarted(0, err)
+                self._restarted(0, type(err).__name__)
         raise P3OError("RaySource.evaluate: worker 0 keeps dying")
 
     def state(self) -> dict[str, Any]:

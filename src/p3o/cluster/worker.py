@@ -5,7 +5,7 @@ architecture and tokenizer, then takes every weight version from the trainer thr
 imported here at module level, so the class is also usable (and tested) in-process:
 
     worker = RolloutWorker(to_dict(cfg), worker_id=0, threads=1)
-    state, info = worker.produce(index=5, version=3, weights=[ref_or_dict])   # batch 5 from policy version 3
+    state, info, pid = worker.produce(index=5, version=3, weights=[ref_or_dict])   # batch 5 from version 3
 
 `weights` is a one-element list holding an object-store reference (or, in-process, the dict itself): wrapped so that
 Ray hands the reference over unresolved and the worker fetches the tensors only when it needs that version.
@@ -84,17 +84,18 @@ class RolloutWorker:
             "device": str(getattr(self.engine, "device", "")),
         }
 
-    def produce(self, index: int, version: int, weights: list[Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    def produce(self, index: int, version: int, weights: list[Any]) -> tuple[dict[str, Any], dict[str, float], int]:
         """Batch `index` of the data stream from policy `version` (loaded from `weights` unless already held).
 
-        Returns (`p3o.train.buffer.rollouts_to_state` of the scored batch, its info floats).
+        Returns (`p3o.train.buffer.rollouts_to_state` of the scored batch, its info floats, this process's pid: a
+        request that reached a restarted worker without failing still tells the trainer about the restart).
         """
         from p3o.train.buffer import rollouts_to_state
 
         if self.engine.version != version:
             self.engine.load_weights(_fetch(weights), version)
         batch, info = self._produce(index, self.engine)
-        return rollouts_to_state(batch.to("cpu")), info
+        return rollouts_to_state(batch.to("cpu")), info, os.getpid()
 
     def publish(self, version: int, weights: list[Any]) -> None:
         """In-flight updates: a newer version exists; the running batch takes it at its next decode step."""
