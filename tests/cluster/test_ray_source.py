@@ -84,17 +84,21 @@ def test_drop_policy_never_trains_on_a_token_too_old(ray_cluster, tmp_path):
     assert rows[-1]["dropped_batches"] > 0 and rows[-1]["dropped_rows"] == 8 * rows[-1]["dropped_batches"]
 
 
-def test_resumed_trainer_with_workers_ends_as_an_uninterrupted_run(ray_cluster, tmp_path, monkeypatch):
+def test_resumed_lora_trainer_with_workers_ends_as_an_uninterrupted_run(ray_cluster, tmp_path, monkeypatch):
     from test_determinism import _Stop, stop_after
 
-    fixed = {"rollout.workers": 1, "loop.mode": "async", "loop.max_lag": 1, "ckpt.every": 1}
+    # with LoRA: the workers receive only the merged adapted layers (sync_bytes below the full model's)
+    fixed = {"rollout.workers": 1, "loop.mode": "async", "loop.max_lag": 1, "ckpt.every": 1, "model.lora.r": 4}
     with monkeypatch.context() as m:
         stop_after(m, 2)  # the trainer dies after step 2 (its checkpoint holds the queued batches)
         with pytest.raises(_Stop):
             _run(tmp_path / "resumed", **fixed)
     rows, params = _run(tmp_path / "resumed", **{**fixed, "ckpt.resume": True})
-    rows_ok, params_ok = _run(tmp_path / "ok", **{"rollout.workers": 0, "loop.mode": "async", "loop.max_lag": 1})
+    rows_ok, params_ok = _run(
+        tmp_path / "ok", **{"rollout.workers": 0, "loop.mode": "async", "loop.max_lag": 1, "model.lora.r": 4}
+    )
     assert _training(rows) == _training(rows_ok) and _same(params, params_ok)
+    assert 0 < rows[-1]["sync_bytes"] < sum(v.numel() * v.element_size() for v in params.values())
 
 
 def test_inflight_updates_stamp_several_versions_in_one_response(ray_cluster, tmp_path, monkeypatch):
