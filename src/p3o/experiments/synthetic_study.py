@@ -330,7 +330,7 @@ def render(
         "",
         "## Verdicts",
         "",
-        decisions_table(decisions, 4, metric_and_n=False),
+        decisions_table(decisions, 4),
     ]
     records = [d.to_dict() for d in decisions]
     lines += ["", f"Totals (primary verdicts): {verdict_counts(decisions)}.", ""]
