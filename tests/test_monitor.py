@@ -50,7 +50,11 @@ def test_ess_is_kongs_over_all_valid_tokens() -> None:
     row = _one_batch()
     assert row["ess"] == pytest.approx(float(effective_sample_size(d["logp"] - d["rollout"], d["mask"])), rel=1e-6)
     assert row["tokens"] == d["mask"].sum().item()
-    assert sum(row[f"lag_frac_{b}"] for b in lag_bucket_names()) == pytest.approx(1.0)
+    hist = [row[f"lag_hist_{k}"] for k in range(int(row["lag_max"]) + 1)]
+    assert sum(hist) == pytest.approx(1.0) and f"lag_hist_{int(row['lag_max']) + 1}" not in row
+    lag = (10 - d["versions"])[d["mask"]]
+    assert hist == pytest.approx([(lag == k).double().mean().item() for k in range(len(hist))])
+    assert sum(1 for b in lag_bucket_names() if not math.isnan(row[f"ess_lag_{b}"])) >= 4
 
 
 @pytest.mark.parametrize("splits", [[2, 2, 2, 2], [1, 7], [5, 1, 2]])

@@ -15,7 +15,8 @@ torch.distributed process group), over ranks, so the numbers do not depend on ho
 The statistics (lr_t = logp_t − rollout_logp_t, ρ_t = e^{lr_t}, over valid tokens with finite log-probs):
 
 * ``ess`` = (Σρ)² / (|B|·Σρ²) (Kong's ESS, ∈ [1/|B|, 1]), and ``ess_lag_<b>`` per lag bucket b ∈ LAG_BUCKETS;
-* ``lag_min`` / ``lag_mean`` / ``lag_max`` and ``lag_frac_<b>`` (the lag histogram: share of tokens per bucket);
+* ``lag_min`` / ``lag_mean`` / ``lag_max`` and ``lag_hist_<k>`` (the lag histogram, as p3o's trainer logs it: share
+  of tokens k versions old, k = 0 … lag_max; lags ≥ LAG_HIST_BINS − 1 share the last bin);
   these and ``ess_lag_<b>`` only when the step's batches came with ``versions``;
 * ``dlogp_mean``, ``dlogp_max`` (|lr|) and ``dlogp_pos_<d>``: mean |lr| in decile d = ⌊10·t / max_len⌋ of the
   decode position t;
@@ -46,6 +47,7 @@ from p3o.objectives import ess_from_parts, ess_parts, prefix_log_stat
 
 __all__ = [
     "LAG_BUCKETS",
+    "LAG_HIST_BINS",
     "N_POSITION_BUCKETS",
     "RULES",
     "Finding",
@@ -61,6 +63,7 @@ _log = logging.getLogger(__name__)
 #: Lag buckets (inclusive lower, inclusive upper; None = no upper bound) and their key suffixes.
 LAG_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 0), (1, 1), (2, 3), (4, 7), (8, None))
 N_POSITION_BUCKETS = 10
+LAG_HIST_BINS = 32
 
 
 def lag_bucket_names() -> list[str]:
@@ -285,7 +288,7 @@ class OffPolicyMonitor:
         nb = len(LAG_BUCKETS)
         self._parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(nb + 1)]
         # sums: tokens, |lr|, ρ>2, ρ<0.5, k1, k2, k3, m, m>0.5, m<0.1, lag, nonfinite, valid(all), lag-bucket
-        # counts (nb), position counts (10), position |lr| sums (10)
+        # counts (nb), position counts (10), position |lr| sums (10), exact-lag counts (LAG_HIST_BINS)
         self._sums: torch.Tensor | None = None  # float64 on the first micro-batch's device (collectives run there)
         # maxima: |lr|, ρ, −ρ (min), lag, −lag (min)
         self._max: torch.Tensor | None = None
@@ -345,6 +348,8 @@ class OffPolicyMonitor:
             onehot = torch.nn.functional.one_hot(dec, N_POSITION_BUCKETS).double() * vf[..., None]  # (N, T, 10)
             sums += list(onehot.sum((0, 1)).unbind())
             sums += list((onehot * absd[..., None]).sum((0, 1)).unbind())
+            hist = torch.nn.functional.one_hot(lag.clamp(0, LAG_HIST_BINS - 1), LAG_HIST_BINS).double()
+            sums += list((hist * vf[..., None]).sum((0, 1)).unbind())
             zero = torch.zeros(len(sums), dtype=torch.float64, device=dev)
             self._sums = (zero if self._sums is None else self._sums) + torch.stack(sums)
             if self._max is None:
@@ -448,12 +453,16 @@ class OffPolicyMonitor:
         }
         counts = s[12 : 12 + nb]
         for name, c, e in zip(lag_bucket_names(), counts, ess[1:]):
-            row[f"lag_frac_{name}"] = per(c)
             row[f"ess_lag_{name}"] = e if c > 0 else nan
-        pc = s[12 + nb : 12 + nb + N_POSITION_BUCKETS]
-        ps = s[12 + nb + N_POSITION_BUCKETS :]
+        pos = 12 + nb
+        pc = s[pos : pos + N_POSITION_BUCKETS]
+        ps = s[pos + N_POSITION_BUCKETS : pos + 2 * N_POSITION_BUCKETS]
         for d in range(N_POSITION_BUCKETS):
             row[f"dlogp_pos_{d}"] = per(ps[d], pc[d])
+        hist = s[pos + 2 * N_POSITION_BUCKETS :]
+        if n > 0:
+            for k in range(min(int(mx[3].item()), LAG_HIST_BINS - 1) + 1):
+                row[f"lag_hist_{k}"] = per(hist[k])
         return row
 
 
