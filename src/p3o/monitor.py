@@ -118,7 +118,10 @@ _SUGGEST = {
         "P3O's ESS cap bounds the late tokens' weights"
     ),
     "ratio_tails": "check the sampling settings (top-p/top-k need processed log-probs) and the engine's precision",
-    "prefix_decay": "long responses are heavily down-weighted by MinPRO-style prefix weights: reduce staleness",
+    "prefix_decay": (
+        "MinPRO-style prefix weights would silence the later tokens of long responses: reduce the staleness or "
+        "engine mismatch behind it (the other findings name it)"
+    ),
     "nonfinite": "NaN/inf log-probs: check the engine's dtype and the tokenizer (ids out of the vocabulary)",
     "kl_clamped": "ratios beyond e^20: a tokenizer, temperature or precision mismatch between engine and trainer",
     "ess_degenerate": "empty or non-finite ESS sums: NaN/inf log-probs somewhere",
