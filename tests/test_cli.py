@@ -82,7 +82,7 @@ def test_p3o_warns_when_micro_batch_is_smaller_than_the_step(capsys, monkeypatch
     assert ess_scope_warning(load_config(["--objective.name", "grpo"])) is None
     assert "no step scope" in ess_scope_warning(load_config([*small, "--objective.name", "p3o_two_anchor"]))
 
-    monkeypatch.setattr(loop_mod, "run", lambda cfg: tmp_path)
+    monkeypatch.setattr(loop_mod, "run", lambda cfg, **kw: tmp_path)
     assert p3o_main(["train", "--run_dir", str(tmp_path / "r"), *small]) == 0
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "update.micro_batch_size is part of the objective" in err

@@ -14,7 +14,7 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("p3o.train.cli", "train a policy (no arguments: the embedded default, P3O on the built-in task)"),
+    "train": ("p3o.cluster.cli", "train a policy (no arguments: the embedded default, P3O on the built-in task)"),
     "eval": ("p3o.eval.cli", "pass@k of a checkpoint on a task"),
     "compare": ("p3o.experiments.cli", "run a grid of objectives × regimes × seeds and write a report"),
     "probe": ("p3o.experiments.probe", "gradient probe: each objective's stale-batch gradient vs the on-policy one"),

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ray_args
+from cluster_args import ray_args
 
 import p3o.train.loop as loop_mod
+from p3o.cluster import RaySource
 from p3o.config import load_config
 from p3o.train.loop import run
 
@@ -22,7 +23,7 @@ def _run(run_dir: Path, **overrides: object) -> tuple[list[dict], dict[str, torc
     """Run; returns (metrics rows, final parameters)."""
     from safetensors.torch import load_file
 
-    out = run(load_config(ray_args(run_dir, **overrides)))
+    out = run(load_config(ray_args(run_dir, **overrides)), remote_source=RaySource)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     (weights,) = sorted((out / "final").glob("*.safetensors"))
     return rows, load_file(str(weights))

@@ -4,8 +4,10 @@ and `p3o.rollout` (which knows nothing of Ray).
     p3o train --rollout.workers 2 --loop.mode async             # a local Ray instance, 2 rollout actors
     p3o train --rollout.workers 2 --ray.address auto            # the same run on an existing cluster
 
-`RaySource` (the batch source), `RolloutWorker` (the actor's class), `connect` (join or start Ray). Ray is imported
-only when a source is built (extra ``p3o[ray]``).
+`RaySource` (the batch source, handed to `p3o.train.loop.run(cfg, remote_source=RaySource)`: train/ never imports
+this floor), `RolloutWorker` (the actor's class), `connect` / `preflight` (join or start Ray, check an address) and
+`p3o.cluster.cli` (the `p3o train` command with workers available). Ray is imported only when a source is built
+(extra ``p3o[ray]``).
 """
 
 from p3o.cluster.runtime import connect, import_ray, preflight

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from p3o.cluster.runtime import connect, import_ray
+from p3o.cluster.runtime import connect, import_ray, preflight
 from p3o.errors import P3OError
 from p3o.train.buffer import Batch, _batch_from_state, _batch_state, rollouts_from_state
 
@@ -113,6 +113,11 @@ class RaySource:
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def preflight(ray_cfg: Any) -> None:
+        """`p3o.train.buffer.RemoteSource.preflight`: Ray installed, `ray.address` reachable."""
+        preflight(ray_cfg)
 
     # -- versions and weights ------------------------------------------------------------------------
     def version_for(self, index: int) -> int:

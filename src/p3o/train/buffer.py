@@ -336,6 +336,29 @@ class AsyncSource:
         self.thread.join(timeout)
 
 
+class RemoteSource(Protocol):
+    """What builds the batch source of rollout workers in other processes (`rollout.workers` > 0), e.g.
+    `p3o.cluster.RaySource`: handed to `p3o.train.loop.run` by its caller, so train/ never imports the Ray layer.
+
+        source = remote_source(cfg, run_dir, weights, start_step=s, state=loop_state)   # a BatchSource
+        source.evaluate(version) -> {"eval_accuracy", "eval_score"}                       # held-out, on a worker
+    """
+
+    def preflight(self, ray_cfg: Any) -> None:
+        """Refuse (one-line ConfigError) what cannot work, before any model loads."""
+        ...
+
+    def __call__(
+        self,
+        cfg: Any,
+        run_dir: Any,
+        weights: dict[str, torch.Tensor],
+        *,
+        start_step: int = 0,
+        state: dict[str, Any] | None = None,
+    ) -> Any: ...
+
+
 def make_source(
     mode: str,
     produce: Produce,
@@ -375,6 +398,7 @@ __all__ = [
     "BatchSource",
     "GeneratorCrashed",
     "SCHEDULES",
+    "RemoteSource",
     "ReuseSource",
     "StaleSource",
     "SyncSource",

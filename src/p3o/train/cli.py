@@ -91,8 +91,9 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `p3o train` (see the module docstring); returns the exit status."""
+def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
+    """Entry point of `p3o train` (see the module docstring); returns the exit status. `remote_source`: what builds
+    the rollout workers' batch source (`p3o.cluster.cli` passes `p3o.cluster.RaySource`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     from p3o.config import config_help, load_config
 
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             print(warning, file=sys.stderr)
 
         t0 = time.perf_counter()
-        run_dir = run(cfg)
+        run_dir = run(cfg, remote_source=remote_source)
         if dist.is_main():
             print(_summary(str(run_dir), time.perf_counter() - t0))
         dist.destroy()

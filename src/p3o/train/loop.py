@@ -26,7 +26,8 @@ Data parallel (torchrun, gloo/nccl): every rank generates prompts_per_step / wor
 the update all-reduces the token count, ESS sums and gradients, rank 0 writes metrics and checkpoints.
 
 The data stream and producer are `p3o.train.stream`; turning the config into objects is `p3o.train.wiring`. With
-`rollout.workers` > 0 the batch source is `p3o.cluster.RaySource` (rollout workers as Ray actors, docs/training.md).
+`rollout.workers` > 0 the batch source is the caller's `remote_source` (`p3o train` hands over
+`p3o.cluster.RaySource`, rollout workers as Ray actors: docs/training.md); train/ never imports the Ray layer.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import torch
 
 from p3o import dist
 from p3o.errors import ConfigError
-from p3o.train.buffer import BatchSource, make_source, token_lag
+from p3o.train.buffer import BatchSource, RemoteSource, make_source, token_lag
 from p3o.train.step import update
 from p3o.train.stream import Evaluator, PromptStream, make_producer, stream_seed
 from p3o.train.wiring import (
@@ -119,13 +120,17 @@ class Trainer:
     its metrics row), `save` (a checkpoint), `finish` (final/ and the plot), `close` (the batch source and logs).
     `run` drives it with a linear loop body.
 
-    With `rollout.workers` > 0 the batch source is `p3o.cluster.RaySource` (rollout workers as Ray actors) and the
-    in-loop evaluation runs on a worker; otherwise the engine lives in this process.
+    With `rollout.workers` > 0 the batch source is `remote_source` (handed over by the caller, which sits above this
+    floor: `p3o train` passes `p3o.cluster.RaySource`, rollout workers as Ray actors) and the in-loop evaluation runs
+    on a worker; otherwise the engine lives in this process.
     """
 
-    def __init__(self, cfg: Any, components: Components | None = None) -> None:
+    def __init__(
+        self, cfg: Any, components: Components | None = None, remote_source: RemoteSource | None = None
+    ) -> None:
         self.cfg = cfg
         self.comps: Components | None = components
+        self.remote_source = remote_source
         self.run_dir = Path(cfg.run_dir)
         self.source: BatchSource | None = None
         self.logger: Any = None
@@ -148,9 +153,12 @@ class Trainer:
         if cfg.rollout.workers and dist.world_size() > 1:
             raise ConfigError("rollout.workers: Ray rollout workers serve a single trainer rank (world size 1) here")
         if cfg.rollout.workers:
-            from p3o.cluster import preflight
-
-            preflight(cfg.ray)  # Ray installed, ray.address reachable: before any model loads
+            if self.remote_source is None:
+                raise ConfigError(
+                    "rollout.workers: no remote batch source was handed to the loop; run `p3o train`, or pass "
+                    "remote_source=p3o.cluster.RaySource to p3o.train.loop.run"
+                )
+            self.remote_source.preflight(cfg.ray)  # e.g. Ray installed, ray.address reachable: before any model loads
         check_run_dir(run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
         comps = self.comps if self.comps is not None else build_components(cfg)
         self.comps = comps
@@ -206,9 +214,8 @@ class Trainer:
         lp = cfg.loop
         policy = comps.policy
         if cfg.rollout.workers:
-            from p3o.cluster import RaySource
-
-            source = RaySource(cfg, self.run_dir, sync_weights(policy), start_step=start, state=state)
+            assert self.remote_source is not None
+            source = self.remote_source(cfg, self.run_dir, sync_weights(policy), start_step=start, state=state)
             self.evaluator: Any = source.evaluate
             return source
         side = comps.rollout_side()
@@ -337,10 +344,11 @@ class Trainer:
         dist.barrier()
 
 
-def run(cfg: Any, *, components: Components | None = None) -> Path:
+def run(cfg: Any, *, components: Components | None = None, remote_source: RemoteSource | None = None) -> Path:
     """Train with `cfg` (a validated `p3o.config.TrainConfig`) and return the run directory.
 
-    `components` replaces `build_components(cfg)` (tests pass tiny fakes). Writes run_dir/config.yaml,
+    `components` replaces `build_components(cfg)` (tests pass tiny fakes). `remote_source` builds the batch source
+    when `rollout.workers` > 0 (`p3o.cluster.RaySource`; `p3o train` passes it). Writes run_dir/config.yaml,
     metrics.jsonl, checkpoints/, final/ and plot.png (rank 0).
 
     A run never silently replaces another (`p3o.train.wiring.check_run_dir`): a fresh run refuses a run_dir holding
@@ -348,7 +356,7 @@ def run(cfg: Any, *, components: Components | None = None) -> Path:
     `ckpt.resume` continues from the latest checkpoint; with none it starts from step 0, except over a finished
     run's final/ (a run saved without checkpoints), which it refuses.
     """
-    trainer = Trainer(cfg, components)
+    trainer = Trainer(cfg, components, remote_source)
     try:
         start = trainer.setup()
         for step in range(start, cfg.steps):
@@ -379,4 +387,4 @@ def _attach_adapters_and_reference(cfg: Any, comps: Components, needs: frozenset
         comps.ref_model = copy.deepcopy(comps.policy).eval().requires_grad_(False)
 
 
-__all__ = ["Components", "Trainer", "run"]
+__all__ = ["Components", "RemoteSource", "Trainer", "run"]
