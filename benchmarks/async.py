@@ -31,11 +31,12 @@ from pathlib import Path
 
 
 def _run(name: str, argv: list[str], warmup: int) -> dict[str, float]:
+    from p3o.cluster import RaySource
     from p3o.config import load_config
     from p3o.train.loop import run
 
     t0 = time.perf_counter()
-    run_dir = run(load_config(argv))
+    run_dir = run(load_config(argv), remote_source=RaySource)
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][warmup:]
     step_s = sum(r["time_step_s"] for r in rows)
