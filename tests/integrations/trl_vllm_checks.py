@@ -117,6 +117,8 @@ def train_and_check_ratios(tr: Any) -> list[dict[str, float]]:
         # bf16 for this fp32 model). A stale engine (no sync, or a stale tied head) gives ratios of 0.08 to 2.5.
         assert 0.95 < h["objective/ratio_min"] <= h["objective/ratio_max"] < 1.05, h
         assert h["objective/ess"] > 0.99, h
+        # the off-policy monitor (attached by default) sees the same tokens and ratios
+        assert abs(h["offpolicy/ess"] - h["objective/ess"]) < 1e-5 and h["offpolicy/lag_max"] == 0, h
     # ρ is not identically 1: the denominator is vLLM's own log-probs (sampling_per_token_logps), not sg(logp)
     assert max(h["objective/ratio_max"] - h["objective/ratio_min"] for h in logs) > 1e-4, logs
     return logs
