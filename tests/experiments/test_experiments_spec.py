@@ -41,6 +41,19 @@ def test_presets_use_contract_keys_only() -> None:
         regime_overrides("stale4")
 
 
+def test_every_objective_preset_resolves_with_its_record() -> None:
+    """Each preset names a registered objective and only keywords it accepts (dro's required β is given)."""
+    from p3o.experiments.synthetic import parse_objective
+    from p3o.objectives import get_objective
+
+    for name in OBJECTIVE_PRESETS:
+        objective, hyper = parse_objective(name)
+        full = get_objective(objective).resolve(hyper)
+        assert all(full[k] == v for k, v in hyper.items()), name
+    assert parse_objective("dro-0.1") == ("dro", {"beta": 0.1})
+    assert parse_objective("grpo-tm-icepop")[1]["rollout_correction_cap"] == 5.0
+
+
 def test_parse_and_expand_merges_base_regime_objective(tmp_path: Path) -> None:
     raw = {
         "name": "t",

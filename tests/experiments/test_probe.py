@@ -25,19 +25,22 @@ def on_policy() -> dict:
 
 def test_on_policy_gradient_points_at_the_high_sample_gradient(on_policy: dict) -> None:
     """L = 0: the mean of many seeded batch gradients points where g_ref points; each batch's cosine is positive
-    on average; every objective gives the same on-policy gradient."""
+    on average; every objective gives the same on-policy gradient — except Clip-Cov, which drops a random
+    high-covariance token's gradient even on-policy (by design), so its gradient is shorter."""
     ref = on_policy["points"]
     assert ref["ref_half_cos"][0] > 0.97  # the reference itself is precise
     cells = {c["objective"]: c for c in on_policy["cells"]}
     assert set(cells) == set(probe.DEFAULT_OBJECTIVES)
     for name, cell in cells.items():
-        assert cell["cos_of_mean"] > 0.95, (name, cell)
+        assert cell["cos_of_mean"] > (0.9 if name == "clip_cov" else 0.95), (name, cell)
         assert cell["cos"] > 0.1, (name, cell)
         assert cell["zero_frac"] == 0.0
+    assert cells["clip_cov"]["norm_ratio"] < cells["grpo"]["norm_ratio"]
     rows = on_policy["rows"]
     by = {}
-    for b, c in zip(rows["batch"], rows["cos"]):
-        by.setdefault(b, set()).add(round(c, 4) if c == c else None)
+    for b, o, c in zip(rows["batch"], rows["objective"], rows["cos"]):
+        if o != "clip_cov":
+            by.setdefault(b, set()).add(round(c, 4) if c == c else None)
     assert all(len(v) == 1 for v in by.values())  # identical across objectives, batch by batch
 
 

@@ -119,6 +119,26 @@ def test_one_call_layouts_equal_per_seed_calls(name: str, hyper: dict) -> None:
     assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.parametrize("correction", ["seq-max-k2", "seq-max-k3", "geo-rs"])
+def test_row_rejecting_corrections_pack_exactly(correction: str) -> None:
+    """A row-rejecting rollout correction pools the kept rows' denominators, so the one-call layout is chosen by
+    ``coupling_for(hyper)`` ("batch"): auto equals the per-seed loop, and the row packing (which would pool the
+    seeds' denominators) does not."""
+    logp, roll, prox, adv = _offpolicy_inputs()
+    low, cap = (0.9, 1.1) if correction == "geo-rs" else (0.5, 0.5)
+    hyper = {"rollout_correction": correction, "rollout_correction_low": low, "rollout_correction_cap": cap}
+    out = {}
+    for layout in ("auto", "loop", "rows"):
+        lp = logp.clone().requires_grad_(True)
+        loss, stats = syn.objective_loss("grpo", hyper, lp, roll, adv, old_logp=prox, layout=layout)
+        (g,) = torch.autograd.grad(loss, lp)
+        out[layout] = (loss.detach(), g, float(stats["rc_rejected_frac"]))
+    assert 0.0 < out["loop"][2] < 1.0  # some rows, not all, are rejected
+    assert torch.allclose(out["auto"][0], out["loop"][0], rtol=1e-6, atol=1e-8)
+    assert torch.allclose(out["auto"][1], out["loop"][1], rtol=1e-6, atol=1e-8)
+    assert not torch.allclose(out["rows"][0], out["loop"][0], rtol=1e-3)
+
+
 def test_on_policy_p3o_and_grpo_are_identical() -> None:
     """On-policy, one update per batch: P3O's e_B = 1, weights 1, KL weight 0 — GRPO's gradient exactly."""
     base = SyntheticConfig(**SMALL)

@@ -63,6 +63,9 @@ from p3o.objectives import effective_sample_size
 #: p3o_two_anchor is left out: at the first update of a batch π_prox = π_θ, so it coincides with p3o. ``p3o-pg``
 #: (the preset ``p3o`` with ``kl_estimator=none``: P3O without its KL term) separates the two halves of its gradient;
 #: ``p3o-k3_is`` and ``p3o-k2`` are P3O with the other KL estimators (beyond the paper; ``p3o`` is k3, the paper's).
+#: Then the objectives of issue 21 at their reference defaults (``dro-0.1``: DRO needs a β) and GRPO ε = 0.2 with
+#: three rollout corrections (IcePop, sequence TIS, Geo-RS): with a correction the ratio is anchored at π_θold, which
+#: at the first update on a batch is π_θk, so the clip is idle and the correction's weight π_θk/π_b does the work.
 DEFAULT_OBJECTIVES = (
     "p3o",
     "p3o-k3_is",
@@ -75,6 +78,17 @@ DEFAULT_OBJECTIVES = (
     "m2po",
     "decoupled_ppo",
     "p3o-pg",
+    "gmpo",
+    "sapo",
+    "dppo",
+    "topr",
+    "dro-0.1",
+    "gpg",
+    "kl_cov",
+    "clip_cov",
+    "grpo-tm-icepop",
+    "grpo-tm-seq-tis",
+    "grpo-tm-geo-rs",
 )
 DEFAULT_LAGS = (0, 1, 2, 4, 8, 16, 32, 64, 96)
 #: Columns of the per-batch table and of the per-probe-point table (synthetic and LM probes write the same ones).

@@ -131,6 +131,63 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     # P3O with both the rollout and a proximal anchor (the paper's P4O); GRPO + decoupled loss for async.
     "p3o-two-anchor": {"objective.name": "p3o_two_anchor"},
     "decoupled-ppo-0.2": {"objective.name": "decoupled_ppo", "objective.clip_eps": 0.2},
+    # ---- the objectives of issue 21 at their reference defaults (docs/objectives.md gives each one's source) ----
+    # GMPO: log-space window [e^-0.4, e^0.4] (the GMPO README and verl example); SAPO: τ+ 1.0, τ- 1.05 (verl, SkyRL,
+    # AReaL); DPPO: prime-rl's default loss (Δ-mask 0.2 / 0.2, adv_tau 1, kl_tau 1e-3); TOPR: the paper's sequence
+    # form (no hyper-parameter); GPG: plain REINFORCE; KL-Cov / Clip-Cov: verl's defaults (ratio 2e-4, β 0.1 /
+    # band [1, 5], ε 0.2).
+    "gmpo": {"objective.name": "gmpo"},
+    "sapo": {"objective.name": "sapo"},
+    "dppo": {"objective.name": "dppo"},
+    "topr": {"objective.name": "topr"},
+    "gpg": {"objective.name": "gpg"},
+    "kl_cov": {"objective.name": "kl_cov"},
+    "clip_cov": {"objective.name": "clip_cov"},
+    # DRO / Kimi-1.5 has no reference default (verl: dro_beta is required); β = 0.1 is ROLL's kimi15_tau default,
+    # the one published default of this loss family.
+    "dro-0.1": {"objective.name": "dro", "objective.beta": 0.1},
+    # Token-mean GRPO ε = 0.2 with each new rollout correction (the ratio is then anchored at π_θold and the
+    # correction carries π_θold/π_b). Bounds: IcePop [0.5, 5] (verl's IcePop presets, OpenRLHF's default); seq-TIS
+    # cap 2 (verl's decoupled_seq_is); Geo-RS [0.5, 2] (verl's legacy reciprocal default and SkyRL's product band:
+    # verl's presets 0.999–1.001 are for rows of thousands of tokens, a toy row has 8); seq-max k2 / k3 U = 2.5
+    # (verl's documented example; no preset uses them).
+    "grpo-tm-icepop": {
+        "objective.name": "grpo",
+        "objective.clip_eps": 0.2,
+        "objective.agg": "token-mean",
+        "objective.rollout_correction": "token-icepop",
+        "objective.rollout_correction_low": 0.5,
+        "objective.rollout_correction_cap": 5.0,
+    },
+    "grpo-tm-seq-tis": {
+        "objective.name": "grpo",
+        "objective.clip_eps": 0.2,
+        "objective.agg": "token-mean",
+        "objective.rollout_correction": "seq-tis",
+        "objective.rollout_correction_cap": 2.0,
+    },
+    "grpo-tm-geo-rs": {
+        "objective.name": "grpo",
+        "objective.clip_eps": 0.2,
+        "objective.agg": "token-mean",
+        "objective.rollout_correction": "geo-rs",
+        "objective.rollout_correction_low": 0.5,
+        "objective.rollout_correction_cap": 2.0,
+    },
+    "grpo-tm-seq-max-k2": {
+        "objective.name": "grpo",
+        "objective.clip_eps": 0.2,
+        "objective.agg": "token-mean",
+        "objective.rollout_correction": "seq-max-k2",
+        "objective.rollout_correction_cap": 2.5,
+    },
+    "grpo-tm-seq-max-k3": {
+        "objective.name": "grpo",
+        "objective.clip_eps": 0.2,
+        "objective.agg": "token-mean",
+        "objective.rollout_correction": "seq-max-k3",
+        "objective.rollout_correction_cap": 2.5,
+    },
 }
 
 

@@ -487,7 +487,8 @@ def objective_loss(
     Each seed's loss is exactly ``get_objective(name)(ObjectiveInputs(logp[s], rollout_logp[s], mask, adv[s],
     ...), **hyper)`` on its own (n, T) batch; it is computed in one call when that is exact:
 
-    * ``rows`` (records with ``coupling="row"``, and ``"ess-scope"`` ones such as P3O with ``scope="sequence"``):
+    * ``rows`` (``coupling_for(hyper)`` ``"row"``, and ``"ess-scope"`` ones such as P3O with ``scope="sequence"``;
+      a row-rejecting rollout correction makes it ``"batch"``):
       the S·n rows in one (S·n, T) batch —
       the per-token losses only see their own row, and the aggregation's 1/(S·…) is multiplied back by S;
     * ``seed-rows`` (P3O with scope micro-batch / step): each seed's n·T tokens as ONE row of an (S, n·T) batch
@@ -508,10 +509,11 @@ def objective_loss(
     s, n, t_len = logp.shape
     side = {"prox_logp": prox_logp, "old_logp": old_logp, "ref_logp": ref_logp, "entropy": entropy}
     scope = fn.resolve(hyper).get("scope")
+    coupling = fn.coupling_for(hyper)  # a row-rejecting rollout correction couples the rows (``batch``)
     if layout == "auto":
-        if fn.coupling == "row" or (fn.coupling == "ess-scope" and scope == "sequence"):
+        if coupling == "row" or (coupling == "ess-scope" and scope == "sequence"):
             layout = "rows"
-        elif fn.coupling == "ess-scope":
+        elif coupling == "ess-scope":
             layout = "seed-rows"
         else:
             layout = "vmap"
