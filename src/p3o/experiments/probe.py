@@ -466,14 +466,16 @@ def plot_probe(result: dict[str, Any], path: str | Path) -> None:
     lags = sorted({c["lag"] for c in cells})
     xs = {lag: i for i, lag in enumerate(lags)}
     gain_ref = _nanmean(result["points"]["gain_ref"])
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    rows = -(-len(objectives) // 6)  # legend rows below the panels
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5 + 0.25 * rows))
     (a, b), (c, d) = axes
-    cmap = plt.get_cmap("tab10")
+    cmap = plt.get_cmap("tab10" if len(objectives) <= 10 else "tab20")
     for n, o in enumerate(objectives):
         cc = sorted((x for x in cells if x["objective"] == o), key=lambda x: x["lag"])
-        style = {"color": cmap(n % 10), "marker": "o", "ms": 4, "label": _short(o)}
+        colour = cmap(n % cmap.N)
+        style = {"color": colour, "marker": "os^D"[n // cmap.N % 4], "ms": 4, "label": _short(o)}
         a.plot([xs[x["lag"]] for x in cc], [x["cos"] for x in cc], **style)
-        a.plot([xs[x["lag"]] for x in cc], [x["cos_of_mean"] for x in cc], color=cmap(n % 10), ls=":", lw=1)
+        a.plot([xs[x["lag"]] for x in cc], [x["cos_of_mean"] for x in cc], color=colour, ls=":", lw=1)
         b.plot([xs[x["lag"]] for x in cc], [x["norm_ratio"] for x in cc], **style)
         if math.isfinite(gain_ref):
             d.plot([xs[x["lag"]] for x in cc], [x["gain"] / gain_ref for x in cc], **style)
@@ -504,12 +506,13 @@ def plot_probe(result: dict[str, Any], path: str | Path) -> None:
         d.set_ylabel("‖mean_b d_b‖ / ‖g_ref‖")
         d.set_title("norm of the mean direction (no exact J for this instrument)")
     d.axhline(0, color="k", lw=0.5)
-    a.legend(fontsize=8, ncol=2)
+    handles, labels = a.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8)
     fig.suptitle(
         f"Gradient probe — {result['instrument']}; {len(result['rows']['cos'])} batch×objective gradients",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.02 * rows + 0.01, 1, 1))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
