@@ -114,3 +114,8 @@ def test_default_config_cli_runs_twice_identically(tmp_path):
     a, b = once("a"), once("b")
     assert a == b and [r["lag_max"] for r in a] == [0, 1, 2, 2]
     assert "eval_accuracy" in a[0] and "ess" in a[-1]
+    # the trainer feeds the off-policy monitor (offpolicy/*): with one micro-batch per step its ESS is P3O's e_B of
+    # the same ratios, and its lag statistics are the loop's own
+    for r in a:
+        assert abs(r["offpolicy/ess"] - r["ess"]) < 1e-5, (r["offpolicy/ess"], r["ess"])
+        assert r["offpolicy/lag_max"] == r["lag_max"] and r["offpolicy/lag_min"] == r["lag_min"]

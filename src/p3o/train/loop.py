@@ -44,6 +44,7 @@ import torch
 
 from p3o import dist
 from p3o.errors import ConfigError
+from p3o.monitor import OffPolicyMonitor
 from p3o.train.buffer import BatchSource, RemoteSource, make_source, token_lag
 from p3o.train.step import update
 from p3o.train.stream import Evaluator, PromptStream, make_producer, stream_seed
@@ -165,6 +166,8 @@ class Trainer:
         # the objective with its hyper-parameters, resolved once for the run (defaults, spellings, types)
         self.objective = get_objective(cfg.objective.name).bind(objective_hyper(cfg.objective))
         self.needs = self.objective.needs
+        # the off-policy monitor (p3o.monitor): the same statistics and findings any other trainer gets, as offpolicy/*
+        self.monitor = OffPolicyMonitor(max_len=cfg.rollout.max_new_tokens, group=dist.group())
         _attach_adapters_and_reference(cfg, comps, self.needs)
         policy = comps.policy
         self.optimizer, self.scheduler = build_optimizer(policy, cfg.optim, cfg.update, cfg.steps)
@@ -271,13 +274,16 @@ class Trainer:
             ref_model=comps.ref_model,
             group=dist.group(),
             chunk_size=cfg.train.chunk_size,
+            monitor=self.monitor,
+            version=step,
         )
+        offpolicy = self.monitor.update(step=step + 1)  # every rank: it reduces over the data-parallel group
         t_sync = time.perf_counter()
         source.push_weights(sync_weights(comps.policy), step + 1)
         t_sync = time.perf_counter() - t_sync
         t_train = time.perf_counter() - t1
         local = {**info, **_batch_stats(batch), **lag, "dropped_rows": float(source.dropped_rows), **source.metrics()}
-        row = {**_reduce_info(local), **stats}
+        row = {**_reduce_info(local), **stats, **{f"offpolicy/{k}": v for k, v in offpolicy.items()}}
         wall = time.perf_counter() - t0
         row.update(
             time_wait_s=t_wait,

@@ -176,6 +176,8 @@ def update(
     ref_model: nn.Module | None = None,
     group: Any = None,
     chunk_size: int = 256,
+    monitor: Any = None,
+    version: int = 0,
 ) -> dict[str, float]:
     """Train `policy` on `batch` (this rank's rows; `batch.advantages` (N,) must be set); returns the step's stats.
 
@@ -195,6 +197,10 @@ def update(
         temperature: the trainer-side temperature of the log-probs (`train.temperature`).
         ref_model: frozen reference for `ref_logp` (required when "ref_logp" in needs).
         group: data-parallel process group for the ESS (None: the default group when distributed).
+        monitor: a `p3o.monitor.OffPolicyMonitor` fed every micro-batch of the first epoch (the trainer's log-probs
+            before this update moved them, against the recorded ones); the caller closes the step with
+            `monitor.update()`. None: no monitoring.
+        version: the trainer's policy version during this update (the monitor's lag = version − token version).
     Returns:
         Means over micro-batches (weighted by valid tokens) of the objective's stats (`ratio_max` the max,
         `ratio_min` the min), plus `loss` (mean per optimizer step), `grad_norm` (mean, before clipping), `lr`,
@@ -296,6 +302,9 @@ def update(
             for mb in micros:
                 tt = mb.mask.shape[1]
                 logp, ent = _logprobs(policy, mb, temperature, chunk_size, True)
+                if monitor is not None and epoch == 0:
+                    versions = batch.policy_version[mb.rows, :tt]
+                    monitor.observe(logp.detach(), mb.rollout_logp, mb.mask, versions, version=version)
                 inputs = ObjectiveInputs(
                     logp=logp,
                     rollout_logp=mb.rollout_logp,
