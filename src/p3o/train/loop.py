@@ -166,8 +166,10 @@ class Trainer:
         # the objective with its hyper-parameters, resolved once for the run (defaults, spellings, types)
         self.objective = get_objective(cfg.objective.name).bind(objective_hyper(cfg.objective))
         self.needs = self.objective.needs
-        # the off-policy monitor (p3o.monitor): the same statistics and findings any other trainer gets, as offpolicy/*
-        self.monitor = OffPolicyMonitor(max_len=cfg.rollout.max_new_tokens, group=dist.group())
+        # the off-policy monitor (p3o.monitor): the same statistics any other trainer gets, as offpolicy/*. Its
+        # findings are left to `p3o doctor` (warn=False): its position-drift rule does not yet separate staleness
+        # from engine drift, and under the default lag of 2 it would print a KV-cache suggestion that does not apply
+        self.monitor = OffPolicyMonitor(max_len=cfg.rollout.max_new_tokens, group=dist.group(), warn=False)
         _attach_adapters_and_reference(cfg, comps, self.needs)
         policy = comps.policy
         self.optimizer, self.scheduler = build_optimizer(policy, cfg.optim, cfg.update, cfg.steps)
