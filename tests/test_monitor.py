@@ -185,6 +185,20 @@ def test_growing_mismatch_along_the_response_fires_position_drift() -> None:
     assert "grows with position" in mon.findings[0].message
 
 
+def test_position_drift_of_stale_tokens_names_staleness() -> None:
+    """The same growth in a batch whose tokens are 2 versions old is attributed to staleness, not the engine."""
+    from p3o.monitor import find
+
+    rows = [{"lag_mean": 2.0, "dlogp_pos_0": 0.01, "dlogp_pos_1": 0.02, "dlogp_pos_4": 0.1, "dlogp_pos_5": 0.12}] * 20
+    (finding,) = find(rows)
+    assert finding.name == "position_drift" and finding.cause == "staleness"
+    assert "versions old" in finding.message and "max_lag" in finding.suggestion
+    # the default job's size: a sparse last decile alone does not decide
+    quiet = [{"lag_mean": 2.0, "dlogp_pos_0": 0.001, "dlogp_pos_1": 0.015, "dlogp_pos_2": 0.005, "dlogp_pos_3": 0.009}]
+    quiet = [{**quiet[0], "dlogp_pos_4": 0.005, "dlogp_pos_5": 0.054}] * 20
+    assert find(quiet) == []
+
+
 def test_heavy_tails_fire_ratio_tails() -> None:
     def make(g):
         rollout = -torch.rand(16, 32, generator=g) * 4

@@ -83,7 +83,8 @@ class Finding:
         message: one plain-language line, the threshold included.
         evidence: the numbers behind it.
         suggestion: what to change.
-        cause: for ``low_ess``: ``staleness`` or ``mismatch``; else the rule's name.
+        cause: for ``low_ess``: ``staleness`` or ``mismatch``; for ``position_drift``: ``staleness`` or the rule's
+            name; else the rule's name.
     """
 
     name: str
@@ -98,7 +99,8 @@ RULES: dict[str, float] = {
     "ess_threshold": 0.9,  # low_ess: ESS below this ...
     "ess_share": 0.5,  # ... on more than this share of the window's steps
     "drift_factor": 3.0,  # position_drift: last decile's |Δlogp| ≥ this × the first decile's ...
-    "drift_floor": 0.01,  # ... and ≥ this (nats), so that fp32 noise never fires
+    "drift_floor": 0.03,  # ... and ≥ this (nats): fp32 noise and the small drift of a lag-2 batch stay silent
+    "drift_support": 0.5,  # ... over the deciles that at least this share of the window's steps reached
     "tail_share": 0.01,  # ratio_tails: share of tokens with ρ > 2 or ρ < 0.5 above this (window mean)
     "m_floor": 0.5,  # prefix_decay: window mean of MinPRO's m_t below this
     "stale_lag": 0.5,  # low_ess cause: staleness when the window's mean lag exceeds this and fresh tokens are fine
@@ -148,8 +150,9 @@ def find(rows: Sequence[Mapping[str, Any]], rules: Mapping[str, float] | None = 
 
     * ``low_ess``: ``ess`` < 0.9 on more than half of the rows that have it. Cause ``mismatch`` when the fresh
       tokens' ESS (``ess_lag_0``, median) is also < 0.9 or the mean ``lag_mean`` is ≤ 0.5, else ``staleness``.
-    * ``position_drift``: per decile, the mean of ``dlogp_pos_<d>`` over the rows; the last decile that has data
-      ≥ 3 × the first and ≥ 0.01 nats.
+    * ``position_drift``: per decile, the mean of ``dlogp_pos_<d>`` over the rows; over the deciles that at least
+      half of the rows reached, the later half's mean ≥ 3 × the earlier half's and ≥ 0.03 nats. Cause
+      ``staleness`` when the mean ``lag_mean`` exceeds 0.5, else the engine (KV cache / attention precision).
     * ``ratio_tails``: mean of ``ratio_frac_above_2`` + ``ratio_frac_below_0_5`` > 0.01.
     * ``prefix_decay``: mean ``m_mean`` < 0.5.
     * ``nonfinite``: any ``nonfinite_frac`` > 0. ``kl_clamped``, ``ess_degenerate``: any > 0 (p3o's trainer).
@@ -187,20 +190,30 @@ def find(rows: Sequence[Mapping[str, Any]], rules: Mapping[str, float] | None = 
                     cause,
                 )
             )
-    deciles = [_mean(_vals(rows, f"dlogp_pos_{d}")) for d in range(N_POSITION_BUCKETS)]
-    have = [(d, v) for d, v in enumerate(deciles) if not math.isnan(v)]
+    # deciles that most of the window's steps reached (a decile only a few long responses reach is too noisy)
+    per_decile = [_vals(rows, f"dlogp_pos_{d}") for d in range(N_POSITION_BUCKETS)]
+    have = [(d, _mean(v)) for d, v in enumerate(per_decile) if v and len(v) >= th["drift_support"] * len(rows)]
     if len(have) >= 2:
-        (d0, first), (d1, last) = have[0], have[-1]
+        # the later half of those deciles against the earlier half
+        half = len(have) // 2
+        d0, d1 = have[0][0], have[-1][0]
+        first = _mean([v for _, v in have[:half]])
+        last = _mean([v for _, v in have[len(have) - half :]])
         if last >= th["drift_factor"] * first and last >= th["drift_floor"]:
             factor = last / first if first > 0 else math.inf
+            # stale tokens drift along the response too (a policy update moves late tokens more): name that cause
+            lag = _mean(_vals(rows, "lag_mean"))
+            stale = not math.isnan(lag) and lag > th["stale_lag"]
+            cause = f"; the tokens are {lag:.1f} versions old on average, so staleness may cause it" if stale else ""
             out.append(
                 Finding(
                     "position_drift",
-                    f"mismatch grows with position: mean |Δlogp| ×{factor:.1f} from decile {d0} to decile {d1} "
-                    f"(threshold ×{th['drift_factor']:g} and ≥ {th['drift_floor']:g} nats)",
+                    f"mismatch grows with position: mean |Δlogp| ×{factor:.1f} from the early to the late deciles "
+                    f"({d0}–{have[half - 1][0]} vs {have[len(have) - half][0]}–{d1}) "
+                    f"(threshold ×{th['drift_factor']:g} and ≥ {th['drift_floor']:g} nats){cause}",
                     "|Δlogp| by decile: " + " ".join(f"{v:.3g}" for _, v in have),
-                    _SUGGEST["position_drift"],
-                    "position_drift",
+                    _SUGGEST["staleness"] if stale else _SUGGEST["position_drift"],
+                    "staleness" if stale else "position_drift",
                 )
             )
     above, below = _vals(rows, "ratio_frac_above_2"), _vals(rows, "ratio_frac_below_0_5")
