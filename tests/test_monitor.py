@@ -254,3 +254,24 @@ def test_errors() -> None:
         mon.update()
     with pytest.raises(ValueError, match="version"):
         mon.observe(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.zeros(1, 2))
+
+
+def test_state_round_trip_continues_the_window_exactly() -> None:
+    """A monitor restored from `state()` (what a checkpoint keeps) reports what the uninterrupted one does."""
+    from p3o.monitor import OffPolicyMonitor
+
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(6):
+        rollout = -torch.rand(4, 8, generator=g) * 3
+        batches.append((rollout + 0.8 * torch.randn(4, 8, generator=g), rollout, torch.ones(4, 8, dtype=torch.bool)))
+    full = OffPolicyMonitor(max_len=8, warn=False)
+    rows_full = [full.update(*b, step=i) for i, b in enumerate(batches)]
+    first = OffPolicyMonitor(max_len=8, warn=False)
+    for i, b in enumerate(batches[:3]):
+        first.update(*b, step=i)
+    resumed = OffPolicyMonitor(max_len=8, warn=False)
+    resumed.load_state(first.state())
+    rows_resumed = [resumed.update(*b, step=i + 3) for i, b in enumerate(batches[3:])]
+    assert rows_resumed == rows_full[3:]
+    assert any(v > 0 for k, v in rows_full[-1].items() if k.startswith("finding_"))  # the window matters here

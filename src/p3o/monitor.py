@@ -311,6 +311,20 @@ class OffPolicyMonitor:
         self._seen = False
         self._has_versions = False
 
+    def state(self) -> dict[str, Any]:
+        """The window of closed steps and the firing findings (what a checkpoint keeps, so that a resumed run's
+        window-based statistics equal an uninterrupted run's)."""
+        return {"window": [dict(r) for r in self.window], "firing": sorted(self._firing)}
+
+    def load_state(self, state: Mapping[str, Any] | None) -> None:
+        """Restore `state()` (None: keep the empty window)."""
+        if not state:
+            return
+        self.window.clear()
+        self.window.extend(dict(r) for r in state.get("window", []))
+        self.findings = find(list(self.window), self.rules) if self.window else []
+        self._firing = set(state.get("firing", []))
+
     def observe(
         self,
         logp: torch.Tensor,

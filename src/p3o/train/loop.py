@@ -192,6 +192,7 @@ class Trainer:
             # `overwrite` is an action, not a setting: rerunning the saved config must not delete this run
             save_config(dataclasses.replace(cfg, overwrite=False), run_dir / "config.yaml")
 
+        self.monitor.load_state(loop_state.get("monitor"))  # its window, so resumed metrics equal uninterrupted ones
         # 3. the batch source: in this process, or Ray rollout workers
         state = (loop_state.get("rank_source") or {}).get(dist.rank())
         self.source = self._make_source(start, state)
@@ -328,6 +329,7 @@ class Trainer:
             self.scheduler,
             self.source,
             self.cfg.ckpt.keep_last,
+            extra={"monitor": self.monitor.state()},
         )
 
     # -- the end -------------------------------------------------------------------------------------

@@ -283,8 +283,10 @@ def save_loop_checkpoint(
     scheduler: Any,
     source: BatchSource,
     keep_last: int,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """Rank 0 writes the checkpoint: every rank's batch source and its own RNG states (gathered).
+    """Rank 0 writes the checkpoint: every rank's batch source and its own RNG states (gathered), plus `extra`
+    (rank 0's, e.g. the off-policy monitor's window) in loop_state.
 
     loop_state = {"rank_source": {rank: source.state()}}: all `run` reads back (the data stream needs no cursor; the
     engine version is the step); the RNG states go to the checkpoint's per-rank RNG, which `load_checkpoint` restores
@@ -295,7 +297,7 @@ def save_loop_checkpoint(
     sources = dist.all_gather_object(source.state())
     rng = gather_rng_states()  # every rank's own Python / NumPy / torch / CUDA generators (a collective)
     if dist.is_main():
-        loop_state = {"rank_source": dict(enumerate(sources))}
+        loop_state = {"rank_source": dict(enumerate(sources)), **(extra or {})}
         save_checkpoint(
             run_dir,
             step,
