@@ -49,7 +49,7 @@ def test_run_writes_metrics_config_checkpoints_and_final(tmp_path):
     assert ckpt is not None and ckpt.name == "step_000005"  # every 2 steps and at the end; keep_last 2
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000004", "step_000005"]
     state = load_checkpoint(ckpt, restore_rng=False)
-    assert state["step"] == 5 and set(state["loop_state"]) == {"rank_source"}  # all resume reads
+    assert state["step"] == 5 and set(state["loop_state"]) == {"rank_source", "monitor"}  # all resume reads
     # resuming a finished run has nothing to redo
     before = (run_dir / "metrics.jsonl").read_text()
     run(fake_config(tmp_path / "r", steps=5, **{"ckpt.every": 2, "ckpt.resume": True}), components=fake_components())
