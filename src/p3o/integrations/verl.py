@@ -97,9 +97,17 @@ LOSS_MODES: dict[str, str] = {
     "p3o_cispo": "cispo",
     "p3o_decoupled_ppo": "decoupled_ppo",
     "p3o_two_anchor": "p3o_two_anchor",
+    "p3o_gmpo": "gmpo",
+    "p3o_sapo": "sapo",
+    "p3o_dppo": "dppo",
+    "p3o_topr": "topr",
+    "p3o_gpg": "gpg",
+    "p3o_kl_cov": "kl_cov",
+    "p3o_clip_cov": "clip_cov",
 }
-"""verl ``loss_mode`` -> p3o objective registered by :func:`register`. verl already owns ``gspo`` / ``cispo``, so
-p3o's versions of the baselines carry a ``p3o_`` prefix. The two objectives with a proximal anchor get π_b =
+"""verl ``loss_mode`` -> p3o objective registered by :func:`register`. verl already owns ``gspo`` / ``cispo`` (and
+``geo_mean``, ``sapo``, ``dppo_tv``, ``kl_cov``, ``clip_cov``, ``gpg``), so p3o's versions carry a ``p3o_`` prefix;
+``dro`` is left out (its β has no default to register). The two objectives with a proximal anchor get π_b =
 π_rollout (folded from ``rollout_is_weights``) and π_prox = ``old_log_prob``; without weights both anchors are
 π_old (decoupled PPO is then the PPO clip against π_old, two-anchor P3O is P3O)."""
 
