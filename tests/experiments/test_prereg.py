@@ -160,3 +160,21 @@ def test_synthetic_study_is_preregistered_too(repo, tmp_path, capsys) -> None:
     cell = json.loads(next((tmp_path / "syn" / "cells").glob("*.json")).read_text())
     assert cell["seeds"] == [7, 9, 11]
     assert "seeds 7, 9, 11" in (repo / "r.md").read_text()
+
+
+def test_a_study_needing_what_this_cpu_lacks_is_refused_before_any_run(repo, tmp_path, capsys, monkeypatch) -> None:
+    """The vllm-bf16-kvfp8 regime (vLLM's FP8 KV cache) on a CPU without AVX-512/AMX: one line, exit 2, nothing run
+    and nothing written to the out_dir (P3O_CPU_ISA=avx2 stands in for such a CPU)."""
+    from p3o.rollout.capabilities import cpu_isa
+
+    if cpu_isa().arch not in ("x86_64", "amd64"):
+        pytest.skip("the AVX2 view exists on x86 only")
+    monkeypatch.setenv("P3O_CPU_ISA", "avx2")
+    raw = _study(tmp_path, [0, 1])
+    raw["regimes"] = ["vllm-bf16-kvfp8"]
+    raw["claims"][0]["regimes"] = ["vllm-bf16-kvfp8"]
+    path = _commit(repo, raw)
+    assert _compare(path, "--exploratory") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "regime 'vllm-bf16-kvfp8'" in err and "AVX-512 or AMX" in err, err
+    assert not (tmp_path / "out").exists()

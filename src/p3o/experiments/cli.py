@@ -158,6 +158,28 @@ def _instrument(path: Path | str) -> str:
     return str(raw.get("instrument", "lm")) if isinstance(raw, dict) else "lm"
 
 
+def _check_backend(runs: list[Any]) -> None:
+    """Refuse (ConfigError, one line naming the regime) a grid whose runs need a rollout backend feature this machine
+    lacks, e.g. vLLM's FP8 KV cache on a CPU without AVX-512/AMX (`p3o.rollout.capabilities`)."""
+    import torch
+
+    from p3o.rollout.capabilities import check_vllm_support, model_dir_head_dim
+
+    for spec in runs:
+        o = spec.overrides
+        if o.get("rollout.engine") != "vllm":
+            continue
+        device = str(o.get("model.device", "cpu"))
+        try:
+            check_vllm_support(
+                kv_cache_dtype=str(o.get("rollout.kv_cache_dtype", "auto")),
+                head_dim=model_dir_head_dim(str(o.get("model.name", "tiny"))),
+                device=("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device,
+            )
+        except ConfigError as err:
+            raise ConfigError(f"regime {spec.regime!r}: {err}") from None
+
+
 def main(argv: list[str]) -> int:
     """Run `p3o compare`; exit 0 when every run finished, 1 when some failed (the report is written anyway)."""
     if any(a in {"-h", "--help"} for a in argv):
@@ -188,6 +210,8 @@ def main(argv: list[str]) -> int:
         for spec in runs:
             print(shlex.join(train_argv(spec, train_cmd)))
         return 0
+    if not args.report_only:
+        _check_backend(runs)  # a study needing what this CPU lacks stops here, before any run (or ledger line)
     selection = [s for f in exp.baselines.values() for s in f.selection_seeds]
     digest = decision_digest(exp.decision_rule())
     runs_dir = exp.out_dir / "runs"
