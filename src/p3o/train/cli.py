@@ -72,25 +72,6 @@ def ess_scope_warning(cfg: Any, world_size: int = 1) -> str | None:
     )
 
 
-def check_backend(cfg: Any) -> None:
-    """Refuse, before any model loads, a rollout setting this machine's backend cannot run (one-line ConfigError):
-    an FP8 KV cache on a CPU without AVX-512/AMX, a model directory whose head size vLLM's CPU attention lacks."""
-    if cfg.rollout.engine != "vllm":
-        return
-    from p3o.rollout.capabilities import check_vllm_support, model_dir_head_dim
-
-    device = cfg.model.device if cfg.model.device != "auto" else ("cuda" if _cuda() else "cpu")
-    check_vllm_support(
-        kv_cache_dtype=cfg.rollout.kv_cache_dtype, head_dim=model_dir_head_dim(cfg.model.name), device=device
-    )
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
     """Entry point of `p3o train` (see the module docstring); returns the exit status. `remote_source`: what builds
     the rollout workers' batch source (`p3o.cluster.cli` passes `p3o.cluster.RaySource`)."""
@@ -103,7 +84,15 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
         return 0
     try:
         cfg = load_config(argv)
-        check_backend(cfg)
+        from p3o.rollout.capabilities import check_rollout_backend
+
+        # a setting this machine's rollout backend cannot run stops here, before any model loads
+        check_rollout_backend(
+            engine=cfg.rollout.engine,
+            kv_cache_dtype=cfg.rollout.kv_cache_dtype,
+            model_name=cfg.model.name,
+            device=cfg.model.device,
+        )
         from p3o import dist
         from p3o.train.checkpoint import run_outputs
         from p3o.train.loop import run
