@@ -138,3 +138,20 @@ def test_calibration_table_pools_seeds(tmp_path: Path) -> None:
     row = table.splitlines()[2]
     # 24 steps pooled: 23 at 0.9 and one at 0.5 → mean 0.8833, min 0.5
     assert row.startswith("| on-policy | 3 |") and "| 0.8833 |" in row and "| 0.5000 |" in row
+
+
+def test_calibration_table_gives_the_gain_over_the_base_with_its_interval(tmp_path: Path) -> None:
+    from p3o.experiments.report import calibration_table
+
+    exp = make_grid(tmp_path)
+    exp.calibration = "p3o"
+    (exp.out_dir / "base_eval.json").write_text(json.dumps({"pass_at_k": {"1": 0.2}, "n_problems": 8, "n_samples": 2}))
+    row = calibration_table(collect(exp), "p3o").splitlines()[2]
+    # p3o's pass@1 per seed 0.300, 0.310, 0.320 → Δ 0.100, 0.110, 0.120: mean 0.110, sd 0.010,
+    # half-width t(0.975, 2) · 0.010 / √3 = 4.3027 · 0.005774 = 0.0248
+    assert row.endswith("| 0.310 ± 0.010 | +0.110 ± 0.010 [+0.085, +0.135] |")
+    from p3o.experiments.report import seed_gains
+
+    assert seed_gains(collect(exp), "p3o") == (
+        "- **on-policy**, Δ pass@1 vs base by seed: 0: +0.100, 1: +0.110, 2: +0.120 (3/3 seeds ≥ +0.05)"
+    )

@@ -32,6 +32,7 @@ from p3o.experiments.analysis import (
 )
 from p3o.experiments.prereg import Preregistration, verdict_file
 from p3o.experiments.spec import DECISIVE_KINDS, Claim, Experiment, RunSpec, expand, flatten
+from p3o.experiments.stats import t_ppf
 from p3o.experiments.verdicts import Decision, FamilyNote, decisions_table, tested_count, verdict_counts
 from p3o.experiments.verdicts import decide as decide_claims
 
@@ -425,16 +426,40 @@ def _base_line(exp: Experiment) -> str:
     return f" ({p1:.3f} on {base.get('n_problems', '?')} × {base.get('n_samples', '?')} samples)"
 
 
+def base_pass1(exp: Experiment) -> float:
+    """The base policy's pass@1 under the experiment's final evaluation (``out_dir/base_eval.json``; NaN if none)."""
+    base = _load_json(exp.out_dir / "base_eval.json") or {}
+    return float({str(k): v for k, v in (base.get("pass_at_k") or {}).items()}.get("1", math.nan))
+
+
+def seed_gains(summary: GridSummary, objective: str) -> str:
+    """One line per regime: the calibration objective's Δ pass@1 vs the base on every seed (seed: Δ), and how many
+    seeds gained at least 0.05, so a reader sees the spread behind the mean."""
+    base = base_pass1(summary.exp)
+    lines = []
+    for arm in summary.exp.regimes:
+        cell = sorted(summary.cell(arm.label, objective), key=lambda r: r.spec.seed)
+        gains = [(r.spec.seed, r.metrics.get("pass@1", math.nan) - base) for r in cell]
+        gains = [(s, g) for s, g in gains if math.isfinite(g)]
+        if not gains:
+            continue
+        each = ", ".join(f"{s}: {g:+.3f}" for s, g in gains)
+        n_ok = sum(g >= 0.05 for _, g in gains)
+        lines.append(f"- **{arm.label}**, Δ pass@1 vs base by seed: {each} ({n_ok}/{len(gains)} seeds ≥ +0.05)")
+    return "\n".join(lines)
+
+
 def calibration_table(summary: GridSummary, objective: str) -> str:
     """How off-policy each regime makes the data: the calibration objective's runs, every seed pooled.
 
     Columns: lr; mean and 10th percentile of the per-step ESS (all steps of all seeds); its minimum; the share of
     tokens with |ρ − 1| > 0.2 (``band_frac``: what a GRPO clip at ε = 0.2 would act on); MinPRO's prefix factor
     m_t of the same ratios (mean, share > 0.5, share < 0.1); the final pass@1 and its change from the base policy's
-    pass@1 under the same evaluation (``out_dir/base_eval.json``, written by ``p3o compare``).
+    pass@1 under the same evaluation (``out_dir/base_eval.json``, written by ``p3o compare``): mean ± sample std
+    over seeds and the 95 % t-interval of that mean (Δ_s = pass@1_s − base; the base is one evaluation, so its own
+    sampling noise is common to every seed and not in the interval).
     """
-    base = _load_json(summary.exp.out_dir / "base_eval.json") or {}
-    base_p1 = {str(k): v for k, v in (base.get("pass_at_k") or {}).items()}.get("1", math.nan)
+    base_p1 = base_pass1(summary.exp)
     head = (
         "| regime | seeds | lr | mean ESS | p10 ESS | min ESS | \\|ρ−1\\| > 0.2 | mean m_t | m_t > 0.5 | m_t < 0.1 | "
         "final pass@1 | Δ pass@1 vs base |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -459,6 +484,9 @@ def calibration_table(summary: GridSummary, objective: str) -> str:
         deltas = [r.metrics.get("pass@1", math.nan) - base_p1 for r in cell]
         dm, ds, dn = mean_std(deltas)
         delta = "–" if dn == 0 or not math.isfinite(dm) else f"{dm:+.3f} ± {ds:.3f}"
+        if dn > 1 and math.isfinite(dm):
+            half = t_ppf(0.975, dn - 1) * ds / math.sqrt(dn)
+            delta += f" [{dm - half:+.3f}, {dm + half:+.3f}]"
         p10 = f"{np.percentile(ess, 10):.4f}" if ess.size else "–"
         mess = f"{ess.mean():.4f}" if ess.size else "–"
         mn = f"{ess.min():.4f}" if ess.size else "–"
@@ -562,6 +590,8 @@ def render_report(
             calibration_table(summary, exp.calibration),
             "",
         ]
+        gains = seed_gains(summary, exp.calibration)
+        lines += [gains, ""] if gains else []
     decisions = decide(summary) if decisions is None else decisions
     if decisions:
         pr = exp.primary
