@@ -286,7 +286,7 @@ class TrainConfig:
         False, "replace an earlier run's outputs in run_dir (a fresh run otherwise refuses such a directory)"
     )
     seed: int = _f(0, "random seed (python, numpy, torch, sampling)")
-    steps: int = _f(200, "training steps (one rollout batch each)", ge=1)
+    steps: int = _f(400, "training steps (one rollout batch each)", ge=1)
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "policy model"})
     task: TaskConfig = field(default_factory=TaskConfig, metadata={"help": "task and verifier"})
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "sampling"})
