@@ -207,3 +207,14 @@ def test_typos_in_base_or_regime_fail_at_parse_time_with_the_nearest_name() -> N
     raw["regimes"] = ["on-policy"]
     with pytest.raises(ConfigError, match=r"objective 'g'"):
         parse_experiment(raw, check_config=True)
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].glob("configs/experiments/exploratory/*.yaml")))
+def test_exploratory_experiments_say_so_and_parse(path: Path) -> None:
+    """Exploratory grids (a few seeds, no verdicts that count) live apart from the studies and are run with
+    ``--exploratory true``, which their first line says."""
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# p3o compare ") and str(path.relative_to(path.parents[3])) in first
+    assert "--exploratory true" in first and "Exploratory" in path.read_text()
+    exp = load_experiment(path)
+    assert exp.seeds and expand(exp)
