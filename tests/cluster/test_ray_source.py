@@ -115,8 +115,10 @@ def test_inflight_updates_stamp_several_versions_in_one_response(ray_cluster, tm
     monkeypatch.setattr(loop_mod, "update", recording)
     # Whether a new version lands while a consumed batch is still decoding is a matter of the two processes' speeds
     # (it is what in-flight updates are for), and those differ between CPUs (AVX2 vs AVX-512 kernels): up to three
-    # independent runs, so that the assertion is about the feature, not about one machine's timing.
-    for attempt in range(3):
+    # independent runs, so that the assertion is about the feature, not about one machine's timing. On a box whose
+    # cores are held by other jobs, Ray's niced worker can be starved until a whole response is done (a full-suite
+    # run beside a two-job study failed three attempts in a row): up to five attempts there.
+    for attempt in range(5):
         mixed.clear()
         rows, _ = _run(
             tmp_path / f"inflight-{attempt}",
