@@ -28,7 +28,15 @@ def ray_cluster():
 
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
-    ray.init(num_cpus=4, object_store_memory=100 * 1024**2, include_dashboard=False, logging_level="WARNING")
+    # log_to_driver=False: the raylet's own warnings (e.g. a disk over 95 % full) would otherwise land in the stderr
+    # that later tests of the session capture and check line by line
+    ray.init(
+        num_cpus=4,
+        object_store_memory=100 * 1024**2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+    )
     started = [p for p in me.children(recursive=True) if p.pid not in before]
     yield ray
     ray.shutdown()
