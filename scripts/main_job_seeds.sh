@@ -15,9 +15,10 @@ for seed in 0 1 2 3 4; do
     if [ ! -f "$OUT/seed$seed/final/config.json" ]; then
         "$P3O" train --seed "$seed" --run_dir "$OUT/seed$seed" --overwrite --log.progress false "$@"
     fi
-    "$P3O" eval --model "$OUT/seed$seed" "${EVAL[@]}" --out "$OUT/seed$seed.eval.json"
+    # an evaluation already written is not run again (same policy, same problems and seed: the same numbers)
+    [ -f "$OUT/seed$seed.eval.json" ] || "$P3O" eval --model "$OUT/seed$seed" "${EVAL[@]}" --out "$OUT/seed$seed.eval.json"
 done
-"$P3O" eval --model tiny --task arithmetic --difficulty 2 "${EVAL[@]}" --out "$OUT/base.eval.json"
+[ -f "$OUT/base.eval.json" ] || "$P3O" eval --model tiny --task arithmetic --difficulty 2 "${EVAL[@]}" --out "$OUT/base.eval.json"
 "$PY" - "$OUT" <<'EOF'
 import json
 import sys
