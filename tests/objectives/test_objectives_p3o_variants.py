@@ -148,3 +148,46 @@ def test_p3o_variants_on_policy_give_the_policy_gradient(estimator: str) -> None
     want = torch.where(inp.mask, -adv, 0.0) / inp.mask.sum()
     torch.testing.assert_close(g_ess, want)
     torch.testing.assert_close(g_clip, want)
+
+
+def test_p3o_kl_at_proximal_hand_values() -> None:
+    """kl_anchor="proximal": e_B and the cap from ρ = π_θ/π_b, the KL term k3(logp − prox_logp) with its gradient."""
+    # one row, ρ_b = (1, 2) (e_B = 0.9), π_prox such that logp − prox = (ln 2, −ln 2), A = 1
+    inp = _inp([[-1.0, -1.0 + LN2]], [[-1.0, -1.0]], [1.0])
+    inp.prox_logp = torch.tensor([[-1.0 - LN2, -1.0 + 2 * LN2]])
+    loss, grad, stats = _run("p3o", inp, kl_anchor="proximal")
+    kl = (0.5 + LN2 - 1) + (2 - LN2 - 1)  # k3(ln 2) + k3(−ln 2)
+    assert loss.item() == pytest.approx((0.9 + 0.9 * (1 - LN2) + 0.1 * kl) / 2, rel=1e-5)
+    torch.testing.assert_close(grad, torch.tensor([[-0.9 + 0.1 * (1 - 0.5), -0.9 + 0.1 * (1 - 2)]]) / 2)
+    assert stats["ess"].item() == pytest.approx(0.9)
+    assert stats["kl_prox"].item() == pytest.approx(kl / 2, rel=1e-5)
+    with pytest.raises(ObjectiveError, match="prox_logp"):
+        _run("p3o", _inp([[-1.0]], [[-1.0]], [1.0]), kl_anchor="proximal")
+    with pytest.raises(ObjectiveError, match="kl_anchor"):
+        _run("p3o", inp, kl_anchor="reference")
+    assert get_objective("p3o").inputs_needed({"kl_anchor": "proximal"}) >= {"prox_logp"}
+    assert "prox_logp" not in get_objective("p3o").inputs_needed()
+
+
+@pytest.mark.parametrize("estimator", ["k3", "k3_is", "k2"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_p3o_kl_at_proximal_is_the_policy_gradient_part_with_one_step_per_batch(estimator: str, seed: int) -> None:
+    """With one optimizer step per batch π_prox = sg(π_θ): every estimator has k'(0) = 0, so the gradient is
+    exactly P3O's policy-gradient part (kl_estimator="none"), and the KL term's value is 0."""
+    inp = _random(seed, spread=0.6)
+    inp.prox_logp = inp.logp.detach().clone()
+    loss, g_prox, stats = _run("p3o", inp, kl_anchor="proximal", kl_estimator=estimator)
+    pg_loss, g_pg, _ = _run("p3o", _random(seed, spread=0.6), kl_estimator="none")
+    torch.testing.assert_close(g_prox, g_pg, rtol=0, atol=0)
+    torch.testing.assert_close(loss, pg_loss)
+    assert stats["kl_prox"].item() == 0.0 and stats["ess"].item() < 0.99  # off-policy w.r.t. π_b all the same
+    # a slow reference loop: per token −min(ρ_b, e_B)·A/n_tokens, zero at masked positions
+    e_b = stats["ess"].item()
+    n = inp.mask.sum().item()
+    want = torch.zeros_like(g_prox)
+    for i in range(inp.mask.shape[0]):
+        for t in range(inp.mask.shape[1]):
+            if inp.mask[i, t]:
+                rho = math.exp(inp.logp[i, t].item() - inp.rollout_logp[i, t].item())
+                want[i, t] = -min(rho, e_b) * inp.advantages[i].item() / n
+    torch.testing.assert_close(g_prox, want, rtol=1e-5, atol=1e-7)

@@ -86,6 +86,8 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     # unbiased for KL(π_θ‖π_b) on π_b's samples, k2 = ½·lr².
     "p3o-k3_is": {"objective.name": "p3o", "objective.kl_estimator": "k3_is"},
     "p3o-k2": {"objective.name": "p3o", "objective.kl_estimator": "k2"},
+    # P3O with its KL term taken against the proximal snapshot (beyond the paper; = p3o-pg with one step per batch).
+    "p3o-kl-prox": {"objective.name": "p3o", "objective.kl_anchor": "proximal"},
     "grpo": {"objective.name": "grpo", "objective.clip_eps": 0.2},
     "grpo-0.2": {"objective.name": "grpo", "objective.clip_eps": 0.2},
     "grpo-0.4": {"objective.name": "grpo", "objective.clip_eps": 0.4},

@@ -43,6 +43,8 @@ WeightMode = Literal["mask", "clamp"]
 TwoAnchorVariant = Literal["sum", "mixture"]
 P3oCap = Literal["ess", "clip"]
 P3O_CAPS: tuple[str, ...] = get_args(P3oCap)
+P3oKlAnchor = Literal["behaviour", "proximal"]
+P3O_KL_ANCHORS: tuple[str, ...] = get_args(P3oKlAnchor)
 # capped_frac counts ρ_t > e_B beyond float noise: on-policy, fp32 ratios sit ~1e-7 either side of an ESS of 1.
 CAP_TOL = 1e-5
 
@@ -77,6 +79,7 @@ def p3o_token_loss(
     kl_estimator: str = "k3",
     cap: str = "ess",
     cap_eps: float = 0.2,
+    kl_log_ratio: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token P3O loss (paper Eq. 12), (N, T):
 
@@ -91,7 +94,9 @@ def p3o_token_loss(
     Beyond the paper: ``kl_estimator`` ∈ {k3, k3_is, k2, none} (:func:`p3o.objectives.core.kl_estimate`;
     ``kl=False`` is ``none``), and ``cap="clip"``, a cap that follows the advantage's sign as GRPO's clip does:
     w_t = sg(ρ_t)·1[ρ_t ≤ 1 + ε] for A_t ≥ 0 and sg(ρ_t)·1[ρ_t ≥ 1 − ε] for A_t < 0 (ε = ``cap_eps``), whose
-    policy-gradient term has exactly the gradient of GRPO's token loss at that ε.
+    policy-gradient term has exactly the gradient of GRPO's token loss at that ε. ``kl_log_ratio`` (N, T), with
+    gradient: the log-ratio the KL term is taken on (default ``log_ratio``; P3O's ``kl_anchor="proximal"`` passes
+    logp − prox_logp); the weight and e_B stay those of ``log_ratio``.
     """
     e_b = ess.detach().float()
     lr_d = log_ratio.detach()
@@ -103,7 +108,8 @@ def p3o_token_loss(
         raise ObjectiveError(f"cap: unknown value {cap!r}; valid: {', '.join(P3O_CAPS)}")
     loss = -(weight * advantages) * logp
     if kl and kl_estimator != "none":
-        loss = loss + (1.0 - e_b) * kl_estimate(log_ratio, kl_estimator, kl_clamp)
+        kl_lr = log_ratio if kl_log_ratio is None else kl_log_ratio
+        loss = loss + (1.0 - e_b) * kl_estimate(kl_lr, kl_estimator, kl_clamp)
     elif kl_estimator not in KL_ESTIMATORS:
         raise ObjectiveError(f"kl_estimator: unknown value {kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
     return loss
@@ -124,6 +130,7 @@ def p3o(
     kl_estimator: KlEstimator = "k3",
     cap: P3oCap = "ess",
     cap_eps: float = 0.2,
+    kl_anchor: P3oKlAnchor = "behaviour",
     kl_clamp: float = KL_CLAMP,
     agg: Agg = "token-mean",
     ref_kl_coef: float = 0.0,
@@ -143,6 +150,10 @@ def p3o(
     samples), ``k2`` (½·lr²) or ``none`` (the policy-gradient part alone). ``cap="clip"`` replaces min(ρ, e_B)
     by a sign-following cut at ``cap_eps`` = ε (w_t = sg(ρ_t)·1[ρ_t ≤ 1 + ε] for A_t ≥ 0, sg(ρ_t)·1[ρ_t ≥ 1 − ε]
     for A_t < 0): its policy-gradient term has GRPO's token gradient at that ε; the KL term is unchanged.
+    ``kl_anchor="proximal"`` takes the KL term against the proximal snapshot π_prox (``inputs.prox_logp``, the
+    trainer's policy at the start of the step's epoch) instead of π_b: (1 − e_B)·k(logp_t − prox_logp_t), with
+    e_B and the cap still from ρ_t = π_θ/π_b. With one optimizer step per batch, π_prox is the policy the gradient
+    is taken at, so the KL term's gradient is k'(0) = 0 for every estimator: the arm is P3O's policy-gradient part.
 
     Args:
         inputs: logp (N, T) with grad; rollout_logp, mask, advantages; ``group`` for the ESS all-reduce;
@@ -154,8 +165,8 @@ def p3o(
         kl_clamp: bound on |lr_t| inside e^{±lr_t} (``kl_clamped`` counts the tokens beyond it).
     Stats: ess, kl_weight, capped_frac (tokens whose weight the cap changes: ρ > e_B, or removed by ``clip``),
         kl_behavior, approx_kl, ratio_mean/min/max, band_frac (|ρ − 1| > 0.2),
-        kl_clamped, ess_degenerate; diagnostics of MinPRO's prefix factor on the same ratios: m_mean,
-        m_frac_above_0_5, m_frac_below_0_1.
+        kl_clamped, ess_degenerate, kl_prox (k3 against π_prox, with ``kl_anchor="proximal"``); diagnostics of
+        MinPRO's prefix factor on the same ratios: m_mean, m_frac_above_0_5, m_frac_below_0_1.
     """
     prep = prepare(inputs, _rc(rollout_correction, rollout_correction_cap, rollout_correction_low))
     mask, lr = prep.mask, prep.log_ratio
@@ -168,8 +179,23 @@ def p3o(
         ess, degenerate = _ess(lr, mask, inputs.group, scope)
     if cap == "clip":
         _check_eps("cap_eps", cap_eps, upper=1.0)
+    if kl_anchor == "proximal":
+        prox = side_logp(inputs, "prox_logp", mask, needed_by='kl_anchor="proximal"')
+        kl_lr: torch.Tensor | None = torch.where(mask, prep.logp - prox, torch.zeros_like(prox))
+    elif kl_anchor == "behaviour":
+        kl_lr = None
+    else:
+        raise ObjectiveError(f"kl_anchor: unknown value {kl_anchor!r}; valid: {', '.join(P3O_KL_ANCHORS)}")
     per_token = p3o_token_loss(
-        prep.logp, lr, prep.adv, ess, kl_clamp=kl_clamp, kl_estimator=kl_estimator, cap=cap, cap_eps=cap_eps
+        prep.logp,
+        lr,
+        prep.adv,
+        ess,
+        kl_clamp=kl_clamp,
+        kl_estimator=kl_estimator,
+        cap=cap,
+        cap_eps=cap_eps,
+        kl_log_ratio=kl_lr,
     )
     with torch.no_grad():
         lr_d = lr.detach()
@@ -187,6 +213,8 @@ def p3o(
             kl_clamped=(mask & (lr_d.abs() > kl_clamp)).sum().float(),
             ess_degenerate=degenerate.float(),
         )
+        if kl_lr is not None:
+            stats["kl_prox"] = masked_mean(k3(kl_lr.detach(), kl_clamp), mask)
         # MinPRO's prefix factor m_t = min_{j<t} ρ_j of the same ratios (a diagnostic of how off-policy the batch
         # is along each sequence; P3O does not use it): its mean and the token shares above 0.5 and below 0.1.
         m = torch.exp(prefix_log_stat(lr_d, mask, "min"))

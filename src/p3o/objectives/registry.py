@@ -47,6 +47,7 @@ _CONDITIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ref_kl_coef": (lambda v: float(v or 0.0) != 0.0, "ref_logp"),
     "entropy_coef": (lambda v: float(v or 0.0) != 0.0, "entropy"),
     "scope": (lambda v: v == "step", "step_ess"),
+    "kl_anchor": (lambda v: v == "proximal", "prox_logp"),
 }
 
 
