@@ -197,3 +197,33 @@ def test_finished_run_with_other_settings_is_reported_not_reused(tmp_path: Path)
     [again] = run_grid(expand(exp), log_root=exp.out_dir / "logs", train_cmd=FAKE)
     assert again.status == "failed" and "finished with other settings (--steps)" in again.message
     assert len((first.spec.run_dir / "metrics.jsonl").read_text().splitlines()) == 12  # left as it was
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_base_and_every_run_are_evaluated_on_the_grids_one_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """A run trained with vLLM rollouts and the base (HF) are both evaluated on `eval.engine` (issue 20: one engine
+    for every arm and the base), and eval.json records it."""
+    import p3o.eval.runner as eval_runner
+    from p3o.eval.runner import EvalResult
+    from p3o.experiments import cli
+
+    seen: list[str] = []
+
+    def fake_eval(model: str, *args: object, engine: str = "?", **kwargs: object) -> EvalResult:
+        seen.append(engine)
+        return EvalResult("arithmetic", "test", 2, 1, 1.0, 8, {1: 0.5}, 0.5, 3.0, 0.0, [1, 0], 0.1)
+
+    monkeypatch.setattr(eval_runner, "evaluate_checkpoint", fake_eval)
+    raw = experiment(tmp_path, ["p3o"])
+    raw["regimes"] = [{"label": "vllm-run", "overrides": {"rollout.engine": "vllm"}}]
+    raw["eval"] = {"n_samples": 1, "n_problems": 2, "engine": engine}
+    exp = parse_experiment(raw)
+    spec = expand(exp)[0]
+    (spec.run_dir / "final").mkdir(parents=True)
+    assert cli._eval_run(spec, exp).startswith("pass@1")
+    cli._eval_base(exp)
+    assert seen == [engine, engine]
+    assert json.loads((spec.run_dir / "eval.json").read_text())["engine"] == engine
+    assert json.loads((exp.out_dir / "base_eval.json").read_text())["engine"] == engine

@@ -94,13 +94,14 @@ def _eval_run(spec: RunSpec, exp: Experiment) -> str:
     result = _evaluate(
         cfg, exp, str(final), seed=spec.seed, ks=[1] + [k for k in (2, 4, 8) if k <= exp.eval.n_samples]
     )
-    out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    out.write_text(json.dumps({**result.to_dict(), "engine": exp.eval.engine}, indent=2) + "\n")
     return f"pass@1 {result.pass_at_k.get(1, float('nan')):.3f}"
 
 
 def _evaluate(cfg: TrainConfig, exp: Experiment, model: str, *, seed: int, ks: list[int]) -> Any:
-    """pass@k of `model` on the run config's task (its own options and verifier) with the grid's evaluation and the
-    run's rollout engine."""
+    """pass@k of `model` on the run config's task (its own options and verifier) with the grid's evaluation, on the
+    grid's evaluation engine (`eval.engine`, the same for the base and every run, whatever engine a run trained
+    with)."""
     from p3o.eval.runner import evaluate_checkpoint
     from p3o.tasks import task_options
 
@@ -119,7 +120,7 @@ def _evaluate(cfg: TrainConfig, exp: Experiment, model: str, *, seed: int, ks: l
         template=task.template,
         system_prompt=task.system_prompt,
         seed=seed,
-        engine=cfg.rollout.engine,
+        engine=exp.eval.engine,
     )
 
 
@@ -134,7 +135,7 @@ def _eval_base(exp: Experiment) -> None:
     cfg = apply_overrides(TrainConfig(), exp.base)
     result = _evaluate(cfg, exp, cfg.model.name, seed=0, ks=[1])
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    out.write_text(json.dumps({**result.to_dict(), "engine": exp.eval.engine}, indent=2) + "\n")
     print(f"base policy: pass@1 {result.pass_at_k.get(1, float('nan')):.3f} -> {out}", flush=True)
 
 

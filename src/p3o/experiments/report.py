@@ -529,6 +529,7 @@ def _testbed(summary: GridSummary) -> list[str]:
         lines.append(
             f"- Final evaluation: {ev.get('n_problems', '?')} `{ev.get('split', 'test')}` problems × "
             f"{ev.get('n_samples', '?')} samples at temperature {ev.get('temperature', '?')}"
+            + (f", `{ev['engine']}` engine for the base and every run" if ev.get("engine") else "")
         )
     return lines
 

@@ -8,6 +8,8 @@
                                                  # {label, overrides, preset, objectives (subset run there)}
     seeds: [0, 1, 2]                             # or a count: 3
     out_dir: runs/compare/quick
+    eval: {n_samples: 4, n_problems: 256}        # final evaluation of the base and every run, on one engine
+                                                 # (`engine: hf` by default, whatever engine a run trained with)
 
     exp = load_experiment("configs/experiments/lm.yaml"); runs = expand(exp)
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -70,6 +72,11 @@ class EvalSpec:
     split: str = _f("test", "task split to evaluate on")
     temperature: float = _f(1.0, "sampling temperature of the evaluation", gt=0)
     max_new_tokens: int | None = _f(None, "generation budget (None: the run's rollout.max_new_tokens)", ge=1)
+    engine: Literal["hf", "vllm"] = _f(
+        "hf",
+        "engine of every evaluation, the base's and each run's, whatever engine the run trained with (one engine "
+        "for every arm, so their pass@1 compare)",
+    )
 
 
 @dataclass
