@@ -23,8 +23,9 @@ def test_train_smoke_offline(tmp_path):
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in rows)
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the starting policy's held-out evaluation
+    assert "eval_accuracy" in rows[0] and "reward_mean" not in rows[0]
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in rows[1:])
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plot.png").is_file()
     assert (run_dir / "final" / "config.json").is_file() and (run_dir / "final" / "tokenizer.json").is_file()
     assert (run_dir / "checkpoints" / "step_000001").is_dir()

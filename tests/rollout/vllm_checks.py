@@ -533,8 +533,9 @@ def p3o_train_three_steps_ends_with_metrics_and_a_checkpoint() -> None:
         ]  # fmt: skip
         assert p3o_main(args) == 0
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in rows] == [1, 2, 3], rows
-        assert all(0.0 <= r["reward_mean"] <= 1.0 and r["ess"] > 0 for r in rows)
+        assert [r["step"] for r in rows] == [0, 1, 2, 3], rows  # step 0: the starting policy's evaluation
+        assert "eval_accuracy" in rows[0] and "reward_mean" not in rows[0], rows[0]
+        assert all(0.0 <= r["reward_mean"] <= 1.0 and r["ess"] > 0 for r in rows[1:])
         assert "eval_accuracy" in rows[-1], sorted(rows[-1])
         assert (run_dir / "checkpoints" / "step_000003").is_dir()
         assert (run_dir / "final" / "config.json").is_file()

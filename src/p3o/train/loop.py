@@ -300,12 +300,25 @@ class Trainer:
         if not source.overlaps_generation:  # sync-style sources generate inside get(); async overlaps it
             row["time_gen_s"] = t_wait
         every = cfg.log.eval_every
-        # after the first update (≈ the starting policy), every `every` steps, and at the end
-        if dist.is_main() and ((step == 0 and every) or (every and (step + 1) % every == 0) or step + 1 == cfg.steps):
+        # every `every` steps and at the end (the starting policy is the step-0 row: `evaluate_start`)
+        if dist.is_main() and ((every and (step + 1) % every == 0) or step + 1 == cfg.steps):
             t_eval = time.perf_counter()
             row.update(self.evaluator(step + 1))
             row["time_eval_s"] = time.perf_counter() - t_eval
         return row
+
+    def evaluate_start(self) -> None:
+        """Held-out pass@1 of the starting policy (version 0, before any update) as the step-0 row of metrics.jsonl
+        (``eval_accuracy``, ``eval_score``, ``time_eval_s`` only), when in-loop evaluation is on (`log.eval_every`
+        > 0); rank 0. The evaluation samples with its own seeded generators, so the training that follows is the
+        same with or without it."""
+        if not (dist.is_main() and self.cfg.log.eval_every):
+            return
+        t_eval = time.perf_counter()
+        row = dict(self.evaluator(0))
+        if row:
+            row["time_eval_s"] = time.perf_counter() - t_eval
+            self.logger.log(0, row)
 
     def log(self, step: int, row: dict[str, float]) -> None:
         """Progress bar and metrics.jsonl (`step` there = completed steps, 1-based, as in checkpoints)."""
@@ -369,6 +382,8 @@ def run(cfg: Any, *, components: Components | None = None, remote_source: Remote
     trainer = Trainer(cfg, components, remote_source)
     try:
         start = trainer.setup()
+        if start == 0:
+            trainer.evaluate_start()
         for step in range(start, cfg.steps):
             row = trainer.step(step)
             trainer.log(step, row)
