@@ -419,10 +419,10 @@ def decide(summary: GridSummary, *, exploratory: bool = False) -> list[Decision]
 
 
 def _base_line(exp: Experiment) -> str:
-    base = _load_json(exp.out_dir / "base_eval.json") or {}
-    p1 = {str(k): v for k, v in (base.get("pass_at_k") or {}).items()}.get("1")
-    if p1 is None:
+    p1 = base_pass1(exp)
+    if math.isnan(p1):
         return " (no base evaluation found)"
+    base = _load_json(exp.out_dir / "base_eval.json") or {}
     return f" ({p1:.3f} on {base.get('n_problems', '?')} × {base.get('n_samples', '?')} samples)"
 
 
