@@ -94,7 +94,7 @@ def _eval_run(spec: RunSpec, exp: Experiment) -> str:
     result = _evaluate(
         cfg, exp, str(final), seed=spec.seed, ks=[1] + [k for k in (2, 4, 8) if k <= exp.eval.n_samples]
     )
-    out.write_text(json.dumps({**result.to_dict(), "engine": exp.eval.engine}, indent=2) + "\n")
+    _write_eval(out, result, exp)
     return f"pass@1 {result.pass_at_k.get(1, float('nan')):.3f}"
 
 
@@ -124,6 +124,11 @@ def _evaluate(cfg: TrainConfig, exp: Experiment, model: str, *, seed: int, ks: l
     )
 
 
+def _write_eval(out: Path, result: Any, exp: Experiment) -> None:
+    """An evaluation as JSON (``EvalResult.to_dict()`` plus the engine it ran on, ``eval.engine``)."""
+    out.write_text(json.dumps({**result.to_dict(), "engine": exp.eval.engine}, indent=2) + "\n")
+
+
 def _eval_base(exp: Experiment) -> None:
     """pass@k of the grid's base policy (`base: model.name`) with the grid's evaluation → out_dir/base_eval.json.
 
@@ -135,7 +140,7 @@ def _eval_base(exp: Experiment) -> None:
     cfg = apply_overrides(TrainConfig(), exp.base)
     result = _evaluate(cfg, exp, cfg.model.name, seed=0, ks=[1])
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**result.to_dict(), "engine": exp.eval.engine}, indent=2) + "\n")
+    _write_eval(out, result, exp)
     print(f"base policy: pass@1 {result.pass_at_k.get(1, float('nan')):.3f} -> {out}", flush=True)
 
 

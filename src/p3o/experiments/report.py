@@ -418,18 +418,22 @@ def decide(summary: GridSummary, *, exploratory: bool = False) -> list[Decision]
     )
 
 
+def _base_eval(exp: Experiment) -> tuple[dict[str, Any], float]:
+    """``out_dir/base_eval.json`` ({} if none) and its pass@1 (NaN if none): the one reader of that file."""
+    base = _load_json(exp.out_dir / "base_eval.json") or {}
+    return base, float({str(k): v for k, v in (base.get("pass_at_k") or {}).items()}.get("1", math.nan))
+
+
 def _base_line(exp: Experiment) -> str:
-    p1 = base_pass1(exp)
+    base, p1 = _base_eval(exp)
     if math.isnan(p1):
         return " (no base evaluation found)"
-    base = _load_json(exp.out_dir / "base_eval.json") or {}
     return f" ({p1:.3f} on {base.get('n_problems', '?')} × {base.get('n_samples', '?')} samples)"
 
 
 def base_pass1(exp: Experiment) -> float:
     """The base policy's pass@1 under the experiment's final evaluation (``out_dir/base_eval.json``; NaN if none)."""
-    base = _load_json(exp.out_dir / "base_eval.json") or {}
-    return float({str(k): v for k, v in (base.get("pass_at_k") or {}).items()}.get("1", math.nan))
+    return _base_eval(exp)[1]
 
 
 def seed_gains(summary: GridSummary, objective: str) -> str:
