@@ -1,7 +1,8 @@
 """The `p3o` command: `p3o train | eval | compare | plot | sft | mismatch | doctor | convert-smollm2`.
 
-Each sub-command lives in its own module as `main(argv: list[str]) -> int`; this file only dispatches,
-importing the module lazily so `p3o --help` stays fast.
+Each sub-command lives in its own module as `main(argv: list[str]) -> int`; this file only dispatches, in one hop,
+importing the module lazily so `p3o --help` stays fast. `train` is also handed the Ray workers' batch source
+(`p3o.cluster.RaySource`), because train/ never imports the floor above it.
 
     p3o train --objective.name grpo --objective.clip_eps 0.4
 
@@ -14,15 +15,15 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("p3o.cluster.cli", "train a policy (no arguments: the embedded default, P3O on the built-in task)"),
+    "train": ("p3o.train.cli", "train a policy (no arguments: the embedded default, P3O on the built-in task)"),
     "eval": ("p3o.eval.cli", "pass@k of a checkpoint on a task"),
     "compare": ("p3o.experiments.cli", "run a grid of objectives × regimes × seeds and write a report"),
     "probe": ("p3o.experiments.probe", "gradient probe: each objective's stale-batch gradient vs the on-policy one"),
     "synthetic": ("p3o.experiments.synthetic_study", "paired multi-seed runs on a tabular toy policy (exact J)"),
     "plot": ("p3o.metrics.plot", "draw reward / ESS / lag curves of a run directory to PNG"),
     "sft": ("p3o.train.sft", "supervised warm start of the built-in tiny model"),
-    "mismatch": ("p3o.diagnose.mismatch", "how far a rollout engine's log-probs are from the fp32 trainer's"),
-    "doctor": ("p3o.diagnose.doctor", "off-policy findings from a run's metrics (exit 0 healthy, 1 finding)"),
+    "mismatch": ("p3o.eval.mismatch", "how far a rollout engine's log-probs are from the fp32 trainer's"),
+    "doctor": ("p3o.metrics.doctor", "off-policy findings from a run's metrics (exit 0 healthy, 1 finding)"),
     "convert-smollm2": ("p3o.models.smollm2", "convert the SmolLM2-135M-Instruct GGUF to a safetensors checkpoint"),
 }
 
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         module = importlib.import_module(COMMANDS[name][0])
+        if name == "train":  # the one command that needs the floor above train/: the Ray workers' batch source
+            from p3o.cluster import RaySource
+
+            return int(module.main(rest, remote_source=RaySource) or 0)
         return int(module.main(rest) or 0)
     except P3OError as err:
         print(f"p3o {name}: error: {err}", file=sys.stderr)

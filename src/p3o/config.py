@@ -154,7 +154,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainerConfig:
-    """The trainer's recomputation of log-probs (``p3o.policy.token_logprobs``)."""
+    """The trainer's recomputation of log-probs (``p3o.logprobs.token_logprobs``)."""
 
     temperature: float = _f(1.0, "temperature the trainer applies to logits when computing log-probs", gt=0)
     chunk_size: int = _f(256, "vocabulary-projection chunk (tokens) for memory-lean log-probs", ge=1)

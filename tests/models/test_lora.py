@@ -14,8 +14,8 @@ pytest.importorskip("peft")
 
 from p3o.config import LoraConfig
 from p3o.errors import ConfigError
+from p3o.logprobs import token_logprobs
 from p3o.models.lora import AdaptersOff, apply_lora, is_lora, merged_copy, merged_weights, resolve_target_modules
-from p3o.policy import token_logprobs
 from p3o.rollout import HFEngine
 
 N, P, T = 8, 5, 6

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tiny_lm import make_tiny_lm
 
 from p3o.errors import ConfigError, P3OError
-from p3o.policy import token_logprobs
+from p3o.logprobs import token_logprobs
 from p3o.rollout import HFEngine, RolloutEngine
 from p3o.rollout.hf import process_logits
 

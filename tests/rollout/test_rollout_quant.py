@@ -9,7 +9,7 @@ from tiny_lm import make_tiny_lm
 from torch import nn
 
 from p3o.errors import ConfigError
-from p3o.policy import token_logprobs
+from p3o.logprobs import token_logprobs
 from p3o.rollout import HFEngine
 from p3o.rollout.quant import QuantLinear, fake_quant, quantize_model
 

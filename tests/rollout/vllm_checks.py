@@ -41,7 +41,7 @@ from tiny_lm import make_tiny_lm  # noqa: E402
 from venv_checks import SkipCheck, run_named_checks  # noqa: E402
 
 from p3o.errors import ConfigError, P3OError  # noqa: E402
-from p3o.policy import token_logprobs  # noqa: E402
+from p3o.logprobs import token_logprobs  # noqa: E402
 from p3o.rollout import RolloutEngine, VLLMEngine  # noqa: E402
 from p3o.rollout.factory import make_engine  # noqa: E402
 from p3o.rollout.hf import process_logits  # noqa: E402

@@ -12,9 +12,9 @@ import yaml
 from train_fakes import fake_components, fake_config
 
 import p3o.train.loop as loop_mod
-from p3o.train.buffer import GeneratorCrashed
 from p3o.train.checkpoint import latest_checkpoint, load_checkpoint
 from p3o.train.loop import run
+from p3o.train.sources import GeneratorCrashed
 from p3o.train.stream import PromptStream
 
 CONTRACT_KEYS = [

@@ -215,8 +215,8 @@ def test_row_rejecting_corrections_are_counted_for_the_whole_step(name, hyper):
         torch.testing.assert_close(steps[1][key], value, rtol=1e-4, atol=1e-5 * scale)
     assert out[0][1]["loss"] == pytest.approx(out[1][1]["loss"], rel=1e-5, abs=1e-7)
     # and the step's loss is the objective on the whole batch with its own (kept-row) denominators
+    from p3o.logprobs import token_logprobs
     from p3o.objectives import ObjectiveInputs
-    from p3o.policy import token_logprobs
 
     with torch.no_grad():
         logp, _ = token_logprobs(make_tiny_lm(), batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)

@@ -88,7 +88,7 @@ def random_batch(
 ) -> Rollouts:
     """A Rollouts of random tokens with ragged prompts / responses; rollout_logp = the model's own log-probs plus
     noise (an off-policy batch); advantages standard normal; policy_version 0."""
-    from p3o.policy import token_logprobs
+    from p3o.logprobs import token_logprobs
 
     g = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(3, VOCAB, (n, p), generator=g)

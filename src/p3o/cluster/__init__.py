@@ -5,8 +5,8 @@ and `p3o.rollout` (which knows nothing of Ray).
     p3o train --rollout.workers 2 --ray.address auto            # the same run on an existing cluster
 
 `RaySource` (the batch source, handed to `p3o.train.loop.run(cfg, remote_source=RaySource)`: train/ never imports
-this floor), `RolloutWorker` (the actor's class), `connect` / `preflight` (join or start Ray, check an address) and
-`p3o.cluster.cli` (the `p3o train` command with workers available). Ray is imported only when a source is built
+this floor), `RolloutWorker` (the actor's class), `connect` / `preflight` (join or start Ray, check an address).
+`p3o.cli` hands `RaySource` to `p3o.train.cli.main` for `p3o train`. Ray is imported only when a source is built
 (extra ``p3o[ray]``).
 """
 

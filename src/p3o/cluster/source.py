@@ -42,14 +42,14 @@ import torch
 
 from p3o.cluster.runtime import connect, import_ray, preflight
 from p3o.errors import P3OError
-from p3o.train.buffer import Batch, _batch_from_state, _batch_state, rollouts_from_state
+from p3o.train.sources import Batch, _batch_from_state, _batch_state, rollouts_from_state
 
 MAX_RESTARTS = 8
 """Restarts Ray grants each worker before a death becomes fatal for the run."""
 
 
 class RaySource:
-    """A `p3o.train.buffer.BatchSource` over N Ray rollout workers (see the module docstring for the schedules)."""
+    """A `p3o.train.sources.BatchSource` over N Ray rollout workers (see the module docstring for the schedules)."""
 
     def __init__(
         self,
@@ -116,7 +116,7 @@ class RaySource:
 
     @staticmethod
     def preflight(ray_cfg: Any) -> None:
-        """`p3o.train.buffer.RemoteSource.preflight`: Ray installed, `ray.address` reachable."""
+        """`p3o.train.sources.RemoteSource.preflight`: Ray installed, `ray.address` reachable."""
         preflight(ray_cfg)
 
     # -- versions and weights ------------------------------------------------------------------------

@@ -44,8 +44,9 @@ class RolloutWorker:
     def __init__(self, cfg_dict: dict[str, Any], worker_id: int, threads: int = 1) -> None:
         from p3o.config import from_dict
         from p3o.models import load_policy
+        from p3o.train.evaluation import Evaluator
         from p3o.train.sft import resolve_model_name
-        from p3o.train.stream import Evaluator, PromptStream, make_producer
+        from p3o.train.stream import PromptStream, make_producer
         from p3o.train.wiring import build_rollout_side, resolve_device
 
         torch.set_num_threads(max(1, int(threads)))
@@ -87,10 +88,10 @@ class RolloutWorker:
     def produce(self, index: int, version: int, weights: list[Any]) -> tuple[dict[str, Any], dict[str, float], int]:
         """Batch `index` of the data stream from policy `version` (loaded from `weights` unless already held).
 
-        Returns (`p3o.train.buffer.rollouts_to_state` of the scored batch, its info floats, this process's pid: a
+        Returns (`p3o.train.sources.rollouts_to_state` of the scored batch, its info floats, this process's pid: a
         request that reached a restarted worker without failing still tells the trainer about the restart).
         """
-        from p3o.train.buffer import rollouts_to_state
+        from p3o.train.sources import rollouts_to_state
 
         if self.engine.version != version:
             self.engine.load_weights(_fetch(weights), version)
@@ -111,7 +112,7 @@ class RolloutWorker:
             self.engine.load_weights(_fetch(latest[1]), latest[0])
 
     def evaluate(self, version: int, weights: list[Any]) -> dict[str, float]:
-        """Held-out pass@1 of policy `version` (`p3o.train.stream.Evaluator`: one engine for the run)."""
+        """Held-out pass@1 of policy `version` (`p3o.train.evaluation.Evaluator`: one engine for the run)."""
 
         def model_at() -> torch.nn.Module:
             self.model.load_state_dict(_fetch(weights), strict=False)

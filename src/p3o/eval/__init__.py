@@ -1,4 +1,5 @@
-"""Evaluation: the unbiased pass@k estimator and a benchmark runner over a task's test split.
+"""Evaluation: the unbiased pass@k estimator, a benchmark runner over a task's test split (``p3o eval``), and
+``p3o mismatch`` (`mismatch`: how far a rollout engine's log-probs are from the fp32 trainer's, before training).
 
 Usage:
 

@@ -642,8 +642,8 @@ def _probe_lm(
     import copy
 
     from p3o.config import load_config
+    from p3o.logprobs import token_logprobs
     from p3o.objectives import ObjectiveInputs, get_objective, objective_defaults, reduce_tokens
-    from p3o.policy import token_logprobs
     from p3o.rollout.factory import make_engine
     from p3o.train.checkpoint import checkpoint_step, list_checkpoints, load_policy_weights
     from p3o.train.stream import PromptStream, make_producer, stream_seed

@@ -53,7 +53,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from p3o.errors import ConfigError
 from p3o.integrations._common import PluginObjective, default_group, require_inputs, resolve_objective
-from p3o.monitor import OffPolicyMonitor, prefixed
+from p3o.metrics.monitor import OffPolicyMonitor, prefixed
 from p3o.objectives import ObjectiveInputs
 
 __all__ = [
@@ -294,7 +294,7 @@ def warn_sampling_contract(trainer: Any) -> str | None:
 
 
 class OffPolicyCallback(TrainerCallback):
-    """Logs :class:`p3o.monitor.OffPolicyMonitor` statistics as ``offpolicy/<key>`` next to TRL's metrics, for any
+    """Logs :class:`~p3o.metrics.monitor.OffPolicyMonitor` stats as ``offpolicy/<key>`` next to TRL's metrics, for any
     ``trl.GRPOTrainer`` (plain or :class:`P3OGRPOTrainer`) — use :func:`add_offpolicy_monitor` to attach it.
 
     The hook wraps three of the trainer's methods on the instance: ``_generate_and_score_completions`` tags every

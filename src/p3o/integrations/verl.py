@@ -42,7 +42,7 @@ Hyper-parameters: ``register_objective("minpro_eps2", "minpro", trunc_eps_high=2
 (``p3o.objectives.get_objective``), the only place that knows its keywords. The objective's stats appear in verl's
 metrics as ``actor/objective/<stat>`` (``actor/objective/ess``, ``actor/objective/kl_weight``, ...;
 ``actor/objective/rollout_is_folded_frac`` when verl passes weights), the off-policy monitor's statistics as
-``actor/offpolicy/<key>`` (``p3o.monitor``: ESS, position deciles, ratio tails, k1/k2/k3, findings), plus verl's
+``actor/offpolicy/<key>`` (``p3o.metrics.monitor``: ESS, position buckets, ratio tails, k1-3, findings), plus verl's
 usual ``actor/pg_clipfrac`` (the objective's ``clipfrac`` where a PPO clip exists, else its ``band_frac``) and
 ``actor/ppo_kl`` (mean of old_log_prob − logp).
 """
@@ -72,7 +72,7 @@ from p3o.integrations._common import (
     resolve_objective,
     stats_to_floats,
 )
-from p3o.monitor import OffPolicyMonitor, prefixed
+from p3o.metrics.monitor import OffPolicyMonitor, prefixed
 from p3o.objectives import ObjectiveInputs
 
 __all__ = [
@@ -339,7 +339,7 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
     ``entropy_coef``, ``rollout_correction``, ``scope="step"``) is a one-line ConfigError.
 
     Metrics: ``actor/objective/<stat>`` for every stat of the objective, ``actor/objective/rollout_is_folded_frac``
-    when weights are passed, ``actor/offpolicy/<key>`` (:class:`p3o.monitor.OffPolicyMonitor` of this micro-batch
+    when weights are passed, ``actor/offpolicy/<key>`` (:class:`~p3o.metrics.monitor.OffPolicyMonitor` of a micro-batch
     against the ratio's denominator, reduced over the data-parallel group; findings over its last 20 calls; NaN
     entries such as empty position deciles left out; off with ``P3O_OFFPOLICY_MONITOR=0``), ``actor/ppo_kl`` =
     mean(old_log_prob − logp) and ``actor/pg_clipfrac`` = the objective's ``clipfrac`` (share of tokens where a PPO

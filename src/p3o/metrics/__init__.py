@@ -1,5 +1,8 @@
-"""Run metrics, by job: writing and reading them (`logger`), the console progress bar (`progress`), and curves
-and plots with the ``p3o plot`` command (`plot`).
+"""Watching a run, in one place: writing and reading its metrics (`logger`), the console progress bar
+(`progress`), curves and plots with ``p3o plot`` (`plot`), the off-policy monitor any trainer can feed
+(`monitor.OffPolicyMonitor`: ESS, lag buckets, position drift, ratio tails, findings) and ``p3o doctor``, which
+reads those findings back from a run's metrics (`doctor`). The monitor and the doctor are imported from their
+modules (they need torch; this package's own names do not).
 
     logger = MetricsLogger("runs/x", config=to_dict(cfg))
     logger.log(1, {"reward_mean": 0.4, "ess": 0.93})   # appends {"step": 1, "reward_mean": 0.4, ...}

@@ -170,7 +170,7 @@ class AdaptersOff(nn.Module):
     """The base model of a PEFT policy seen with its adapters disabled: the frozen reference for `ref_kl_coef`.
 
     It shares every tensor with the policy (no second copy) and registers none of them, so `.eval()` or
-    `.requires_grad_(False)` on it never touch the policy. It offers what `p3o.policy.token_logprobs` uses: the
+    `.requires_grad_(False)` on it never touch the policy. It offers what `p3o.logprobs.token_logprobs` uses: the
     output head and a decoder whose forward runs under `disable_adapter()`.
     """
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from p3o.errors import ConfigError, P3OError
-from p3o.policy import cache_kwarg, position_ids_from_mask
+from p3o.logprobs import cache_kwarg, position_ids_from_mask
 from p3o.rollout.base import LOGPROB_MODES, check_sampling, left_pad, stop_and_pad_ids
 from p3o.rollout.fast import FastDecoder
 from p3o.rollout.quant import PRECISIONS, QuantLinear, quantize_model, requantize_

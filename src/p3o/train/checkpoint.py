@@ -28,7 +28,7 @@ generators it seeded itself.
 Security: ``trainer_state.pt`` is read with ``torch.load(weights_only=True)``: tensors and plain Python values
 (dict, list, tuple, str, int, float, bool, None) only, so loading a checkpoint never runs code from it.
 ``save_checkpoint`` refuses a ``loop_state`` holding anything else (buffered ``Rollouts`` are stored as plain dicts,
-``p3o.train.buffer.rollouts_to_state``). Format-1 checkpoints, whose NumPy RNG state is an ndarray, load through
+``p3o.train.sources.rollouts_to_state``). Format-1 checkpoints, whose NumPy RNG state is an ndarray, load through
 an allowlist of exactly the NumPy types that state needs.
 """
 

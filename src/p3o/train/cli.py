@@ -74,7 +74,7 @@ def ess_scope_warning(cfg: Any, world_size: int = 1) -> str | None:
 
 def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
     """Entry point of `p3o train` (see the module docstring); returns the exit status. `remote_source`: what builds
-    the rollout workers' batch source (`p3o.cluster.cli` passes `p3o.cluster.RaySource`)."""
+    the rollout workers' batch source (`p3o.cli` passes `p3o.cluster.RaySource`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     from p3o.config import config_help, load_config
 

@@ -2,7 +2,7 @@
 
     run_dir = run(load_config(["--loop.mode", "async", "--loop.max_lag", "2"]))
 
-One loop serves every regime; only the batch source differs (see `p3o.train.buffer`):
+One loop serves every regime; only the batch source differs (see `p3o.train.sources`):
 
     for step s in [start, steps):
         batch  = source.get(s)            # sync: produce(s) now · stale: FIFO, produced at s − n ·
@@ -44,10 +44,11 @@ import torch
 
 from p3o import dist
 from p3o.errors import ConfigError
-from p3o.monitor import OffPolicyMonitor
-from p3o.train.buffer import BatchSource, RemoteSource, make_source, token_lag
+from p3o.metrics.monitor import OffPolicyMonitor
+from p3o.train.evaluation import Evaluator
+from p3o.train.sources import BatchSource, RemoteSource, make_source, token_lag
 from p3o.train.step import update
-from p3o.train.stream import Evaluator, PromptStream, make_producer, stream_seed
+from p3o.train.stream import PromptStream, make_producer, stream_seed
 from p3o.train.wiring import (
     Components,
     build_components,
@@ -166,7 +167,7 @@ class Trainer:
         # the objective with its hyper-parameters, resolved once for the run (defaults, spellings, types)
         self.objective = get_objective(cfg.objective.name).bind(objective_hyper(cfg.objective))
         self.needs = self.objective.needs
-        # the off-policy monitor (p3o.monitor): the same statistics any other trainer gets, as offpolicy/*. Its
+        # the off-policy monitor (p3o.metrics.monitor): the same statistics any other trainer gets, as offpolicy/*. Its
         # findings are left to `p3o doctor` (warn=False): its position-drift rule does not yet separate staleness
         # from engine drift, and under the default lag of 2 it would print a KV-cache suggestion that does not apply
         self.monitor = OffPolicyMonitor(max_len=cfg.rollout.max_new_tokens, group=dist.group(), warn=False)

@@ -126,7 +126,7 @@ def _micro(batch: Rollouts, adv: Tensor, rows: Tensor) -> _Micro:
 def _logprobs(
     model: nn.Module, mb: _Micro, temperature: float, chunk_size: int, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
-    from p3o.policy import token_logprobs
+    from p3o.logprobs import token_logprobs
 
     return token_logprobs(
         model,
@@ -197,7 +197,7 @@ def update(
         temperature: the trainer-side temperature of the log-probs (`train.temperature`).
         ref_model: frozen reference for `ref_logp` (required when "ref_logp" in needs).
         group: data-parallel process group for the ESS (None: the default group when distributed).
-        monitor: a `p3o.monitor.OffPolicyMonitor` fed every micro-batch of the first epoch (the trainer's log-probs
+        monitor: a `metrics.monitor.OffPolicyMonitor` fed each micro-batch of the first epoch (the trainer's log-probs
             before this update moved them, against the recorded ones); the caller closes the step with
             `monitor.update()`. None: no monitoring.
         version: the trainer's policy version during this update (the monitor's lag = version − token version).

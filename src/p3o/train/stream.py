@@ -1,4 +1,5 @@
 """The data stream: which prompts batch b holds and how a batch is produced (generate → verify → advantages).
+The in-loop held-out evaluation is `p3o.train.evaluation.Evaluator`.
 
 Every batch is a pure function of (seed, b, round, rank) — no cursor to save, so a resumed run sees exactly the
 batches an uninterrupted one would have seen:
@@ -6,7 +7,6 @@ batches an uninterrupted one would have seen:
     stream = PromptStream(num_prompts=len(prompts), per_step=16, seed=0)
     produce = make_producer(cfg.rollout, cfg.loop, cfg.advantage, cfg.seed, comps, stream)
     rollouts, info = produce(b, engine)      # the b-th batch, with rewards and group-relative advantages
-    evaluate = Evaluator(side, seed)          # held-out pass@1 with one engine for the whole run
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from p3o import dist
 from p3o.errors import ConfigError
-from p3o.train.buffer import Batch
+from p3o.train.sources import Batch
 from p3o.types import Rollouts
 
 if TYPE_CHECKING:
@@ -172,51 +172,6 @@ def make_producer(
     return produce
 
 
-class Evaluator:
-    """pass@1 on the held-out prompts with ONE engine for the whole run, re-loaded with the current weights at each
-    call (a fresh engine per evaluation gave the same numbers at the cost of a model copy each time).
-
-    One sample per prompt, batch seeds stream_seed(seed, lo, 99991), by the one evaluation sampler
-    (`p3o.eval.runner.heldout_metrics`) with the rollout engine's own settings (`side.make_engine`).
-
-        evaluate = Evaluator(side, seed=0)
-        row.update(evaluate(version, weights=lambda: sync_weights(policy), model=lambda: engine_model(policy)))
-    """
-
-    def __init__(self, side: RolloutSide, seed: int, batch_size: int = 64) -> None:
-        self.side, self.seed, self.batch_size = side, seed, batch_size
-        self.engine: Any = None
-
-    def __call__(
-        self, version: int, weights: Callable[[], dict[str, Tensor]], model: Callable[[], Any]
-    ) -> dict[str, float]:
-        """{"eval_accuracy": fraction with score > 0.5, "eval_score": mean score} of the policy at `version` ({}
-        without eval prompts). The first call builds the engine from `model()`; later ones load `weights()` into it
-        (each callable is called only when needed)."""
-        from p3o.eval.runner import heldout_metrics
-
-        side = self.side
-        if not side.eval_prompts:
-            return {}
-        if self.engine is None:
-            self.engine = side.make_engine(model())
-            self.engine.version = version
-        elif self.engine.version != version:
-            self.engine.load_weights(weights(), version)
-        engine = self.engine
-        return heldout_metrics(
-            None,  # unused: the engine below already holds the policy
-            side.tokenizer,
-            side.eval_prompts,
-            side.eval_answers,
-            side.reward_fn,
-            n_samples=1,
-            batch_seed=lambda lo: stream_seed(self.seed, lo, 99991),
-            engine=lambda _policy: engine,
-            batch_size=self.batch_size,
-        )
-
-
 def _informative_rows(rewards: Tensor, group_ids: Tensor) -> list[int]:
     """Rows of groups whose rewards are not all equal (DAPO dynamic sampling keeps these)."""
     keep = []
@@ -228,4 +183,4 @@ def _informative_rows(rewards: Tensor, group_ids: Tensor) -> list[int]:
     return sorted(keep)
 
 
-__all__ = ["Evaluator", "PromptStream", "make_producer", "stream_seed"]
+__all__ = ["PromptStream", "make_producer", "stream_seed"]

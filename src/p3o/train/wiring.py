@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from p3o import dist
 from p3o.dist import resolve_device
 from p3o.errors import ConfigError
-from p3o.train.buffer import BatchSource
+from p3o.train.sources import BatchSource
 from p3o.train.step import make_optimizer, make_scheduler
 from p3o.types import Rollouts
 

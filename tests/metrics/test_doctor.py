@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from p3o.cli import main as p3o_main
-from p3o.diagnose.doctor import diagnose, load_rows, main
+from p3o.metrics.doctor import diagnose, load_rows, main
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:

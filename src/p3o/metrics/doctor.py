@@ -6,7 +6,7 @@
 
 It reads the metric rows, maps the off-policy keys of every source onto the monitor's names (``offpolicy/ess``
 from the TRL callback, ``actor/offpolicy/ess`` from verl, ``objective/ess`` from ``P3OGRPOTrainer``, p3o's own
-``ess``, ``lag_*``, ``kl_clamped``, ...), applies the rules of :func:`p3o.monitor.find` to every window of
+``ess``, ``lag_*``, ``kl_clamped``, ...), applies the rules of :func:`p3o.metrics.monitor.find` to every window of
 ``--window`` consecutive steps, and prints one row per finding: what fired (with its threshold), the evidence, the
 first steps it fired on, and a suggestion (which objective suits the regime, from the study's verdicts; whether to
 lower ``loop.max_lag``; whether to record log-probs in fp32). It writes a plot (ESS, lag, ratio tails, position
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p3o.monitor import N_POSITION_BUCKETS, Finding, find, lag_bucket_names, strip_prefixes
+from p3o.metrics.monitor import N_POSITION_BUCKETS, Finding, find, lag_bucket_names, strip_prefixes
 
 __all__ = ["PREFIXES", "Diagnosis", "diagnose", "load_rows", "main"]
 
@@ -140,7 +140,7 @@ def _normalise(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def diagnose(path: str | Path, *, window: int = 20) -> Diagnosis:
-    """Apply :func:`p3o.monitor.find` to every window of ``window`` consecutive rows (all rows when fewer)."""
+    """Apply :func:`p3o.metrics.monitor.find` to every window of ``window`` consecutive rows (all rows when fewer)."""
     source, rows, config = load_rows(path)
     w = min(window, len(rows))
     first: dict[str, tuple[Finding, str]] = {}

@@ -1,4 +1,4 @@
-"""p3o.monitor.OffPolicyMonitor: statistics invariant to the micro-batch and rank split, position deciles on a
+"""p3o.metrics.monitor.OffPolicyMonitor: statistics invariant to the micro-batch and rank split, position deciles on a
 hand-built batch, and every finding firing on a constructed bad case while staying silent on an on-policy run."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from p3o.monitor import OffPolicyMonitor, find, lag_bucket_names, prefixed, strip_prefixes
+from p3o.metrics.monitor import OffPolicyMonitor, find, lag_bucket_names, prefixed, strip_prefixes
 from p3o.objectives import effective_sample_size
 
 N, T = 8, 12
@@ -187,7 +187,7 @@ def test_growing_mismatch_along_the_response_fires_position_drift() -> None:
 
 def test_position_drift_of_stale_tokens_names_staleness() -> None:
     """The same growth in a batch whose tokens are 2 versions old is attributed to staleness, not the engine."""
-    from p3o.monitor import find
+    from p3o.metrics.monitor import find
 
     rows = [{"lag_mean": 2.0, "dlogp_pos_0": 0.01, "dlogp_pos_1": 0.02, "dlogp_pos_4": 0.1, "dlogp_pos_5": 0.12}] * 20
     (finding,) = find(rows)
@@ -258,7 +258,7 @@ def test_errors() -> None:
 
 def test_state_round_trip_continues_the_window_exactly() -> None:
     """A monitor restored from `state()` (what a checkpoint keeps) reports what the uninterrupted one does."""
-    from p3o.monitor import OffPolicyMonitor
+    from p3o.metrics.monitor import OffPolicyMonitor
 
     g = torch.Generator().manual_seed(0)
     batches = []

@@ -1,4 +1,4 @@
-"""p3o.policy: chunked log-probs / entropies and their gradients equal the naive full log-softmax."""
+"""p3o.logprobs: chunked log-probs / entropies and their gradients equal the naive full log-softmax."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from tiny_lm import make_tiny_lm
 
-from p3o.policy import (
+from p3o.logprobs import (
     cache_kwarg,
     chunked_head_logprobs,
     naive_token_logprobs,

@@ -5,14 +5,14 @@
     p3o mismatch --model tiny --engine vllm --precision bf16 --kv-cache-dtype fp8   # in .venv-vllm
 
 For each engine configuration the engine (its own copy of the model, in that precision) samples ``--group``
-completions of every prompt; the fp32 trainer re-scores the same tokens (``p3o.policy.token_logprobs``, at the
+completions of every prompt; the fp32 trainer re-scores the same tokens (``p3o.logprobs.token_logprobs``, at the
 sampling temperature for processed log-probs, at 1 for raw ones). With lr_t = logp_t − rollout_logp_t and
-ρ_t = e^{lr_t} over the valid tokens it reports (through :class:`p3o.monitor.OffPolicyMonitor`): mean and max
+ρ_t = e^{lr_t} over the valid tokens it reports (through :class:`p3o.metrics.monitor.OffPolicyMonitor`): mean and max
 |lr|, the batch ESS (Σρ)²/(|B|Σρ²), the tail shares (ρ > 2, ρ < 0.5), Schulman's k1/k2/k3 estimates of
 KL(π_engine ‖ π_trainer), and the greedy agreement (the engine at temperature 0 against the fp32 trainer's own
 greedy decoding, position by position); then the same by decode position, in deciles of ``--max-new-tokens``
 (plot: ``mismatch.png`` under ``--out``), and one plain-language line per finding with its threshold
-(:func:`p3o.monitor.find`).
+(:func:`p3o.metrics.monitor.find`).
 
 ``--precision`` takes a comma list; an entry ``bf16+kv-fp8`` is bf16 with an FP8 KV cache (vLLM only), as is
 ``--kv-cache-dtype fp8`` for every entry. Without ``--prompts`` the built-in arithmetic task's held-out prompts are
@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from p3o.errors import ConfigError
-from p3o.monitor import N_POSITION_BUCKETS, Finding, OffPolicyMonitor, find
+from p3o.metrics.monitor import N_POSITION_BUCKETS, Finding, OffPolicyMonitor, find
 from p3o.objectives import effective_sample_size
 
 __all__ = ["MismatchResult", "encode_prompts", "greedy_reference", "main", "measure", "render"]
@@ -53,7 +53,7 @@ class MismatchResult:
         positions: per decile d of the decode position: ``first``/``last`` position, ``tokens``, ``dlogp_mean``,
             ``ess``, ``ratio_frac_tails`` (ρ > 2 or ρ < 0.5), ``kl_k3`` (NaN where no token reached it).
         greedy_agreement: share of greedy positions equal to the fp32 trainer's (NaN when not measured).
-        findings: what :func:`p3o.monitor.find` says about ``stats`` (one step).
+        findings: what :func:`p3o.metrics.monitor.find` says about ``stats`` (one step).
         error: a one-line reason when this configuration could not run (e.g. a CPU without FP8 KV support).
     """
 
@@ -150,7 +150,7 @@ def measure(
     on the greedy-agreement measurement (a second, greedy engine of the same configuration). A ConfigError while
     building the engine (a precision or KV cache this machine cannot run) is returned in ``error``, not raised.
     """
-    from p3o.policy import token_logprobs
+    from p3o.logprobs import token_logprobs
 
     prec, kv = _split_precision(precision, kv_cache_dtype)
     res = MismatchResult(engine, prec, kv)

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from p3o.train.buffer import (
+from p3o.train.sources import (
     AsyncSource,
     GeneratorCrashed,
     ReuseSource,

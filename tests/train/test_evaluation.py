@@ -6,7 +6,8 @@ import torch
 from train_fakes import fake_components
 
 from p3o.eval.runner import heldout_metrics
-from p3o.train.stream import Evaluator, stream_seed
+from p3o.train.evaluation import Evaluator
+from p3o.train.stream import stream_seed
 from p3o.train.wiring import engine_model, sync_weights
 
 
