@@ -1,10 +1,10 @@
-"""Peak memory and time of p3o.policy's chunked log-probs vs the naive full log-softmax (forward + backward).
+"""Peak memory and time of p3o.logprobs's chunked log-probs vs the naive full log-softmax (forward + backward).
 
     .venv/bin/python benchmarks/logprobs.py                       # N=8, T=1024, V=32000, H=576
     .venv/bin/python benchmarks/logprobs.py --n 2 --t 256          # quick
 
 Only the vocabulary head is benchmarked (random hidden states h (N·T, H) and head W (V, H), both requiring grad):
-naive = log_softmax((h Wᵀ).float()).gather(y), p3o = `p3o.policy.chunked_head_logprobs` (what `token_logprobs`
+naive = log_softmax((h Wᵀ).float()).gather(y), p3o = `p3o.logprobs.chunked_head_logprobs` (what `token_logprobs`
 runs after the backbone). Loss = Σ_t c_t · logp_t with random c, then backward.
 
 Memory is measured honestly on CPU as the resident-set high-water mark (ru_maxrss) gained during the first
@@ -34,7 +34,7 @@ def _worker(args: argparse.Namespace) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from p3o.policy import chunked_head_logprobs
+    from p3o.logprobs import chunked_head_logprobs
 
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)

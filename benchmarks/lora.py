@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/lora.py                                # smollm2, N=8 sequences of 64+64 tokens
     .venv/bin/python benchmarks/lora.py --model tiny-random --n 4      # quick
 
-One step = `p3o.policy.token_logprobs` forward over [prompt | response], loss = −Σ A·logp, backward, AdamW step
+One step = `p3o.logprobs.token_logprobs` forward over [prompt | response], loss = −Σ A·logp, backward, AdamW step
 (what `p3o.train.step.update` does per micro-batch, without the objective's few elementwise ops). LoRA: r = --r on
 every attention and MLP projection (`p3o.models.lora.apply_lora`, the architecture's default targets).
 
@@ -35,8 +35,8 @@ def _worker(args: argparse.Namespace) -> dict:
     import torch
 
     from p3o.config import LoraConfig
+    from p3o.logprobs import token_logprobs
     from p3o.models import load_policy
-    from p3o.policy import token_logprobs
     from p3o.train.step import make_optimizer
 
     torch.set_num_threads(args.threads)

@@ -1,10 +1,10 @@
-"""Rollout/trainer mismatch per engine precision: a thin caller of ``p3o mismatch`` (p3o.diagnose.mismatch).
+"""Rollout/trainer mismatch per engine precision: a thin caller of ``p3o mismatch`` (p3o.eval.mismatch).
 
     .venv/bin/python benchmarks/precision.py                  # the built-in tiny policy (p3o.models.load_policy)
     .venv/bin/python benchmarks/precision.py --model random    # a random 5M-parameter Qwen3 (no training needed)
     .venv-vllm/bin/python benchmarks/precision.py --engine all # HFEngine and vLLM (p3o.rollout.VLLMEngine) rows
 
-For each engine and precision, ``p3o.diagnose.mismatch.measure`` samples `--prompts` random-token prompts ×
+For each engine and precision, ``p3o.eval.mismatch.measure`` samples `--prompts` random-token prompts ×
 `--group` completions at temperature 1 with processed log-probs and re-scores them with the fp32 trainer; the table
 is ``p3o mismatch``'s (mean and max |Δ|, batch ESS, tails, k1/k2/k3, greedy agreement with the fp32 trainer, and
 the same by decode position). What this script adds: the `random` model and random-token prompts (no tokenizer).
@@ -21,7 +21,7 @@ import argparse
 import torch
 from rollout import bench_model  # benchmarks/rollout.py: the same model choice
 
-from p3o.diagnose.mismatch import greedy_reference, measure, render
+from p3o.eval.mismatch import greedy_reference, measure, render
 
 HF_PRECISIONS = "fp32,bf16,fp16,int8,fp8"
 VLLM_PRECISIONS = "fp32,bf16,fp16,bf16+kv-fp8,fp8"
