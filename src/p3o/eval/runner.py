@@ -21,9 +21,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
+from p3o.dist import resolve_device
 from p3o.errors import ConfigError
 from p3o.eval.passk import mean_pass_at_k
+from p3o.models import load_policy
+from p3o.models.checkpoints import latest_checkpoint
+from p3o.rewards import get_verifier, make_reward_fn, score
+from p3o.rollout.factory import make_engine
+from p3o.tasks import default_verifier, format_prompt, load_task
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -77,8 +84,6 @@ def find_run(model: str | Path) -> tuple[Path, Path | None]:
     if (path / "config.yaml").is_file() and not (path / "config.json").is_file():
         if (path / "final" / "config.json").is_file():
             return path / "final", path
-        from p3o.models.checkpoints import latest_checkpoint
-
         ckpt = latest_checkpoint(path)
         if ckpt is not None and (ckpt / "policy" / "config.json").is_file():
             return ckpt / "policy", path
@@ -155,12 +160,6 @@ def heldout_metrics(
             ``Components.make_engine``: the held-out engine then samples exactly as the rollout engine does).
         seed, batch_seed: the batch seeds of `sample_batches`.
     """
-    import torch
-
-    from p3o.dist import resolve_device
-    from p3o.rewards import make_reward_fn
-    from p3o.rollout.factory import make_engine
-
     if not prompt_ids:
         return {}
     reward_fn = make_reward_fn(reward, timeout_s=timeout_s) if isinstance(reward, str) else reward
@@ -182,6 +181,27 @@ def heldout_metrics(
     s = torch.cat([reward_fn(r).float() for _, r in batches])
     acc, mean = torch.stack([(s > 0.5).float().mean(), s.mean()]).tolist()
     return {"eval_accuracy": acc, "eval_score": mean}
+
+
+def _check_eval_args(problems: Sequence[Any], n_samples: int, ks: Sequence[int]) -> None:
+    """One-line errors, naming the option, for an evaluation that cannot run."""
+    if not problems:
+        raise ConfigError("eval: the task gave no problems (check --task / --split / --n-problems)")
+    if n_samples < 1:
+        raise ConfigError(f"--n-samples: must be ≥ 1, got {n_samples}")
+    bad = [k for k in ks if k < 1]
+    if bad:
+        raise ConfigError(f"--k: values must be ≥ 1, got {bad}")
+
+
+def _verifier(name: str, cache: dict[str, Callable[[str, str], float]]) -> Callable[[str, str], float]:
+    """The verifier called `name`, built once per evaluation (`cache`); an unknown name is a `--verifier` error."""
+    if name not in cache:
+        try:
+            cache[name] = get_verifier(name)
+        except ConfigError as err:
+            raise ConfigError(f"--verifier: {err}") from None
+    return cache[name]
 
 
 def evaluate(
@@ -221,18 +241,7 @@ def evaluate(
         progress: called with (problems done, total) after each batch.
         engine: the rollout engine, "hf" or "vllm" (`p3o.rollout.factory.make_engine`; training's rollout.engine).
     """
-    from p3o.dist import resolve_device
-    from p3o.rewards import get_verifier, score
-    from p3o.rollout.factory import make_engine
-    from p3o.tasks import default_verifier, format_prompt
-
-    if not problems:
-        raise ConfigError("eval: the task gave no problems (check --task / --split / --n-problems)")
-    if n_samples < 1:
-        raise ConfigError(f"--n-samples: must be ≥ 1, got {n_samples}")
-    bad = [k for k in ks if k < 1]
-    if bad:
-        raise ConfigError(f"--k: values must be ≥ 1, got {bad}")
+    _check_eval_args(problems, n_samples, ks)
     start = time.perf_counter()
     sampler = make_engine(
         engine,
@@ -249,30 +258,22 @@ def evaluate(
     correct = np.zeros(len(problems), dtype=np.int64)
     rewards: list[float] = []
     lengths: list[int] = []
-    truncated: list[bool] = []
+    truncated: list[bool] = []  # per completion: hit max_new_tokens without an end token
     prompt_ids = encode_prompts(
         [format_prompt(p, tokenizer, template, system=system_prompt) for p in problems], tokenizer
     )
     answers = [p.answer for p in problems]
     for lo, rollouts in sample_batches(sampler, prompt_ids, answers, n_samples, batch_size=batch_prompts, seed=seed):
-        batch = problems[lo : lo + batch_prompts]
-        names = [verifier or default_verifier(task, [p]) for p in batch]
-        for name in set(names):
-            if name not in verifiers:
-                try:
-                    verifiers[name] = get_verifier(name)
-                except ConfigError as err:
-                    raise ConfigError(f"--verifier: {err}") from None
-        for i, p in enumerate(batch):
-            rows = slice(i * n_samples, (i + 1) * n_samples)
-            scores = score(rollouts.texts[rows], [p.answer] * n_samples, verifiers[names[i]], timeout_s=timeout_s)
-            rewards += [float(s) for s in scores]
-            correct[lo + i] = sum(1 for s in scores if s >= correct_threshold)
+        for i, p in enumerate(problems[lo : lo + batch_prompts]):
+            check = _verifier(verifier or default_verifier(task, [p]), verifiers)
+            texts = rollouts.texts[i * n_samples : (i + 1) * n_samples]
+            scores = [float(x) for x in score(texts, [p.answer] * n_samples, check, timeout_s=timeout_s)]
+            rewards += scores
+            correct[lo + i] = sum(1 for x in scores if x >= correct_threshold)
         lengths += rollouts.mask.sum(dim=1).tolist()
         truncated += rollouts.truncated.tolist()
         if progress is not None:
             progress(min(lo + batch_prompts, len(problems)), len(problems))
-    n = np.full(len(problems), n_samples)
     return EvalResult(
         task=task,
         split=split,
@@ -280,14 +281,19 @@ def evaluate(
         n_samples=n_samples,
         temperature=temperature,
         max_new_tokens=max_new_tokens,
-        pass_at_k=mean_pass_at_k(n, correct, sorted(set(ks))),
-        mean_reward=float(np.mean(rewards)) if rewards else math.nan,
-        mean_response_len=float(np.mean(lengths)) if lengths else math.nan,
-        truncation_rate=float(np.mean(truncated)) if truncated else math.nan,
+        pass_at_k=mean_pass_at_k(np.full(len(problems), n_samples), correct, sorted(set(ks))),
+        mean_reward=_mean(rewards),
+        mean_response_len=_mean(lengths),
+        truncation_rate=_mean(truncated),
         correct=correct.tolist(),
         seconds=time.perf_counter() - start,
         num_params=sum(p.numel() for p in model.parameters()),
     )
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean of `values` as a float, NaN when there are none."""
+    return float(np.mean(values)) if len(values) else math.nan
 
 
 def evaluate_checkpoint(
@@ -300,9 +306,6 @@ def evaluate_checkpoint(
     **kwargs: Any,
 ) -> EvalResult:
     """Load a policy with `p3o.models.load_policy` and a task with `p3o.tasks.load_task`, then `evaluate`."""
-    from p3o.models import load_policy
-    from p3o.tasks import load_task
-
     model, tokenizer = load_policy(model_path)
     problems = load_task(task, split, n=n_problems, **(task_kwargs or {}))
     result = evaluate(model, tokenizer, problems, task=task, split=split, **kwargs)
