@@ -34,8 +34,13 @@ import torch
 from torch import nn
 
 from p3o.errors import ConfigError
+from p3o.logprobs import token_logprobs
 from p3o.metrics.monitor import N_POSITION_BUCKETS, Finding, OffPolicyMonitor, find
+from p3o.models import load_policy
 from p3o.objectives import effective_sample_size
+from p3o.rollout import HFEngine
+from p3o.rollout.factory import make_engine
+from p3o.tasks import Problem, format_prompt, load_task
 
 __all__ = ["MismatchResult", "encode_prompts", "greedy_reference", "main", "measure", "render"]
 
@@ -81,8 +86,6 @@ def _split_precision(entry: str, kv_cache_dtype: str) -> tuple[str, str]:
 def _make(
     engine: str, model: nn.Module, tokenizer: Any, precision: str, kv: str, temperature: float, **kw: Any
 ) -> Any:
-    from p3o.rollout.factory import make_engine
-
     if kv != "auto":
         if engine != "vllm":
             raise ConfigError("--kv-cache-dtype: an FP8 KV cache needs --engine vllm (HFEngine keeps its KV cache)")
@@ -92,8 +95,6 @@ def _make(
 
 def greedy_reference(model: nn.Module, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int) -> torch.Tensor:
     """The fp32 trainer's own greedy responses (HFEngine fp32, temperature 0): (P, T') token ids."""
-    from p3o.rollout import HFEngine
-
     return (
         HFEngine(model, tokenizer, temperature=0.0, max_new_tokens=max_new_tokens).generate(prompts, n=1).response_ids
     )
@@ -150,8 +151,6 @@ def measure(
     on the greedy-agreement measurement (a second, greedy engine of the same configuration). A ConfigError while
     building the engine (a precision or KV cache this machine cannot run) is returned in ``error``, not raised.
     """
-    from p3o.logprobs import token_logprobs
-
     prec, kv = _split_precision(precision, kv_cache_dtype)
     res = MismatchResult(engine, prec, kv)
     common = {"max_new_tokens": max_new_tokens, "logprob_mode": logprob_mode, "seed": seed}
@@ -230,7 +229,7 @@ def render(results: Sequence[MismatchResult], header: str = "") -> str:
 
 def plot(results: Sequence[MismatchResult], out: Path, title: str = "") -> Path:
     """Mean |Δlogp| and ESS against the decode position (decile midpoints), one line per configuration."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib only when a plot is asked for
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 3.8), constrained_layout=True)
@@ -258,8 +257,6 @@ def encode_prompts(tokenizer: Any, path: str | None, n: int, seed: int = 0) -> l
     """Token ids of ``n`` prompts: the lines (or ``.jsonl`` ``prompt`` fields) of ``path``, else the built-in
     arithmetic task's held-out problems formatted with the tokenizer's template."""
     if path is None:
-        from p3o.tasks import format_prompt, load_task
-
         texts = [format_prompt(p, tokenizer) for p in load_task("arithmetic", "test", seed=seed, n=n)]
     else:
         p = Path(path)
@@ -273,8 +270,6 @@ def encode_prompts(tokenizer: Any, path: str | None, n: int, seed: int = 0) -> l
                 raise ConfigError(f"--prompts: {p}: every line must be a JSON object with 'prompt' ({err})") from None
         if not raw:
             raise ConfigError(f"--prompts: {p} has no prompt")
-        from p3o.tasks import Problem, format_prompt
-
         texts = [format_prompt(Problem(prompt=t, answer=""), tokenizer) for t in raw[:n]]
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
@@ -290,8 +285,8 @@ def _no_nan(x: Any) -> Any:
     return x
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``p3o mismatch --model M [...]``; exit 0 when no finding fired, 1 when one did, 2 on bad options."""
+def _parser() -> argparse.ArgumentParser:
+    """The options of ``p3o mismatch``."""
     ap = argparse.ArgumentParser(prog="p3o mismatch", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny", help="tiny | tiny-random | smollm2 | an HF model dir | a Hub id")
     ap.add_argument("--engine", default="hf", choices=["hf", "vllm"])
@@ -308,6 +303,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy-agreement runs")
     ap.add_argument("--out", default=None, help="directory for mismatch.json, mismatch.md and mismatch.png")
     ap.add_argument("--plot", default=None, help="the per-position plot's path (default: OUT/mismatch.png)")
+    return ap
+
+
+def write_outputs(results: Sequence[MismatchResult], text: str, out: Path) -> None:
+    """`out`/mismatch.md (the table `text`) and `out`/mismatch.json (every result: stats, positions, findings)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "mismatch.md").write_text(text + "\n", encoding="utf-8")
+    payload = [
+        {
+            "label": r.label,
+            "engine": r.engine,
+            "precision": r.precision,
+            "kv_cache_dtype": r.kv_cache_dtype,
+            "error": r.error,
+            "stats": r.stats,
+            "positions": r.positions,
+            "greedy_agreement": r.greedy_agreement,
+            "findings": [f.message for f in r.findings],
+        }
+        for r in results
+    ]
+    (out / "mismatch.json").write_text(json.dumps(_no_nan(payload), indent=1) + "\n", encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``p3o mismatch --model M [...]``; exit 0 when no finding fired, 1 when one did, 2 on bad options."""
+    ap = _parser()
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:
@@ -319,8 +341,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError("--temperature: must be ≥ 0")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from p3o.models import load_policy
-
     model, tok = load_policy(args.model)
     model = model.float().eval()
     prompts = encode_prompts(tok, args.prompts, args.num_prompts, args.seed)
@@ -350,24 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = render(results, header)
     print(text)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "mismatch.md").write_text(text + "\n", encoding="utf-8")
-        payload = [
-            {
-                "label": r.label,
-                "engine": r.engine,
-                "precision": r.precision,
-                "kv_cache_dtype": r.kv_cache_dtype,
-                "error": r.error,
-                "stats": r.stats,
-                "positions": r.positions,
-                "greedy_agreement": r.greedy_agreement,
-                "findings": [f.message for f in r.findings],
-            }
-            for r in results
-        ]
-        (out / "mismatch.json").write_text(json.dumps(_no_nan(payload), indent=1) + "\n", encoding="utf-8")
+        write_outputs(results, text, Path(args.out))
     if args.out or args.plot:
         png = Path(args.plot) if args.plot else Path(args.out) / "mismatch.png"
         print(f"plot: {plot(results, png, header)}")
