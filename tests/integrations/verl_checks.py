@@ -22,9 +22,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 from venv_checks import run_named_checks
 
 import p3o.integrations.verl as plugin
-from p3o.objectives import ObjectiveInputs, get_objective
+from p3o.objectives import ObjectiveInputs, get_objective, p3o_token_loss
 from p3o.objectives.core import _ess
-from p3o.objectives.losses import p3o_token_loss
 
 CHECKS: dict[str, Callable[[], None]] = {}
 

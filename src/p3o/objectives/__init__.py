@@ -8,6 +8,7 @@ Usage::
 The exact mathematics is in docs/objectives.md.
 """
 
+from p3o.objectives.clipped import cispo, clipped_surrogate, dapo, decoupled_ppo, grpo, gspo
 from p3o.objectives.core import (
     AGG_MODES,
     ESS_SCOPES,
@@ -26,15 +27,9 @@ from p3o.objectives.core import (
     masked_mean,
     reduce_tokens,
 )
-from p3o.objectives.losses import (
+from p3o.objectives.p3o_family import (
     P3O_CAPS,
     PREFIX_STATS,
-    cispo,
-    clipped_surrogate,
-    dapo,
-    decoupled_ppo,
-    grpo,
-    gspo,
     m2po,
     m2po_threshold,
     minpro,
@@ -53,6 +48,7 @@ from p3o.objectives.registry import (
     get_objective,
     objective_defaults,
 )
+from p3o.objectives.shared import SHARED, PolicyTerm, SharedSettings, with_shared
 
 __all__ = [
     "AGG_MODES",
@@ -66,10 +62,13 @@ __all__ = [
     "PREFIX_STATS",
     "ROLLOUT_CORRECTIONS",
     "ROW_REJECTIONS",
+    "SHARED",
     "Hyper",
     "Objective",
     "ObjectiveError",
     "ObjectiveInputs",
+    "PolicyTerm",
+    "SharedSettings",
     "cispo",
     "clipped_surrogate",
     "correction_anchor",
@@ -94,4 +93,5 @@ __all__ = [
     "p3o_two_anchor",
     "prefix_log_stat",
     "reduce_tokens",
+    "with_shared",
 ]

@@ -32,10 +32,18 @@ ROW_REJECTIONS: tuple[str, ...] = ("geo-rs", "seq-max-k2", "seq-max-k3")
 KL_ESTIMATORS: tuple[str, ...] = get_args(KlEstimator)
 BAND = 0.2  # band_frac counts tokens with |ρ − 1| > BAND: the same statistic for every objective
 KL_CLAMP = 20.0  # |lr| bound inside exp(-lr) of the k3 estimator: e^20 ~ 4.9e8 keeps every KL_t finite in float32
+RATIO_LOG_CLAMP = 80.0  # lr bound inside exp(lr) where ρ carries gradient: e^80 ~ 5.5e34 keeps ρ·A finite in float32
 
 
 class ObjectiveError(ConfigError, ValueError):
     """A bad objective name, keyword or option value (one line naming it); both a ConfigError and a ValueError."""
+
+
+def check_eps(name: str, value: float, *, upper: float | None = None) -> None:
+    """A clip / truncation width ``name`` must be >= 0 (and <= ``upper`` when given), else ObjectiveError."""
+    if not (value >= 0) or (upper is not None and value > upper):
+        bound = f"[0, {upper}]" if upper is not None else ">= 0"
+        raise ObjectiveError(f"{name} must be {bound}, got {value}")
 
 
 @dataclass
@@ -511,3 +519,13 @@ def ratio_stats(log_ratio: torch.Tensor, mask: torch.Tensor, *, band: float = BA
             "approx_kl": masked_mean(k3(lr), mask),
             "band_frac": masked_mean(((ratio - 1).abs() > band).float(), mask),
         }
+
+
+def baseline_stats(log_ratio: torch.Tensor, mask: torch.Tensor, inputs: ObjectiveInputs) -> dict[str, torch.Tensor]:
+    """:func:`ratio_stats` vs the anchor plus ``kl_behavior`` and the (local, not all-reduced) ``ess``: the
+    diagnostics of every objective that does not use the ESS itself. (N, T) inputs; detached 0-d stats."""
+    with torch.no_grad():
+        stats = ratio_stats(log_ratio, mask)
+        stats["kl_behavior"] = stats["approx_kl"]
+        stats["ess"] = _ess(log_ratio, mask, inputs.group, sync=False)[0]
+    return stats

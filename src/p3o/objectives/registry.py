@@ -16,9 +16,15 @@ from it::
 A config resolves with ``rec.resolve(given, key_prefix="objective.", check=its_checker)`` (config-style messages,
 values coerced to the declared types) and keeps ``rec.resolve(..., given_only=True)`` as what the user set.
 
-Adding an objective: write ``fn(inputs: ObjectiveInputs, *, hyper=default, ...) -> (loss, stats)`` in
-``losses.py`` (ending in ``core.finish``) and add one ``Objective(...)`` entry to ``_RECORDS`` below; the config,
-``p3o train --objective.name``, the plug-ins and ``--help`` pick it up (docs/objectives.md, "Adding an objective").
+The settings every objective shares (rollout correction, aggregation, reference KL, entropy bonus) are declared
+once, in :class:`p3o.objectives.shared.SharedSettings`, and applied around each objective's own function by
+:func:`p3o.objectives.shared.with_shared`; a record's ``hypers`` are the function's own keywords, then those.
+
+Adding an objective: write its policy term ``@with_shared() def fn(prep, inputs, *, hyper=default, ...) ->
+PolicyTerm`` in the family module it belongs to (``clipped.py``, ``p3o_family.py``, ``recent.py``) and add one
+``Objective(...)`` entry to ``_RECORDS`` below; the config, ``p3o train --objective.name``, the plug-ins and
+``--help`` pick it up (docs/objectives.md, "Adding an objective"). A record also takes any plain
+``fn(inputs, *, hyper, ...) -> (loss, stats)`` (a plug-in's or a test's own loss).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from p3o.objectives import losses
+from p3o.objectives import clipped, p3o_family, recent
 from p3o.objectives.core import ROW_REJECTIONS, ObjectiveError
 
 ObjectiveFn = Callable[..., Any]
@@ -256,67 +262,67 @@ _TRUNC_ALIASES = {"clip_eps_low": "trunc_eps_low", "clip_eps_high": "trunc_eps_h
 _RECORDS = (
     Objective(
         "p3o",
-        losses.p3o,
+        p3o_family.p3o,
         coupling="ess-scope",
         summary="ESS-capped weights + ESS-weighted KL to the behaviour policy (no clip)",
     ),
     Objective(
         "p3o_two_anchor",
-        losses.p3o_two_anchor,
+        p3o_family.p3o_two_anchor,
         needs=frozenset({"prox_logp"}),
         coupling="batch",
         summary="P3O anchored on both the behaviour and the proximal policy",
     ),
-    Objective("grpo", losses.grpo, summary="PPO clip on the token ratio (GRPO)"),
-    Objective("dapo", losses.dapo, summary="decoupled clip ε_low/ε_high, token-mean (DAPO)"),
-    Objective("gspo", losses.gspo, summary="PPO clip on the sequence ratio (GSPO)"),
-    Objective("cispo", losses.cispo, aliases=_TRUNC_ALIASES, summary="truncated stop-gradient IS weights (CISPO)"),
+    Objective("grpo", clipped.grpo, summary="PPO clip on the token ratio (GRPO)"),
+    Objective("dapo", clipped.dapo, summary="decoupled clip ε_low/ε_high, token-mean (DAPO)"),
+    Objective("gspo", clipped.gspo, summary="PPO clip on the sequence ratio (GSPO)"),
+    Objective("cispo", clipped.cispo, aliases=_TRUNC_ALIASES, summary="truncated stop-gradient IS weights (CISPO)"),
     Objective(
         "decoupled_ppo",
-        losses.decoupled_ppo,
+        clipped.decoupled_ppo,
         needs=frozenset({"prox_logp"}),
         summary="clip against π_prox, π_prox/π_b reweighting (decoupled PPO, AReaL)",
     ),
     Objective(
         "m2po",
-        losses.m2po,
+        p3o_family.m2po,
         needs=frozenset({"m2po_threshold"}),
         coupling="batch",
         summary="mask the largest second-moment tokens (M2PO)",
     ),
     Objective(
         "minpro",
-        losses.minpro,
+        p3o_family.minpro,
         aliases=_TRUNC_ALIASES,
         summary="token ratio × the minimum earlier ratio, truncated (MinPRO)",
     ),
 )
 
 _RECORDS += (
-    Objective("gmpo", losses.gmpo, summary="geometric mean of sign-clipped token ratios per sequence (GMPO)"),
-    Objective("sapo", losses.sapo, summary="sigmoid soft gate on the token ratio instead of a clip (SAPO)"),
+    Objective("gmpo", recent.gmpo, summary="geometric mean of sign-clipped token ratios per sequence (GMPO)"),
+    Objective("sapo", recent.sapo, summary="sigmoid soft gate on the token ratio instead of a clip (SAPO)"),
     Objective(
         "dppo",
-        losses.dppo,
+        recent.dppo,
         summary="probability-difference mask + squared log-ratio term (DPPO-Binary-TV, prime-rl default)",
     ),
-    Objective("topr", losses.topr, summary="REINFORCE, negatives tapered by the truncated sequence ratio (TOPR)"),
+    Objective("topr", recent.topr, summary="REINFORCE, negatives tapered by the truncated sequence ratio (TOPR)"),
     Objective(
         "dro",
-        losses.dro,
+        recent.dro,
         required=("beta",),
         summary="REINFORCE − ½β·lr² (DRO / Kimi-1.5, token level; beta required)",
     ),
-    Objective("gpg", losses.gpg, summary="plain REINFORCE −A·logp, no ratio (GPG)"),
+    Objective("gpg", recent.gpg, summary="plain REINFORCE −A·logp, no ratio (GPG)"),
     Objective(
         "kl_cov",
-        losses.kl_cov,
+        recent.kl_cov,
         coupling="batch",
         summary="−A·ρ plus β·|lr| on the top-covariance tokens (KL-Cov)",
     ),
     Objective(
         "clip_cov",
-        losses.clip_cov,
+        recent.clip_cov,
         coupling="batch",
         summary="PPO clip; random tokens in a covariance band lose their gradient (Clip-Cov)",
     ),
