@@ -19,14 +19,14 @@ import torch
 from p3o.objectives.core import (
     RATIO_LOG_CLAMP,
     ObjectiveError,
-    ObjectiveInputs,
+    PolicyTerm,
     Prepared,
     baseline_stats,
     check_eps,
     masked_mean,
     side_logp,
 )
-from p3o.objectives.shared import PolicyTerm, with_shared
+from p3o.objectives.shared import with_shared
 
 WeightMode = Literal["mask", "clamp"]
 
@@ -55,16 +55,14 @@ def clipped_surrogate(
     return loss, was_clipped
 
 
-def _ppo_like(
-    prep: Prepared, inputs: ObjectiveInputs, clip_eps_low: float, clip_eps_high: float, dual_clip: float | None
-) -> PolicyTerm:
+def _ppo_like(prep: Prepared, clip_eps_low: float, clip_eps_high: float, dual_clip: float | None) -> PolicyTerm:
     """The PPO clip of :func:`clipped_surrogate` on the prepared ratio, with ``clipfrac``: GRPO's and DAPO's term."""
     check_eps("clip_eps_low", clip_eps_low, upper=1.0)
     check_eps("clip_eps_high", clip_eps_high)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ObjectiveError(f"dual_clip must be > 1 (or None), got {dual_clip}")
     per_token, was_clipped = clipped_surrogate(prep.log_ratio, prep.adv, clip_eps_low, clip_eps_high, dual_clip)
-    stats = baseline_stats(prep.log_ratio, prep.mask, inputs)
+    stats = baseline_stats(prep)
     stats["clipfrac"] = masked_mean(was_clipped.float(), prep.mask)
     return PolicyTerm(per_token, stats)
 
@@ -72,7 +70,6 @@ def _ppo_like(
 @with_shared(agg="seq-mean-token-mean")
 def grpo(
     prep: Prepared,
-    inputs: ObjectiveInputs,
     *,
     clip_eps: float = 0.2,
     clip_eps_low: float | None = None,
@@ -87,13 +84,12 @@ def grpo(
     """
     low = clip_eps if clip_eps_low is None else clip_eps_low
     high = clip_eps if clip_eps_high is None else clip_eps_high
-    return _ppo_like(prep, inputs, low, high, dual_clip)
+    return _ppo_like(prep, low, high, dual_clip)
 
 
 @with_shared()
 def dapo(
     prep: Prepared,
-    inputs: ObjectiveInputs,
     *,
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.28,
@@ -104,13 +100,11 @@ def dapo(
     Dynamic sampling and the soft overlong penalty (:func:`p3o.advantages.overlong_penalty`) are data-side and
     applied by the training loop.
     """
-    return _ppo_like(prep, inputs, clip_eps_low, clip_eps_high, dual_clip)
+    return _ppo_like(prep, clip_eps_low, clip_eps_high, dual_clip)
 
 
 @with_shared(agg="seq-mean-token-mean")
-def gspo(
-    prep: Prepared, inputs: ObjectiveInputs, *, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4
-) -> PolicyTerm:
+def gspo(prep: Prepared, *, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4) -> PolicyTerm:
     """GSPO: a sequence-level ratio s_i = exp(mean_{t valid} lr_{i,t}) in token form
 
         s_{i,t} = sg(s_i)·exp(logp_t − sg(logp_t)),   ℓ_t = −min(s_{i,t}·A_t, clip(s_{i,t}, 1−ε_l, 1+ε_h)·A_t)
@@ -125,7 +119,7 @@ def gspo(
     seq_log = (lr.detach().sum(-1, keepdim=True) / count.clamp(min=1)).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
     token_log = seq_log + (prep.logp - prep.logp.detach())  # value log s_i, gradient 1 w.r.t. logp_t
     per_token, was_clipped = clipped_surrogate(token_log, prep.adv, clip_eps_low, clip_eps_high)
-    stats = baseline_stats(lr, mask, inputs)
+    stats = baseline_stats(prep)
     with torch.no_grad():
         rows = count[:, 0] > 0
         s = torch.exp(seq_log[:, 0])
@@ -140,9 +134,7 @@ def gspo(
 
 
 @with_shared()
-def cispo(
-    prep: Prepared, inputs: ObjectiveInputs, *, trunc_eps_low: float = 1.0, trunc_eps_high: float = 4.0
-) -> PolicyTerm:
+def cispo(prep: Prepared, *, trunc_eps_low: float = 1.0, trunc_eps_high: float = 4.0) -> PolicyTerm:
     """CISPO: clipped, stop-gradient importance weights on a REINFORCE term — every token keeps a gradient.
 
         ℓ_t = − sg(clip(ρ_t, 1 − ε_l, 1 + ε_h))·A_t·logp_t
@@ -158,7 +150,7 @@ def cispo(
     log_hi = math.log1p(trunc_eps_high)
     weight = torch.exp(lr_d.clamp(max=log_hi)).clamp(min=1.0 - trunc_eps_low)
     per_token = -(weight * prep.adv) * prep.logp
-    stats = baseline_stats(lr, mask, inputs)
+    stats = baseline_stats(prep)
     with torch.no_grad():
         out = (lr_d > log_hi) | (torch.exp(lr_d) < 1.0 - trunc_eps_low)
         stats["trunc_frac"] = masked_mean(out.float(), mask)
@@ -169,7 +161,6 @@ def cispo(
 @with_shared()
 def decoupled_ppo(
     prep: Prepared,
-    inputs: ObjectiveInputs,
     *,
     clip_eps: float = 0.2,
     clip_eps_low: float | None = None,
@@ -194,7 +185,7 @@ def decoupled_ppo(
     check_eps("clip_eps_low", low, upper=1.0)
     check_eps("clip_eps_high", high)
     mask = prep.mask
-    prox = side_logp(inputs, "prox_logp", mask, needed_by="decoupled_ppo")
+    prox = side_logp(prep.inputs, "prox_logp", mask, needed_by="decoupled_ppo")
     surrogate, was_clipped = clipped_surrogate(prep.logp - prox, prep.adv, low, high)
     log_w = prox - prep.rollout_logp
     log_cap = math.log(weight_cap)
@@ -202,7 +193,7 @@ def decoupled_ppo(
     weight = torch.exp(log_w.clamp(max=log_cap))
     per_token = weight * surrogate
     keep = ~over if weight_mode == "mask" else None
-    stats = baseline_stats(prep.log_ratio, mask, inputs)
+    stats = baseline_stats(prep)
     stats["clipfrac"] = masked_mean(was_clipped.float(), mask)
     stats["behav_capped_frac"] = masked_mean(over.float(), mask)
     stats["behav_weight_mean"] = masked_mean(torch.exp(log_w.clamp(max=RATIO_LOG_CLAMP)), mask)

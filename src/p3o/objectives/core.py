@@ -274,8 +274,9 @@ class Correction:
 
 @dataclass
 class Prepared:
-    """Sanitised float32 tensors of one micro-batch (all 0 at masked positions)."""
+    """Sanitised float32 tensors of one micro-batch (all 0 at masked positions), and the inputs they came from."""
 
+    inputs: ObjectiveInputs  # the raw micro-batch: its group, step-level values and optional log-probs
     logp: torch.Tensor  # (N, T) with grad
     rollout_logp: torch.Tensor  # (N, T) the ratio's anchor: π_b, or π_θold when a rollout correction is active
     log_ratio: torch.Tensor  # (N, T) logp − anchor, with grad
@@ -284,6 +285,25 @@ class Prepared:
     rc_weight: torch.Tensor | None = None  # (N, T) detached rollout-correction weight, None for "none"
     rc_stats: dict[str, torch.Tensor] | None = None
     rejected_rows: torch.Tensor | None = None  # 0-d count of rows a row rejection removed (None: no rejection)
+
+
+@dataclass
+class PolicyTerm:
+    """What an objective's own function returns: its policy loss and stats, before :func:`finish` adds the rollout
+    correction, the reference-KL and entropy terms and aggregates.
+
+    Attributes:
+        per_token: (N, T) float policy loss ℓ^policy (with gradient).
+        stats: detached 0-d diagnostics of the objective.
+        extra_mask: (N, T) bool or None: tokens kept in the policy term (False: weight 0, still in the denominator).
+        num_seqs: the row count of the ``seq-mean-*`` modes when ``inputs.num_seqs`` is None (None: N less the rows
+            a row rejection removed).
+    """
+
+    per_token: torch.Tensor
+    stats: dict[str, torch.Tensor]
+    extra_mask: torch.Tensor | None = None
+    num_seqs: torch.Tensor | float | None = None
 
 
 def _clean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -313,7 +333,7 @@ def prepare(inputs: ObjectiveInputs, correction: Correction | None = None) -> Pr
     rollout = _clean(inputs.rollout_logp.detach(), mask)
     corr = correction or Correction()
     if corr.mode == "none":
-        return Prepared(logp, rollout, logp - rollout, _clean(adv, mask), mask)
+        return Prepared(inputs, logp, rollout, logp - rollout, _clean(adv, mask), mask)
     if inputs.old_logp is None:
         old = logp.detach()
     else:
@@ -325,7 +345,7 @@ def prepare(inputs: ObjectiveInputs, correction: Correction | None = None) -> Pr
         rejected = (mask & ~keep).any(-1).sum()
         mask = mask & keep
         logp, old, adv = _clean(logp, mask), _clean(old, mask), _clean(adv, mask)
-    return Prepared(logp, old, logp - old, _clean(adv, mask), mask, weight, rc_stats, rejected)
+    return Prepared(inputs, logp, old, logp - old, _clean(adv, mask), mask, weight, rc_stats, rejected)
 
 
 def correction_anchor(
@@ -447,31 +467,24 @@ def rollout_correction_weights(
 
 
 def finish(
-    policy_loss: torch.Tensor,
-    inputs: ObjectiveInputs,
-    prep: Prepared,
-    *,
-    agg: str,
-    ref_kl_coef: float,
-    entropy_coef: float,
-    stats: dict[str, torch.Tensor],
-    extra_mask: torch.Tensor | None = None,
-    num_seqs: torch.Tensor | float | None = None,
+    term: PolicyTerm, prep: Prepared, *, agg: str, ref_kl_coef: float, entropy_coef: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Apply the common modifier and extra terms to an (N, T) policy loss, aggregate it and finalise the stats.
+    """Apply the common modifier and extra terms to an objective's (N, T) policy term, aggregate it and finalise
+    the stats.
 
-        ℓ_t = w^rc_t · u_t · ℓ^policy_t + η · k3(π_θ ‖ π_ref)_t − β · H_t
+        ℓ_t = w^rc_t · u_t · m_t · ℓ^policy_t + η · k3(π_θ ‖ π_ref)_t − β · H_t,   loss = agg(ℓ)   (0-d)
 
     w^rc is the rollout correction's weight, computed by :func:`prepare` (1 for ``none`` and the row rejections,
     whose rows :func:`prepare` already removed from ``prep.mask``); u = ``inputs.loss_weight`` (1 when None);
-    ``extra_mask`` (N, T) bool removes tokens from
-    the policy term only (their weight is 0, the denominator is unchanged). ``num_seqs``: the row count of the
-    ``seq-mean-*`` modes when ``inputs.num_seqs`` is None (default: N less the rejected rows).
+    m = ``term.extra_mask`` (1 when None: a False token leaves the policy term only, the denominator is
+    unchanged). ``term.num_seqs``: the row count of the ``seq-mean-*`` modes when ``inputs.num_seqs`` is None
+    (default: N less the rejected rows). Returns the loss and ``term.stats`` with the correction's, ``ref_kl``,
+    ``entropy`` and ``num_valid_tokens`` added, each a detached 0-d float.
     """
     if agg not in AGG_MODES:
         raise ObjectiveError(f"agg: unknown aggregation mode {agg!r}; valid: {', '.join(AGG_MODES)}")
-    mask = prep.mask
-    per_token = policy_loss
+    inputs, mask, stats, extra_mask, num_seqs = prep.inputs, prep.mask, term.stats, term.extra_mask, term.num_seqs
+    per_token = term.per_token
     if prep.rc_weight is not None:
         per_token = per_token * prep.rc_weight
     if inputs.loss_weight is not None:
@@ -521,11 +534,11 @@ def ratio_stats(log_ratio: torch.Tensor, mask: torch.Tensor, *, band: float = BA
         }
 
 
-def baseline_stats(log_ratio: torch.Tensor, mask: torch.Tensor, inputs: ObjectiveInputs) -> dict[str, torch.Tensor]:
-    """:func:`ratio_stats` vs the anchor plus ``kl_behavior`` and the (local, not all-reduced) ``ess``: the
-    diagnostics of every objective that does not use the ESS itself. (N, T) inputs; detached 0-d stats."""
+def baseline_stats(prep: Prepared) -> dict[str, torch.Tensor]:
+    """:func:`ratio_stats` of ``prep.log_ratio`` over ``prep.mask`` plus ``kl_behavior`` and the (local, not
+    all-reduced) ``ess``: the diagnostics of every objective that does not use the ESS itself (detached 0-d)."""
     with torch.no_grad():
-        stats = ratio_stats(log_ratio, mask)
+        stats = ratio_stats(prep.log_ratio, prep.mask)
         stats["kl_behavior"] = stats["approx_kl"]
-        stats["ess"] = _ess(log_ratio, mask, inputs.group, sync=False)[0]
+        stats["ess"] = _ess(prep.log_ratio, prep.mask, prep.inputs.group, sync=False)[0]
     return stats

@@ -24,7 +24,7 @@ from p3o.objectives.core import (
     EssScope,
     KlEstimator,
     ObjectiveError,
-    ObjectiveInputs,
+    PolicyTerm,
     Prepared,
     _ess,
     baseline_stats,
@@ -35,7 +35,7 @@ from p3o.objectives.core import (
     ratio_stats,
     side_logp,
 )
-from p3o.objectives.shared import PolicyTerm, Stats, with_shared
+from p3o.objectives.shared import Stats, with_shared
 
 PrefixStat = Literal["min", "mean", "geomean", "prod"]
 PREFIX_STATS: tuple[str, ...] = get_args(PrefixStat)
@@ -106,7 +106,6 @@ def _sign_clip_weight(lr: torch.Tensor, advantages: torch.Tensor, eps: float) ->
 @with_shared()
 def p3o(
     prep: Prepared,
-    inputs: ObjectiveInputs,
     *,
     scope: EssScope = "micro-batch",
     kl_estimator: KlEstimator = "k3",
@@ -144,11 +143,11 @@ def p3o(
         kl_clamped, ess_degenerate, kl_prox (k3 against π_prox, with ``kl_anchor="proximal"``); diagnostics of
         MinPRO's prefix factor on the same ratios: m_mean, m_frac_above_0_5, m_frac_below_0_1.
     """
-    mask, lr = prep.mask, prep.log_ratio
-    ess, degenerate = _p3o_ess(lr, mask, inputs, scope)
+    lr = prep.log_ratio
+    ess, degenerate = _p3o_ess(prep, scope)
     if cap == "clip":
         check_eps("cap_eps", cap_eps, upper=1.0)
-    kl_lr = _kl_log_ratio(prep, inputs, kl_anchor)
+    kl_lr = _kl_log_ratio(prep, kl_anchor)
     per_token = p3o_token_loss(
         prep.logp,
         lr,
@@ -164,24 +163,23 @@ def p3o(
     return PolicyTerm(per_token, stats)
 
 
-def _p3o_ess(
-    lr: torch.Tensor, mask: torch.Tensor, inputs: ObjectiveInputs, scope: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _p3o_ess(prep: Prepared, scope: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(e_B, degenerate flag) of P3O's ``scope``: ``inputs.step_ess`` for ``step`` (0-d), else the ESS of the
     (N, T) log-ratio over the micro-batch (0-d, all-reduced over ``inputs.group``) or per ``sequence`` ((N, 1))."""
+    lr, inputs = prep.log_ratio, prep.inputs
     if scope == "step":
         if inputs.step_ess is None:
             raise ObjectiveError('p3o scope="step" needs ObjectiveInputs.step_ess (the step\'s precomputed ESS)')
         ess = torch.as_tensor(inputs.step_ess, dtype=torch.float32, device=lr.device).detach().reshape(())
         return ess, torch.zeros((), dtype=torch.bool, device=lr.device)
-    return _ess(lr, mask, inputs.group, scope)
+    return _ess(lr, prep.mask, inputs.group, scope)
 
 
-def _kl_log_ratio(prep: Prepared, inputs: ObjectiveInputs, kl_anchor: str) -> torch.Tensor | None:
+def _kl_log_ratio(prep: Prepared, kl_anchor: str) -> torch.Tensor | None:
     """The (N, T) log-ratio P3O's KL term is taken on, with gradient: None for ``behaviour`` (the ratio's own
     anchor), logp − prox_logp (0 at masked positions) for ``proximal``."""
     if kl_anchor == "proximal":
-        prox = side_logp(inputs, "prox_logp", prep.mask, needed_by='kl_anchor="proximal"')
+        prox = side_logp(prep.inputs, "prox_logp", prep.mask, needed_by='kl_anchor="proximal"')
         return torch.where(prep.mask, prep.logp - prox, torch.zeros_like(prox))
     if kl_anchor == "behaviour":
         return None
@@ -231,9 +229,7 @@ def _p3o_stats(
 
 
 @with_shared()
-def p3o_two_anchor(
-    prep: Prepared, inputs: ObjectiveInputs, *, variant: TwoAnchorVariant = "sum", kl_clamp: float = KL_CLAMP
-) -> PolicyTerm:
+def p3o_two_anchor(prep: Prepared, *, variant: TwoAnchorVariant = "sum", kl_clamp: float = KL_CLAMP) -> PolicyTerm:
     """Two-anchor P3O (paper App. D, reconstructed from the authors' code): anchors π_b and π_prox.
 
         ρ^b = π_θ/π_b, ρ^p = π_θ/π_prox, e_b = ESS(ρ^b), e_p = ESS(ρ^p), e_mix = min(e_b, e_p)
@@ -246,10 +242,10 @@ def p3o_two_anchor(
     if variant not in ("sum", "mixture"):
         raise ObjectiveError(f"variant: unknown value {variant!r}; valid: sum, mixture")
     mask, lr_b = prep.mask, prep.log_ratio
-    prox = side_logp(inputs, "prox_logp", mask, needed_by="p3o_two_anchor")
+    prox = side_logp(prep.inputs, "prox_logp", mask, needed_by="p3o_two_anchor")
     lr_p = prep.logp - prox
-    e_b, bad_b = _ess(lr_b, mask, inputs.group)
-    e_p, bad_p = _ess(lr_p, mask, inputs.group)
+    e_b, bad_b = _ess(lr_b, mask, prep.inputs.group)
+    e_p, bad_p = _ess(lr_p, mask, prep.inputs.group)
     e_mix = torch.minimum(e_b, e_p)
     per_token = p3o_token_loss(prep.logp, lr_b, prep.adv, e_mix, kl=False)
     if variant == "sum":
@@ -309,7 +305,7 @@ def m2po_threshold(log_ratio: torch.Tensor, mask: torch.Tensor, tau: float = 0.0
 
 
 @with_shared()
-def m2po(prep: Prepared, inputs: ObjectiveInputs, *, tau: float = 0.04) -> PolicyTerm:
+def m2po(prep: Prepared, *, tau: float = 0.04) -> PolicyTerm:
     """M2PO (second-moment trust policy optimisation): no clip, mask the tokens with the largest lr².
 
         M_t = 1[lr_t² < threshold],   ℓ_t = −M_t·ρ_t·A_t   (gradient through ρ)
@@ -321,15 +317,15 @@ def m2po(prep: Prepared, inputs: ObjectiveInputs, *, tau: float = 0.04) -> Polic
     if not tau > 0:
         raise ObjectiveError(f"tau must be > 0, got {tau}")
     mask, lr = prep.mask, prep.log_ratio
-    if inputs.m2po_threshold is None:
+    if prep.inputs.m2po_threshold is None:
         thr = m2po_threshold(lr, mask, tau)
     else:
-        thr = torch.as_tensor(inputs.m2po_threshold, dtype=torch.float32, device=lr.device).reshape(())
+        thr = torch.as_tensor(prep.inputs.m2po_threshold, dtype=torch.float32, device=lr.device).reshape(())
     v = lr.detach() ** 2
     keep = v < thr
     ratio = torch.exp(lr.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
     per_token = -prep.adv * ratio
-    stats = baseline_stats(lr, mask, inputs)
+    stats = baseline_stats(prep)
     stats["masked_frac"] = masked_mean((~keep).float(), mask)
     stats["m2"] = masked_mean(v, mask)
     return PolicyTerm(per_token, stats, extra_mask=keep)
@@ -414,7 +410,6 @@ def minpro_diagnostics(log_m: torch.Tensor, weight: torch.Tensor, mask: torch.Te
 @with_shared()
 def minpro(
     prep: Prepared,
-    inputs: ObjectiveInputs,
     *,
     trunc_eps_low: float = 1.0,
     trunc_eps_high: float = 4.0,
@@ -439,7 +434,7 @@ def minpro(
     log_hi = math.log1p(trunc_eps_high)
     weight = torch.exp(log_w.clamp(max=log_hi)).clamp(min=1.0 - trunc_eps_low)
     per_token = -(weight * prep.adv) * prep.logp
-    stats = baseline_stats(lr, mask, inputs)
+    stats = baseline_stats(prep)
     with torch.no_grad():
         stats["trunc_high_frac"] = masked_mean((log_w > log_hi).float(), mask)
         stats["trunc_frac"] = masked_mean(((log_w > log_hi) | (torch.exp(log_w) < 1.0 - trunc_eps_low)).float(), mask)

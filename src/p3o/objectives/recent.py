@@ -20,13 +20,13 @@ from p3o.objectives.clipped import clipped_surrogate
 from p3o.objectives.core import (
     RATIO_LOG_CLAMP,
     ObjectiveError,
-    ObjectiveInputs,
+    PolicyTerm,
     Prepared,
     baseline_stats,
     check_eps,
     masked_mean,
 )
-from p3o.objectives.shared import PolicyTerm, with_shared
+from p3o.objectives.shared import with_shared
 
 
 def _row_adv(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -40,9 +40,7 @@ def _valid_rows(prep: Prepared) -> torch.Tensor:
 
 
 @with_shared(agg="seq-mean-token-mean")
-def gmpo(
-    prep: Prepared, inputs: ObjectiveInputs, *, clip_eps_low: float = 0.4, clip_eps_high: float = 0.4
-) -> PolicyTerm:
+def gmpo(prep: Prepared, *, clip_eps_low: float = 0.4, clip_eps_high: float = 0.4) -> PolicyTerm:
     """GMPO (geometric-mean policy optimisation, arXiv 2507.20673; verl ``geo_mean``): the clipped token
     log-ratios are averaged along the sequence, so the sequence ratio is their geometric mean.
 
@@ -69,7 +67,7 @@ def gmpo(
     log_r = (c.sum(-1, keepdim=True) / n_i).clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP)
     seq_ratio = torch.exp(log_r)  # (N, 1) with grad
     per_token = (-_row_adv(adv, mask) * seq_ratio).expand_as(mask)
-    stats = baseline_stats(prep.log_ratio, mask, inputs)
+    stats = baseline_stats(prep)
     with torch.no_grad():
         out = above | below
         pos = masked_mean((out & (adv > 0)).float(), mask)
@@ -77,12 +75,12 @@ def gmpo(
         rows = mask.any(-1)
         stats.update(clipfrac=pos + neg, clipfrac_pos=pos, clipfrac_neg=neg)
         stats["seq_ratio_mean"] = masked_mean(seq_ratio.detach()[:, 0], rows)
-    num_seqs = None if inputs.num_seqs is not None else _valid_rows(prep)
+    num_seqs = None if prep.inputs.num_seqs is not None else _valid_rows(prep)
     return PolicyTerm(per_token, stats, num_seqs=num_seqs)
 
 
 @with_shared(agg="seq-mean-token-mean")
-def sapo(prep: Prepared, inputs: ObjectiveInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> PolicyTerm:
+def sapo(prep: Prepared, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> PolicyTerm:
     """SAPO (soft adaptive policy optimisation, arXiv 2511.20347; verl ``sapo``): a sigmoid gate instead of a clip.
 
         r_t = exp(clamp(lr_t, ±20)),  τ_t = τ_pos if A_t > 0 else τ_neg,  ℓ_t = −σ(τ_t·(r_t − 1))·(4/τ_t)·A_t
@@ -98,7 +96,7 @@ def sapo(prep: Prepared, inputs: ObjectiveInputs, *, tau_pos: float = 1.0, tau_n
     tau = torch.where(adv > 0, torch.full((), tau_pos, device=lr.device), torch.full((), tau_neg, device=lr.device))
     gate = torch.sigmoid(tau * (ratio - 1.0))
     per_token = -gate * (4.0 / tau) * adv
-    stats = baseline_stats(lr, mask, inputs)
+    stats = baseline_stats(prep)
     with torch.no_grad():
         stats["soft_gate_mean"] = masked_mean(4 * gate.detach() * (1 - gate.detach()), mask)
     return PolicyTerm(per_token, stats)
@@ -107,7 +105,6 @@ def sapo(prep: Prepared, inputs: ObjectiveInputs, *, tau_pos: float = 1.0, tau_n
 @with_shared()
 def dppo(
     prep: Prepared,
-    inputs: ObjectiveInputs,
     *,
     mask_low: float = 0.2,
     mask_high: float = 0.2,
@@ -135,7 +132,7 @@ def dppo(
     ratio = torch.exp(lr.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
     pg = torch.where(masked, torch.zeros((), device=lr.device), -adv_tau * adv * ratio)
     per_token = pg + kl_tau * lr * lr
-    stats = baseline_stats(lr, mask, inputs)
+    stats = baseline_stats(prep)
     with torch.no_grad():
         stats["masked_frac"] = masked_mean(masked.float(), mask)
         stats["masked_low_frac"] = masked_mean((masked & (adv <= 0)).float(), mask)
@@ -144,7 +141,7 @@ def dppo(
 
 
 @with_shared(agg="seq-mean-token-mean")
-def topr(prep: Prepared, inputs: ObjectiveInputs) -> PolicyTerm:
+def topr(prep: Prepared) -> PolicyTerm:
     """TOPR (tapered off-policy REINFORCE, arXiv 2503.14286), the paper's SEQUENCE form with the advantage as score:
 
         c_i = 1 if Ā_i ≥ 0,  else sg(exp(min(0, Σ_t m·lr_t)))  (= sg(min(1, π_θ(y_i)/π_b(y_i))))
@@ -161,7 +158,7 @@ def topr(prep: Prepared, inputs: ObjectiveInputs) -> PolicyTerm:
         neg = _row_adv(adv, mask) < 0  # (N, 1)
         weight = torch.where(neg, torch.exp(seq_lr.clamp(max=0.0)), torch.ones((), device=lr.device))
     per_token = -(weight * adv) * prep.logp
-    stats = baseline_stats(lr, mask, inputs)
+    stats = baseline_stats(prep)
     with torch.no_grad():
         neg_rows = neg[:, 0] & mask.any(-1)
         stats["neg_weight_mean"] = torch.where(
@@ -172,7 +169,7 @@ def topr(prep: Prepared, inputs: ObjectiveInputs) -> PolicyTerm:
 
 
 @with_shared()
-def dro(prep: Prepared, inputs: ObjectiveInputs, *, beta: float | None = None) -> PolicyTerm:
+def dro(prep: Prepared, *, beta: float | None = None) -> PolicyTerm:
     """DRO / the Kimi-1.5 squared-log-ratio loss, token level (verl ``dro``, ROLL ``kimi15``):
 
         ℓ_t = −(A_t·logp_t − ½·β·lr_t²),   ∂ℓ_t/∂logp_t = −(A_t − β·lr_t)
@@ -184,14 +181,14 @@ def dro(prep: Prepared, inputs: ObjectiveInputs, *, beta: float | None = None) -
         raise ObjectiveError(f"dro: beta must be set and > 0 (it has no default), got {beta}")
     mask, lr, adv = prep.mask, prep.log_ratio, prep.adv
     per_token = -(adv * prep.logp - 0.5 * beta * lr * lr)
-    stats = baseline_stats(lr, mask, inputs)
+    stats = baseline_stats(prep)
     with torch.no_grad():
         stats["sq_log_ratio"] = masked_mean(lr.detach() ** 2, mask)
     return PolicyTerm(per_token, stats)
 
 
 @with_shared()
-def gpg(prep: Prepared, inputs: ObjectiveInputs) -> PolicyTerm:
+def gpg(prep: Prepared) -> PolicyTerm:
     """GPG (group policy gradient, arXiv 2504.02546; verl ``gpg``): plain REINFORCE, no ratio, no clip.
 
         ℓ_t = −A_t·logp_t
@@ -200,7 +197,7 @@ def gpg(prep: Prepared, inputs: ObjectiveInputs) -> PolicyTerm:
     On-policy it IS the policy gradient; off-policy it ignores the mismatch (a rollout correction can weight it).
     """
     per_token = -prep.adv * prep.logp
-    stats = baseline_stats(prep.log_ratio, prep.mask, inputs)
+    stats = baseline_stats(prep)
     return PolicyTerm(per_token, stats)
 
 
@@ -212,7 +209,7 @@ def _covariance(logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> to
 
 
 @with_shared()
-def kl_cov(prep: Prepared, inputs: ObjectiveInputs, *, ratio: float = 2e-4, beta: float = 0.1) -> PolicyTerm:
+def kl_cov(prep: Prepared, *, ratio: float = 2e-4, beta: float = 0.1) -> PolicyTerm:
     """KL-Cov (Cui et al., arXiv 2505.22617; verl ``kl_cov``): a |log-ratio| penalty on the tokens whose
     log-probability covaries most with the advantage (the entropy-collapsing ones). No clip.
 
@@ -236,7 +233,7 @@ def kl_cov(prep: Prepared, inputs: ObjectiveInputs, *, ratio: float = 2e-4, beta
         chosen.view(-1)[torch.topk(flat, k).indices] = True
     ratio_t = torch.exp(lr.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
     per_token = -adv * ratio_t + torch.where(chosen, beta * lr.abs(), torch.zeros((), device=lr.device))
-    stats = baseline_stats(lr, mask, inputs)
+    stats = baseline_stats(prep)
     with torch.no_grad():
         stats["cov_selected_frac"] = masked_mean(chosen.float(), mask)
         stats["cov_mean"] = masked_mean(cov, mask)
@@ -246,7 +243,6 @@ def kl_cov(prep: Prepared, inputs: ObjectiveInputs, *, ratio: float = 2e-4, beta
 @with_shared()
 def clip_cov(
     prep: Prepared,
-    inputs: ObjectiveInputs,
     *,
     ratio: float = 2e-4,
     cov_low: float = 1.0,
@@ -285,7 +281,7 @@ def clip_cov(
         gen = torch.Generator(device="cpu").manual_seed((choice_seed * 1_000_003 + data_key) % (2**63 - 1))
         pick = torch.randperm(n_band, generator=gen)[:k].to(band.device)
         chosen.view(-1)[band.flatten().nonzero()[:, 0][pick]] = True
-    stats = baseline_stats(lr, mask, inputs)
+    stats = baseline_stats(prep)
     stats["clipfrac"] = masked_mean(was_clipped.float(), mask)
     stats["cov_clipped_frac"] = masked_mean(chosen.float(), mask)
     return PolicyTerm(per_token, stats, extra_mask=~chosen)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from p3o.objectives.core import Agg, Correction, ObjectiveInputs, RolloutCorrection, finish, prepare
+from p3o.objectives.core import Agg, Correction, ObjectiveInputs, PolicyTerm, RolloutCorrection, finish, prepare
 
 Stats = dict[str, torch.Tensor]
 
@@ -67,24 +67,6 @@ SHARED: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SharedSetting
 """The shared keywords, in the order every objective's signature lists them (after its own)."""
 
 
-@dataclass
-class PolicyTerm:
-    """What an objective's own function returns: its policy loss and stats, before the shared settings.
-
-    Attributes:
-        per_token: (N, T) float policy loss ℓ^policy (with gradient).
-        stats: 0-d diagnostics of the objective (the rollout-correction, KL and entropy stats are added after).
-        extra_mask: (N, T) bool or None: tokens kept in the policy term (False: weight 0, still in the denominator).
-        num_seqs: the row count of the ``seq-mean-*`` modes when ``inputs.num_seqs`` is None (None: N less the rows
-            a row rejection removed).
-    """
-
-    per_token: torch.Tensor
-    stats: Stats
-    extra_mask: torch.Tensor | None = None
-    num_seqs: torch.Tensor | float | None = None
-
-
 TermFn = Callable[..., PolicyTerm]
 """``term(prep, inputs, *, own hyper-parameters) -> PolicyTerm``."""
 ObjectiveFn = Callable[..., tuple[torch.Tensor, Stats]]
@@ -111,20 +93,9 @@ def with_shared(*, agg: Agg = "token-mean") -> Callable[[TermFn], ObjectiveFn]:
 
         @functools.wraps(term)
         def objective(inputs: ObjectiveInputs, **hyper: Any) -> tuple[torch.Tensor, Stats]:
-            settings = dataclasses.replace(defaults, **{k: hyper.pop(k) for k in SHARED if k in hyper})
-            prep = prepare(inputs, settings.correction)
-            out = term(prep, inputs, **hyper)
-            return finish(
-                out.per_token,
-                inputs,
-                prep,
-                agg=settings.agg,
-                ref_kl_coef=settings.ref_kl_coef,
-                entropy_coef=settings.entropy_coef,
-                stats=out.stats,
-                extra_mask=out.extra_mask,
-                num_seqs=out.num_seqs,
-            )
+            s = dataclasses.replace(defaults, **{k: hyper.pop(k) for k in SHARED if k in hyper})
+            prep = prepare(inputs, s.correction)
+            return finish(term(prep, **hyper), prep, agg=s.agg, ref_kl_coef=s.ref_kl_coef, entropy_coef=s.entropy_coef)
 
         keyword = inspect.Parameter.KEYWORD_ONLY
         shared = [
