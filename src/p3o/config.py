@@ -150,6 +150,11 @@ class RolloutConfig:
         False, "workers take a newer policy version between decode steps of a running batch (hf engine only)"
     )
     colocate: bool = _f(False, "Ray workers may share the trainer's devices (else they get devices of their own)")
+    weight_sync: Literal["object_store", "collective"] = _f(
+        "object_store",
+        "how a new version reaches Ray workers: one object-store put, or a broadcast over a process group of its own "
+        "(gloo on CPU, nccl on GPU; docs/scaling.md)",
+    )
 
 
 @dataclass
@@ -270,6 +275,12 @@ class RayConfig:
 
     address: str | None = _f(None, "an existing cluster to join ('auto', 'host:port'); None: start a local instance")
     num_cpus: int | None = _f(None, "logical CPUs of a local instance (None: Ray's own count)", ge=1)
+    worker_python: str | None = _f(
+        None, "Python of the rollout workers (e.g. .venv-vllm/bin/python; None: this one), with the same Ray version"
+    )
+    worker_resource: str | None = _f(
+        None, "a custom Ray resource each worker asks one unit of (places workers on the nodes that declare it)"
+    )
 
 
 @dataclass

@@ -6,10 +6,17 @@ and the trainer all-reduces gradients, the step's token count and the ESS sums t
 With a single process every helper returns its input unchanged, so the same code runs everywhere.
 
     p3o.dist.init_from_env(); total = p3o.dist.all_reduce_sum(torch.tensor(local_tokens))
+
+Groups of their own: the rollout workers' weight-sync group (`p3o.cluster.weights`) is a process group apart from
+the data-parallel one, formed over a TCP store by `new_group` and used through helpers that take it explicitly:
+
+    group = p3o.dist.new_group(store, rank=0, size=3, backend="gloo", host="10.0.0.1")
+    p3o.dist.broadcast_(bucket, group, src=0)          # every member calls it with a tensor of the same shape
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any
 
@@ -83,36 +90,51 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _all_reduce(x: Tensor, op: Any) -> Tensor:
-    """``op`` over ranks into a new tensor on ``x``'s device (the input is not modified; it may live on any device:
-    it is moved to the backend's device for the collective). Identity at world size 1."""
-    if world_size() == 1:
+def _size(group: Any | None) -> int:
+    """Members of `group` (None: the data-parallel group; 1 without torch.distributed)."""
+    if group is None:
+        return world_size()
+    return group.size() if hasattr(group, "size") else dist.get_world_size(group)
+
+
+def _all_reduce(x: Tensor, op: Any, group: Any | None = None) -> Tensor:
+    """``op`` over `group`'s members (None: the data-parallel group) into a new tensor on ``x``'s device (the input
+    is not modified; it may live on any device: it is moved to the backend's device for the collective). Identity for
+    a group of one."""
+    if _size(group) == 1:
         return x
-    y = x.to(_comm_device(), copy=True)
-    dist.all_reduce(y, op=op)
-    return y.to(x.device)
+    if group is None:
+        y = x.to(_comm_device(), copy=True)
+        dist.all_reduce(y, op=op)
+        return y.to(x.device)
+    y = x.clone()
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op
+    group.allreduce([y], opts).wait()  # a group of its own (`new_group`) need not be registered with torch.distributed
+    return y
 
 
-def all_reduce_sum(x: Tensor) -> Tensor:
-    """Σ over ranks (a new tensor; the input is not modified). Identity at world size 1."""
-    return _all_reduce(x, dist.ReduceOp.SUM)
+def all_reduce_sum(x: Tensor, group: Any | None = None) -> Tensor:
+    """Σ over `group` (None: the data-parallel ranks; a new tensor, the input is not modified). Identity at size 1."""
+    return _all_reduce(x, dist.ReduceOp.SUM, group)
 
 
-def all_reduce_max(x: Tensor) -> Tensor:
-    """max over ranks (a new tensor). Identity at world size 1."""
-    return _all_reduce(x, dist.ReduceOp.MAX)
+def all_reduce_max(x: Tensor, group: Any | None = None) -> Tensor:
+    """max over `group` (None: the data-parallel ranks; a new tensor). Identity at size 1."""
+    return _all_reduce(x, dist.ReduceOp.MAX, group)
 
 
-def all_reduce_min(x: Tensor) -> Tensor:
-    """min over ranks (a new tensor). Identity at world size 1."""
-    return _all_reduce(x, dist.ReduceOp.MIN)
+def all_reduce_min(x: Tensor, group: Any | None = None) -> Tensor:
+    """min over `group` (None: the data-parallel ranks; a new tensor). Identity at size 1."""
+    return _all_reduce(x, dist.ReduceOp.MIN, group)
 
 
-def all_reduce_mean(x: Tensor) -> Tensor:
-    """Mean over ranks (a new float tensor). Identity at world size 1."""
-    if world_size() == 1:
+def all_reduce_mean(x: Tensor, group: Any | None = None) -> Tensor:
+    """Mean over `group` (None: the data-parallel ranks; a new float tensor). Identity at size 1."""
+    n = _size(group)
+    if n == 1:
         return x
-    return all_reduce_sum(x.float()) / world_size()
+    return all_reduce_sum(x.float(), group) / n
 
 
 def all_reduce_grads_(params: list[torch.nn.Parameter]) -> None:
@@ -156,3 +178,49 @@ def barrier() -> None:
     """Wait for every rank (no-op at world size 1)."""
     if world_size() > 1:
         dist.barrier()
+
+
+def group_backend() -> str:
+    """The backend a group of its own uses here: nccl when CUDA is available (tensors on the GPU), else gloo."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def backend_available(backend: str) -> bool:
+    """Whether this torch build can form a `backend` group ("gloo" or "nccl"; False for any other name)."""
+    if not dist.is_available():
+        return False
+    if backend == "gloo":
+        return dist.is_gloo_available()
+    if backend == "nccl":
+        return dist.is_nccl_available() and torch.cuda.is_available()
+    return False
+
+
+def new_group(
+    store: Any, *, rank: int, size: int, backend: str, host: str | None = None, timeout_s: float = 300.0
+) -> Any:
+    """A process group of its own (not torch.distributed's default group, which may not even exist in this process):
+    `size` members meeting through `store` (a `torch.distributed.Store`, e.g. a PrefixStore over a TCPStore), this
+    one as `rank`. gloo binds to `host` (this member's address, so members on other nodes can reach it); nccl uses
+    the current CUDA device (unverified on GPUs here). Blocks until every member has joined."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "gloo":
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        if host:
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        else:
+            opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+        return dist.ProcessGroupGloo(store, rank, size, opts)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, opts)
+    raise ValueError(f"new_group: unknown backend {backend!r} (gloo or nccl)")
+
+
+def broadcast_(x: Tensor, group: Any, src: int = 0) -> Tensor:
+    """Rank `src`'s `x` into every member's `x` (in place, same shape and dtype everywhere) over `group`, a group
+    from `new_group`; returns `x`."""
+    group.broadcast(x, src).wait()
+    return x

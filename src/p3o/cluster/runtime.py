@@ -10,7 +10,11 @@ returns False, so the run never shuts down a cluster it did not start.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import socket
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
@@ -41,11 +45,116 @@ def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
         raise ConfigError(f"ray.address: cannot reach a Ray cluster at {address} ({err.strerror or err})") from err
 
 
-def preflight(ray_cfg: Any) -> None:
-    """Before any model loads: Ray is installed and `ray.address` (when a host:port) accepts connections."""
-    import_ray()
-    if ray_cfg.address and ray_cfg.address != "auto":
-        _check_reachable(ray_cfg.address)
+_STARTED = {"by_preflight": False}
+
+
+def check_worker_python(python: str | None, *, engine: str, driver_ray: str) -> None:
+    """The rollout workers' interpreter (`ray.worker_python`, None: this one) has Ray at the driver's version and, for
+    `rollout.engine vllm`, vLLM: a one-line ConfigError otherwise (before any model loads)."""
+    if python is None:
+        if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "rollout.engine: vllm workers need vLLM in their interpreter; run p3o from .venv-vllm, or set "
+                "ray.worker_python to a Python that has it (docs/scaling.md)"
+            )
+        return
+    if not Path(python).is_file():
+        raise ConfigError(f"ray.worker_python: {python} does not exist")
+    probe = (
+        "import importlib.util, json\ntry:\n    import ray; v = ray.__version__\nexcept ImportError:\n    v = None\n"
+        "print(json.dumps({'ray': v, 'vllm': importlib.util.find_spec('vllm') is not None}))"
+    )
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+        found = json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as err:
+        raise ConfigError(f"ray.worker_python: {python} does not run as a Python interpreter ({err})") from err
+    if found["ray"] is None:
+        raise ConfigError(f"ray.worker_python: {python} has no Ray (pip install ray=={driver_ray} there)")
+    if found["ray"] != driver_ray:
+        raise ConfigError(
+            f"ray.worker_python: {python} has Ray {found['ray']} but this driver has Ray {driver_ray}; "
+            f"Ray needs the same version on both sides (pip install ray=={driver_ray} there)"
+        )
+    if engine == "vllm" and not found["vllm"]:
+        raise ConfigError(f"ray.worker_python: {python} has no vLLM, which rollout.engine vllm workers need")
+
+
+def check_weight_sync(kind: str, backend: str) -> None:
+    """`rollout.weight_sync collective` needs torch.distributed with a backend that can form the group here."""
+    from p3o import dist
+
+    if kind == "collective" and not dist.backend_available(backend):
+        raise ConfigError(
+            f"rollout.weight_sync: collective needs a torch.distributed {backend} backend, which this torch build or "
+            f"machine cannot form; use rollout.weight_sync object_store"
+        )
+
+
+def check_resources(ray: Any, *, gpus_per_worker: float, workers: int, resource: str | None) -> None:
+    """The connected cluster has the GPUs the workers ask for and declares `ray.worker_resource` (one unit per
+    worker): a one-line ConfigError otherwise (Ray itself would wait forever for an actor it cannot place)."""
+    total = ray.cluster_resources()
+    need = gpus_per_worker * workers
+    if need > float(total.get("GPU", 0.0)) + 1e-9:
+        raise ConfigError(
+            f"rollout.workers: {workers} workers ask for {need:g} GPUs but the Ray cluster has "
+            f"{float(total.get('GPU', 0.0)):g}; use fewer workers or --rollout.colocate true"
+        )
+    if resource is not None and float(total.get(resource, 0.0)) < workers:
+        raise ConfigError(
+            f"ray.worker_resource: the Ray cluster declares {float(total.get(resource, 0.0)):g} units of "
+            f"{resource!r}, {workers} workers need one each (ray start --resources '{{\"{resource}\": {workers}}}')"
+        )
+
+
+def gpus_per_worker(workers: int, colocate: bool) -> float:
+    """GPUs one rollout worker asks Ray for: 0 without CUDA here; 1 / (N + 1) colocated with the trainer, else 1."""
+    import torch
+
+    if not torch.cuda.is_available():  # unverified with GPUs: none on the machines this was written on
+        return 0.0
+    return 1.0 / (workers + 1) if colocate else 1.0
+
+
+def preflight(cfg: Any) -> None:
+    """Before any model loads, on the trainer's rank 0: Ray is installed, `ray.address` (when a host:port) accepts
+    connections, the workers' interpreter has vLLM (when asked) and the driver's Ray version, the weight-sync
+    backend exists; then Ray is joined or started (`connect`) and its resources are checked. `cfg` is the run's
+    TrainConfig (a bare RayConfig checks only the address)."""
+    ray_cfg = getattr(cfg, "ray", cfg)
+    _check_address(ray_cfg)
+    ro = getattr(cfg, "rollout", None)
+    if ro is None:
+        return
+    from p3o import dist
+
+    ray = import_ray()
+    check_worker_python(ray_cfg.worker_python, engine=ro.engine, driver_ray=ray.__version__)
+    check_weight_sync(ro.weight_sync, dist.group_backend())
+    _STARTED["by_preflight"] = connect(ray_cfg) or _STARTED["by_preflight"]
+    check_resources(
+        ray,
+        gpus_per_worker=gpus_per_worker(ro.workers, ro.colocate),
+        workers=ro.workers,
+        resource=ray_cfg.worker_resource,
+    )
+
+
+def _check_address(ray_cfg: Any) -> None:
+    """Ray is installed and `ray.address` (when a host:port, or 'auto') names a cluster that accepts connections."""
+    ray = import_ray()
+    address = ray_cfg.address
+    if address == "auto":  # the cluster `ray start` recorded on this machine (or RAY_ADDRESS): ask Ray which
+        try:
+            address = ray._private.services.canonicalize_bootstrap_address_or_die("auto")
+        except ConnectionError as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"ray.address: auto finds no running Ray cluster on this machine ({first})") from err
+        except AttributeError:  # pragma: no cover - a Ray without this helper: ray.init will tell
+            return
+    if address:
+        _check_reachable(address)
 
 
 def connect(ray_cfg: Any, *, object_store_memory: int | None = None) -> bool:
@@ -53,7 +162,8 @@ def connect(ray_cfg: Any, *, object_store_memory: int | None = None) -> bool:
     started (and so must later shut down) the instance. An unreachable address is a one-line ConfigError."""
     ray = import_ray()
     if ray.is_initialized():
-        return False
+        started, _STARTED["by_preflight"] = _STARTED["by_preflight"], False  # preflight started it for this run
+        return started
     address = ray_cfg.address
     if address:
         if address != "auto":
@@ -73,4 +183,12 @@ def connect(ray_cfg: Any, *, object_store_memory: int | None = None) -> bool:
     return True
 
 
-__all__ = ["connect", "import_ray", "preflight"]
+__all__ = [
+    "check_resources",
+    "check_weight_sync",
+    "check_worker_python",
+    "connect",
+    "gpus_per_worker",
+    "import_ray",
+    "preflight",
+]

@@ -21,12 +21,17 @@ config alone and the task's verifier; the trainer hands out batch indices (the p
   between two decode steps (PipelineRL): one response then holds tokens of several versions, each stamped with its
   own version and recorded log-prob. Timing-dependent by nature.
 
-Batches are consumed in index order. A version's weights are put into the object store once (`sync_bytes` logged)
-and the reference dropped once no pending or future request needs it (Ray frees the object when no worker borrows it
-any more). A worker that dies (e.g. SIGKILL) is restarted by Ray (`max_restarts`), comes back with fresh state, is
-handed the version of each request it had not finished (the request carries it) and those requests are re-issued:
-no batch is lost or duplicated, `worker_restarts` counts it and `run_dir/rollout_workers.json` (pid, node, engine per
-worker) is rewritten.
+Batches are consumed in index order. A version reaches the workers through `p3o.cluster.weights`
+(`rollout.weight_sync`): put into the object store once, or broadcast over a process group of its own (`sync_bytes`
+logged either way), and forgotten once no pending or future request needs it. A worker that dies (e.g. SIGKILL) is
+restarted by Ray (`max_restarts`), comes back with fresh state (under the collective sync it joins the group again
+and receives the versions still needed before any request reaches it), and each request it had not finished is
+re-issued with its version: no batch is lost or duplicated, `worker_restarts` counts it and
+`run_dir/rollout_workers.json` (pid, node id and address, engine per worker) is rewritten.
+
+Workers run with the trainer's torch thread count (`OMP_NUM_THREADS` in their runtime environment), in the driver's
+interpreter or `ray.worker_python` (e.g. .venv-vllm's, for vLLM workers beside a trainer in another environment),
+and on the nodes that declare `ray.worker_resource` when it is set.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from typing import Any
 
 import torch
 
-from p3o.cluster.runtime import connect, import_ray, preflight
+from p3o.cluster.runtime import connect, gpus_per_worker, import_ray, preflight
+from p3o.cluster.weights import make_channel
 from p3o.errors import P3OError
 from p3o.train.sources import Batch, _batch_from_state, _batch_state, rollouts_from_state
 
@@ -78,6 +84,7 @@ class RaySource:
         self.dropped_batches = 0
         self.restarts = 0
         self.sync_bytes = 0
+        self.weight_sync = ro.weight_sync
         st = state or {}
         self.floor = start_step
         self.done: dict[int, Batch] = dict(_batch_from_state(item) for item in st.get("queue", []))
@@ -91,33 +98,37 @@ class RaySource:
         self.started = connect(cfg.ray, object_store_memory=object_store_memory)
         try:
             n = ro.workers
-            gpus = 0.0
-            if torch.cuda.is_available():  # unverified here: no GPU on the machines this was written on
-                gpus = 1.0 / (n + 1) if ro.colocate else 1.0
+            threads = torch.get_num_threads()
+            runtime_env: dict[str, Any] = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
+            if cfg.ray.worker_python:
+                runtime_env["py_executable"] = str(cfg.ray.worker_python)
             remote = ray.remote(RolloutWorker).options(
                 num_cpus=1,
-                num_gpus=gpus,
+                num_gpus=gpus_per_worker(n, ro.colocate),
+                resources={cfg.ray.worker_resource: 1} if cfg.ray.worker_resource else None,
                 max_restarts=MAX_RESTARTS,
                 max_task_retries=0,  # this source re-issues a dead worker's requests itself
-                max_concurrency=2,  # `publish` / `evaluate` while `produce` runs
+                max_concurrency=4,  # `publish` / `evaluate` / the weight group's calls while `produce` runs
+                runtime_env=runtime_env,
             )
             cfg_dict = to_dict(cfg)
-            threads = torch.get_num_threads()
             self.actors = [remote.remote(cfg_dict, i, threads) for i in range(n)]
             self.infos = ray.get([a.info.remote() for a in self.actors])
             for info in self.infos:
                 info["restarts"] = 0
             self._write_workers()
-            self.refs: dict[int, Any] = {}
+            self.channel = make_channel(ro.weight_sync, ray, self.actors, on_dead=self._mark_restarted)
             self._put(weights, start_step)
         except BaseException:
             self.close()
             raise
 
     @staticmethod
-    def preflight(ray_cfg: Any) -> None:
-        """`p3o.train.sources.RemoteSource.preflight`: Ray installed, `ray.address` reachable."""
-        preflight(ray_cfg)
+    def preflight(cfg: Any) -> None:
+        """`p3o.train.sources.RemoteSource.preflight` (`p3o.cluster.runtime.preflight`): Ray installed, `ray.address`
+        reachable, the workers' interpreter, the weight-sync backend and the cluster's resources, before any model
+        loads."""
+        preflight(cfg)
 
     # -- versions and weights ------------------------------------------------------------------------
     def version_for(self, index: int) -> int:
@@ -128,27 +139,22 @@ class RaySource:
         return self.version
 
     def _put(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        cpu = {k: v.detach().to("cpu") for k, v in weights.items()}
-        self.refs[version] = self.ray.put(cpu)  # ONE put per version, shared by every worker
-        unique = {v.untyped_storage().data_ptr(): v for v in cpu.values()}  # tied weights are sent once
-        self.sync_bytes = sum(v.numel() * v.element_size() for v in unique.values())
         self.version = version
+        self.sync_bytes = self.channel.send(weights, version)  # tied weights are counted once
 
     def push_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self._put(state_dict, version)
         if self.inflight:  # the busy workers take it between two decode steps
             for w in {w for w, _, _ in self.running.values()}:
-                self.actors[w].publish.remote(version, [self.refs[version]])
+                self.actors[w].publish.remote(version, self.channel.box(version))
         self._free_refs()
         self._pump()
 
     def _free_refs(self) -> None:
         keep = {self.version} | {v for _, _, v in self.running.values()}
         if self.schedule == "fixed":
-            low = self.version_for(self.next_index)
-            keep |= {v for v in self.refs if v >= low}
-        for v in [v for v in self.refs if v not in keep]:
-            del self.refs[v]
+            keep |= set(range(self.version_for(self.next_index), self.version + 1))
+        self.channel.keep(keep)
 
     # -- dispatch and collection ---------------------------------------------------------------------
     def _dispatchable(self, index: int) -> bool:
@@ -166,7 +172,7 @@ class RaySource:
             self.next_index += 1
 
     def _dispatch(self, w: int, index: int, version: int) -> None:
-        ref = self.actors[w].produce.remote(index, version, [self.refs[version]])
+        ref = self.actors[w].produce.remote(index, version, self.channel.box(version))
         self.running[ref] = (w, index, version)
         self.busy.add(w)
 
@@ -183,10 +189,21 @@ class RaySource:
                 continue
             if pid != self.infos[w]["pid"]:  # restarted while idle: the request reached the new process
                 self._restarted(w, "restarted while idle")
+            elif rollouts is None:
+                raise P3OError(f"RaySource: worker {w} holds no version {version} though it never restarted")
+            if rollouts is None:  # it lacked the version (collective sync): the group was formed again, re-issue
+                self._dispatch(w, index, version)
+                continue
             self.busy.discard(w)
             self.done[index] = (rollouts_from_state(rollouts), info)
 
     def _restarted(self, w: int, why: str) -> None:
+        """Worker `w` died: wait for Ray's restart, record its new pid, and (collective sync) form the weight group
+        again, so the new process holds the versions still needed before it generates."""
+        self._mark_restarted(w, why)
+        self.channel.rejoin()
+
+    def _mark_restarted(self, w: int, why: str) -> None:
         """Worker `w` died: wait for Ray's restart, record its new pid in rollout_workers.json."""
         self.restarts += 1
         old = self.infos[w]["pid"]
@@ -250,7 +267,7 @@ class RaySource:
         ray = self.ray
         for _ in range(MAX_RESTARTS + 1):
             try:
-                return ray.get(self.actors[0].evaluate.remote(version, [self.refs[version]]))
+                return ray.get(self.actors[0].evaluate.remote(version, self.channel.box(version)))
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
                 self._restarted(0, type(err).__name__)
         raise P3OError("RaySource.evaluate: worker 0 keeps dying")
@@ -275,6 +292,8 @@ class RaySource:
     def close(self) -> None:
         """Kill the workers; shut Ray down if this source started it."""
         ray = self.ray
+        if getattr(self, "channel", None) is not None:
+            self.channel.close()
         for actor in getattr(self, "actors", []):
             with contextlib.suppress(Exception):  # an actor already gone is fine
                 ray.kill(actor, no_restart=True)

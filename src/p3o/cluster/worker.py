@@ -1,14 +1,21 @@
 """A rollout worker: one engine and the task's verifier in a process of its own (a Ray actor).
 
 The worker is built from the config alone (`p3o.train.wiring.build_rollout_side`): it loads `model.name` for the
-architecture and tokenizer, then takes every weight version from the trainer through the object store. Ray is not
+architecture and tokenizer, then takes every weight version from the trainer (`p3o.cluster.weights`). Ray is not
 imported here at module level, so the class is also usable (and tested) in-process:
 
     worker = RolloutWorker(to_dict(cfg), worker_id=0, threads=1)
     state, info, pid = worker.produce(index=5, version=3, weights=[ref_or_dict])   # batch 5 from version 3
 
 `weights` is a one-element list holding an object-store reference (or, in-process, the dict itself): wrapped so that
-Ray hands the reference over unresolved and the worker fetches the tensors only when it needs that version.
+Ray hands the reference over unresolved and the worker fetches the tensors only when it needs that version. With
+``rollout.weight_sync collective`` it is empty: the version arrived over the weight group (`join_weight_group`,
+`receive_weights`) and the worker holds it.
+
+Threads: the worker runs torch (and vLLM's CPU kernels) with the trainer's thread count, and its process starts with
+``OMP_NUM_THREADS`` at that count (`RaySource` sets it in the actor's runtime environment; Ray would force 1): vLLM's
+CPU attention sizes its work plan by ``torch.get_num_threads()`` and runs it with the OpenMP threads of the calling
+thread, and a Ray actor's calls run in threads of their own, which take their OpenMP count from that variable.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from p3o.cluster.weights import HeldVersions, TensorSpec
 
 
 def _fetch(box: list[Any]) -> dict[str, Tensor]:
@@ -63,8 +72,22 @@ class RolloutWorker:
         self._evaluate = Evaluator(side, cfg.seed)
         self._latest: tuple[int, list[Any]] | None = None  # in-flight: the newest version published
         self._latest_lock = threading.Lock()
+        self.held = HeldVersions()  # rollout.weight_sync collective: the versions received over the weight group
         if cfg.rollout.inflight_updates:
             self.engine.on_decode_step = self._take_newer
+
+    def _weights(self, version: int, box: list[Any]) -> dict[str, Tensor]:
+        """Version `version`'s tensors: from the object store (`box` = [ref]) or as received over the weight group."""
+        return _fetch(box) if box else self.held.get(version)
+
+    def join_weight_group(self, host: str, port: int, generation: int, rank: int, size: int, backend: str) -> None:
+        """`rollout.weight_sync collective`: join the trainer's weight group (generation `generation`) as `rank`."""
+        self.held.join(host, port, generation, rank, size, backend)
+
+    def receive_weights(self, version: int, specs: list[TensorSpec], keep: list[int], bucket_bytes: int) -> None:
+        """`rollout.weight_sync collective`: receive `version` over the weight group (the trainer broadcasts it); keep
+        it and the versions in `keep`, drop the others."""
+        self.held.receive(version, specs, keep, bucket_bytes)
 
     def info(self) -> dict[str, Any]:
         """{"worker", "pid", "node", "host", "engine", "device"}: where this worker runs."""
@@ -85,16 +108,21 @@ class RolloutWorker:
             "device": str(getattr(self.engine, "device", "")),
         }
 
-    def produce(self, index: int, version: int, weights: list[Any]) -> tuple[dict[str, Any], dict[str, float], int]:
+    def produce(
+        self, index: int, version: int, weights: list[Any]
+    ) -> tuple[dict[str, Any] | None, dict[str, float], int]:
         """Batch `index` of the data stream from policy `version` (loaded from `weights` unless already held).
 
         Returns (`p3o.train.sources.rollouts_to_state` of the scored batch, its info floats, this process's pid: a
-        request that reached a restarted worker without failing still tells the trainer about the restart).
+        request that reached a restarted worker without failing still tells the trainer about the restart). The
+        state is None when the version came over the weight group and this (restarted) process never received it.
         """
         from p3o.train.sources import rollouts_to_state
 
         if self.engine.version != version:
-            self.engine.load_weights(_fetch(weights), version)
+            if not weights and version not in self.held.versions:  # a restarted process: the group is formed again
+                return None, {}, os.getpid()
+            self.engine.load_weights(self._weights(version, weights), version)
         batch, info = self._produce(index, self.engine)
         return rollouts_to_state(batch.to("cpu")), info, os.getpid()
 
@@ -109,16 +137,16 @@ class RolloutWorker:
         with self._latest_lock:
             latest = self._latest
         if latest is not None and latest[0] > self.engine.version:
-            self.engine.load_weights(_fetch(latest[1]), latest[0])
+            self.engine.load_weights(self._weights(*latest), latest[0])
 
     def evaluate(self, version: int, weights: list[Any]) -> dict[str, float]:
         """Held-out pass@1 of policy `version` (`p3o.train.evaluation.Evaluator`: one engine for the run)."""
 
         def model_at() -> torch.nn.Module:
-            self.model.load_state_dict(_fetch(weights), strict=False)
+            self.model.load_state_dict(self._weights(version, weights), strict=False)
             return self.model
 
-        return self._evaluate(version, lambda: _fetch(weights), model_at)
+        return self._evaluate(version, lambda: self._weights(version, weights), model_at)
 
 
 __all__ = ["RolloutWorker"]

@@ -160,7 +160,7 @@ class Trainer:
                     "rollout.workers: no remote batch source was handed to the loop; run `p3o train`, or pass "
                     "remote_source=p3o.cluster.RaySource to p3o.train.loop.run"
                 )
-            self.remote_source.preflight(cfg.ray)  # e.g. Ray installed, ray.address reachable: before any model loads
+            self.remote_source.preflight(cfg)  # e.g. Ray, its address, the workers' Python: before any model loads
         check_run_dir(run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
         comps = self.comps if self.comps is not None else build_components(cfg)
         self.comps = comps

@@ -344,8 +344,8 @@ class RemoteSource(Protocol):
         source.evaluate(version) -> {"eval_accuracy", "eval_score"}                       # held-out, on a worker
     """
 
-    def preflight(self, ray_cfg: Any) -> None:
-        """Refuse (one-line ConfigError) what cannot work, before any model loads."""
+    def preflight(self, cfg: Any) -> None:
+        """Refuse (one-line ConfigError) what cannot work for the run's config `cfg`, before any model loads."""
         ...
 
     def __call__(
