@@ -1,8 +1,10 @@
 """The clip family: PPO's clipped surrogate and the objectives built on a clipped or truncated ratio.
 
-GRPO, DAPO, GSPO, CISPO and decoupled PPO (AReaL). Each function is the objective's policy term over the prepared
-micro-batch (N sequences, T tokens); :func:`p3o.objectives.shared.with_shared` adds the rollout correction, the
-reference-KL and entropy terms and the aggregation every objective shares. Usage::
+GRPO, DAPO, GSPO, CISPO and decoupled PPO (AReaL).
+Each objective is written as its policy term over the prepared micro-batch (N sequences, T tokens) and its own
+keywords; :func:`p3o.objectives.shared.with_shared` wraps it in the rollout correction, the reference-KL and entropy
+terms and the aggregation every objective shares, so the module-level name is the whole objective,
+``fn(inputs, **hyper) -> (loss, stats)``. Usage::
 
     loss, stats = grpo(ObjectiveInputs(logp, rollout_logp, mask, advantages), clip_eps=0.2)
 

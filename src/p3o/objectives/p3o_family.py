@@ -1,9 +1,10 @@
 """P3O, its two-anchor variant, and the two off-policy objectives it is measured against most closely: MinPRO
 (the minimum prefix ratio) and M2PO (second-moment masking).
 
-Each objective function is the policy term over the prepared micro-batch (N sequences, T tokens);
-:func:`p3o.objectives.shared.with_shared` adds the rollout correction, the reference-KL and entropy terms and the
-aggregation every objective shares. Usage::
+Each objective is written as its policy term over the prepared micro-batch (N sequences, T tokens) and its own
+keywords; :func:`p3o.objectives.shared.with_shared` wraps it in the rollout correction, the reference-KL and entropy
+terms and the aggregation every objective shares, so the module-level name is the whole objective,
+``fn(inputs, **hyper) -> (loss, stats)``. Usage::
 
     loss, stats = p3o(ObjectiveInputs(logp, rollout_logp, mask, advantages), scope="micro-batch")
 

@@ -3,9 +3,10 @@
 The losses verl, prime-rl, ROLL and their papers run (docs/objectives.md gives each one's source). This project's
 convention throughout: lr_t = logp_t − anchor_t with the anchor π_b (the recorded rollout log-probs), or π_θold
 when a rollout correction is active; A is the sequence advantage broadcast over tokens; every loss is minimised.
-Each function is the objective's policy term over the prepared micro-batch (N sequences, T tokens);
-:func:`p3o.objectives.shared.with_shared` adds the rollout correction, the reference-KL and entropy terms and the
-aggregation every objective shares. Usage::
+Each objective is written as its policy term over the prepared micro-batch (N sequences, T tokens) and its own
+keywords; :func:`p3o.objectives.shared.with_shared` wraps it in the rollout correction, the reference-KL and entropy
+terms and the aggregation every objective shares, so the module-level name is the whole objective,
+``fn(inputs, **hyper) -> (loss, stats)``. Usage::
 
     loss, stats = sapo(ObjectiveInputs(logp, rollout_logp, mask, advantages), tau_neg=1.05)
 """

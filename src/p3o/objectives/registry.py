@@ -20,8 +20,8 @@ The settings every objective shares (rollout correction, aggregation, reference 
 once, in :class:`p3o.objectives.shared.SharedSettings`, and applied around each objective's own function by
 :func:`p3o.objectives.shared.with_shared`; a record's ``hypers`` are the function's own keywords, then those.
 
-Adding an objective: write its policy term ``@with_shared() def fn(prep, inputs, *, hyper=default, ...) ->
-PolicyTerm`` in the family module it belongs to (``clipped.py``, ``p3o_family.py``, ``recent.py``) and add one
+Adding an objective: write its policy term ``@with_shared() def fn(prep, *, hyper=default, ...) -> PolicyTerm``
+in the family module it belongs to (``clipped.py``, ``p3o_family.py``, ``recent.py``) and add one
 ``Objective(...)`` entry to ``_RECORDS`` below; the config, ``p3o train --objective.name``, the plug-ins and
 ``--help`` pick it up (docs/objectives.md, "Adding an objective"). A record also takes any plain
 ``fn(inputs, *, hyper, ...) -> (loss, stats)`` (a plug-in's or a test's own loss).

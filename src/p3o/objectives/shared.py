@@ -4,14 +4,14 @@ An objective's own function computes only its policy term from the prepared micr
 hyper-parameters; :func:`with_shared` turns it into the loss function the registry records::
 
     @with_shared(agg="seq-mean-token-mean")          # this objective's default aggregation
-    def grpo(prep: Prepared, inputs: ObjectiveInputs, *, clip_eps: float = 0.2) -> PolicyTerm: ...
+    def grpo(prep: Prepared, *, clip_eps: float = 0.2) -> PolicyTerm: ...
 
     grpo(inputs, clip_eps=0.3, rollout_correction="token-tis", ref_kl_coef=0.01)   # -> (loss, stats)
 
 Around the term, the wrapper applies the :class:`SharedSettings` (N sequences, T tokens):
 
     prep = prepare(inputs, Correction(rollout_correction, rollout_correction_cap, rollout_correction_low))
-    ℓ^policy, stats = term(prep, inputs, **own)                       (N, T)
+    ℓ^policy, stats = term(prep, **own)                               (N, T); prep.inputs is the raw batch
     ℓ_t = w^rc_t · u_t · ℓ^policy_t + η · k3(π_θ ‖ π_ref)_t − β · H_t   (η = ref_kl_coef, β = entropy_coef)
     loss = agg(ℓ)                                                    0-d
 
@@ -68,7 +68,7 @@ SHARED: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SharedSetting
 
 
 TermFn = Callable[..., PolicyTerm]
-"""``term(prep, inputs, *, own hyper-parameters) -> PolicyTerm``."""
+"""``term(prep, *, own hyper-parameters) -> PolicyTerm`` (``prep.inputs``: the raw micro-batch)."""
 ObjectiveFn = Callable[..., tuple[torch.Tensor, Stats]]
 """``fn(inputs, *, own hyper-parameters, shared settings) -> (loss, stats)``."""
 
@@ -119,4 +119,4 @@ def with_shared(*, agg: Agg = "token-mean") -> Callable[[TermFn], ObjectiveFn]:
     return wrap
 
 
-__all__ = ["SHARED", "ObjectiveFn", "PolicyTerm", "SharedSettings", "Stats", "TermFn", "with_shared"]
+__all__ = ["SHARED", "ObjectiveFn", "SharedSettings", "Stats", "TermFn", "with_shared"]
