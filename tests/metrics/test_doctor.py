@@ -26,7 +26,8 @@ def _healthy(n: int = 25) -> list[dict]:
 def test_healthy_jsonl_exits_0_and_writes_the_plot(tmp_path: Path, capsys) -> None:
     path = _jsonl(tmp_path / "m.jsonl", _healthy())
     assert main([str(path), "--out", str(tmp_path / "d.png")]) == 0
-    assert "healthy" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "healthy" and "25 steps, 6 windows of 20 steps" in out
     assert (tmp_path / "d.png").stat().st_size > 0
 
 
@@ -38,7 +39,8 @@ def test_a_finding_exits_1_with_evidence_and_suggestion(tmp_path: Path, capsys) 
     (run / "config.yaml").write_text("objective:\n  name: grpo\nloop:\n  max_lag: 8\n", encoding="utf-8")
     assert p3o_main(["doctor", str(run)]) == 1
     out = capsys.readouterr().out
-    assert "likely staleness" in out and "loop.max_lag 8" in out and "hard clip 'grpo'" in out
+    assert out.splitlines()[0] == "unhealthy: staleness (low_ess)"
+    assert "loop.max_lag 8" in out and "hard clip 'grpo'" in out
     assert (run / "doctor.png").is_file()
     d = diagnose(run)
     (finding, span, windows) = d.findings[0]
@@ -51,8 +53,8 @@ def test_trl_trainer_state_is_read_with_its_prefixes(tmp_path: Path) -> None:
     out = tmp_path / "out" / "checkpoint-5"
     out.mkdir(parents=True)
     (out / "trainer_state.json").write_text(json.dumps({"log_history": history}), encoding="utf-8")
-    source, rows, _ = load_rows(tmp_path / "out")
-    assert source.startswith("TRL") and len(rows) == 5
+    source, rows, _, trainer = load_rows(tmp_path / "out")
+    assert source.startswith("TRL") and len(rows) == 5 and trainer == "trl"
     assert rows[0]["ess"] == 0.999  # the callback's offpolicy/ess wins over the objective's
     assert main([str(tmp_path / "out"), "--no-plot"]) == 0
     history = [{"step": s, "objective/ess": 0.5} for s in range(1, 6)]

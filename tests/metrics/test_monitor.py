@@ -145,14 +145,25 @@ def test_on_policy_run_is_silent() -> None:
     assert all(row[f"finding_{n}"] == 0.0 for n in OffPolicyMonitor.FINDINGS)
 
 
-def test_engine_mismatch_fires_low_ess_with_mismatch_cause() -> None:
+def test_engine_mismatch_fires_low_ess_with_engine_cause() -> None:
     def make(g):
         rollout = -torch.rand(16, 32, generator=g) * 4
         return rollout + 0.8 * torch.randn(16, 32, generator=g), rollout, torch.ones(16, 32, dtype=torch.bool), None
 
-    mon, row = _run(make)
-    assert _fired(mon)["low_ess"] == "mismatch"
-    assert row["finding_low_ess"] == 1.0
+    mon = OffPolicyMonitor(max_len=32, group=False, warn=False)
+    g = torch.Generator().manual_seed(1)
+    for step in range(20):  # every token fresh (lag 0): the engine carries it
+        logp, rollout, mask, _ = make(g)
+        row = mon.update(logp, rollout, mask, versions=torch.full((16, 32), step), step=step)
+    assert _fired(mon)["low_ess"] == "engine"
+    assert row["finding_low_ess"] == 1.0 and row["cause_low_ess"] == 2.0
+    assert row["tokens_lag_0"] == 512 and row["tokens_stale"] == 0 and math.isnan(row["ess_stale"])
+    assert row["ess_lag_0"] == row["ess"] and row["dlogp_mean_lag_0"] == pytest.approx(row["dlogp_mean"])
+    assert "rollout.precision" not in mon.findings[0].suggestion  # no source: generic words
+
+    mon, row = _run(make)  # the same data without versions: fresh and stale cannot be told apart
+    assert _fired(mon)["low_ess"] == "undetermined" and row["cause_low_ess"] == 5.0
+    assert "tokens_lag_0" not in row and "ess_stale" not in row and "dlogp_pos_stale_0" not in row
 
 
 def test_stale_tokens_fire_low_ess_with_staleness_cause() -> None:
@@ -169,8 +180,9 @@ def test_stale_tokens_fire_low_ess_with_staleness_cause() -> None:
     for step in range(20):
         logp, rollout, mask, versions = make(g)
         row = mon.update(logp, rollout, mask, versions=versions + step, step=step)
-    assert _fired(mon)["low_ess"] == "staleness"
-    assert row["ess_lag_0"] > 0.99 > row["ess_lag_4_7"]
+    assert _fired(mon)["low_ess"] == "staleness" and row["cause_low_ess"] == 1.0
+    assert row["ess_lag_0"] > 0.99 > row["ess_lag_4_7"] and row["ess_stale"] == pytest.approx(row["ess_lag_4_7"])
+    assert row["tokens_lag_0"] == row["tokens_stale"] == 256
     assert row["lag_min"] == 0 and row["lag_max"] == 4 and row["lag_mean"] == pytest.approx(2.0)
 
 
@@ -191,8 +203,9 @@ def test_position_drift_of_stale_tokens_names_staleness() -> None:
 
     rows = [{"lag_mean": 2.0, "dlogp_pos_0": 0.01, "dlogp_pos_1": 0.02, "dlogp_pos_4": 0.1, "dlogp_pos_5": 0.12}] * 20
     (finding,) = find(rows)
-    assert finding.name == "position_drift" and finding.cause == "staleness"
-    assert "versions old" in finding.message and "max_lag" in finding.suggestion
+    assert finding.name == "position_drift" and finding.cause == "staleness"  # rows without the stale split
+    assert "mean lag 2.00" in finding.evidence and "maximum lag" in finding.suggestion
+    assert "loop.max_lag" in find(rows, source="p3o")[0].suggestion
     # the default job's size: a sparse last decile alone does not decide
     quiet = [{"lag_mean": 2.0, "dlogp_pos_0": 0.001, "dlogp_pos_1": 0.015, "dlogp_pos_2": 0.005, "dlogp_pos_3": 0.009}]
     quiet = [{**quiet[0], "dlogp_pos_4": 0.005, "dlogp_pos_5": 0.054}] * 20

@@ -313,7 +313,7 @@ class OffPolicyCallback(TrainerCallback):
 
     def __init__(self, trainer: Any, monitor: OffPolicyMonitor | None = None) -> None:
         self.trainer = trainer
-        self.monitor = monitor or OffPolicyMonitor(max_len=int(trainer.max_completion_length))
+        self.monitor = monitor or OffPolicyMonitor(max_len=int(trainer.max_completion_length), source="trl")
         self.last: dict[str, float] = {}
         """The last step's statistics (un-prefixed)."""
         self._in_loss = False
@@ -391,8 +391,11 @@ class OffPolicyCallback(TrainerCallback):
 def add_offpolicy_monitor(trainer: Any, monitor: OffPolicyMonitor | None = None) -> OffPolicyCallback:
     """Attach an :class:`OffPolicyCallback` to ``trainer`` (a ``trl.GRPOTrainer``) and return it.
 
-    ``monitor`` defaults to ``OffPolicyMonitor(max_len=trainer.max_completion_length)``; its findings (rules in
-    docs/metrics.md) log a warning when they start firing and appear as ``offpolicy/finding_<name>``.
+    ``monitor`` defaults to ``OffPolicyMonitor(max_len=trainer.max_completion_length, source="trl")``; its findings
+    (rules in docs/metrics.md) log a warning when they start firing, with a suggestion in GRPOConfig's words, and
+    appear as ``offpolicy/finding_<name>`` (1 while firing) and ``offpolicy/cause_<name>`` (its cause: 1 staleness,
+    2 engine mismatch, 3 both, 4 weights not reaching the engine; 0 while not firing). TRL averages logged values
+    over ``logging_steps``: log every step (``logging_steps=1``) to read them unmixed.
     """
     warn_sampling_contract(trainer)
     callback = OffPolicyCallback(trainer, monitor)

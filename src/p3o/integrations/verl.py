@@ -414,7 +414,7 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
         metrics.update({f"actor/objective/{k}": v for k, v in values.items()})
         if os.environ.get(ENV_MONITOR, "1") != "0":
             if not monitors:
-                monitors.append(OffPolicyMonitor(max_len=mask.shape[1], group=inputs.group or False))
+                monitors.append(OffPolicyMonitor(max_len=mask.shape[1], group=inputs.group or False, source="verl"))
             row = monitors[0].update(log_prob.detach(), rollout_logp, mask)
             metrics.update({k: v for k, v in prefixed(row, "actor/offpolicy/").items() if math.isfinite(v)})
         return loss, metrics

@@ -1,4 +1,4 @@
-"""``p3o doctor PATH``: off-policy findings from a finished (or running) training run, for CI or a human.
+"""``p3o doctor PATH``: off-policy findings of a training run, each with its cause, for CI or a human.
 
     p3o doctor runs/default                   # a p3o run directory (metrics.jsonl, config.yaml)
     p3o doctor out/trl-grpo                   # a TRL output dir (trainer_state.json, or its latest checkpoint-*/)
@@ -6,11 +6,21 @@
 
 It reads the metric rows, maps the off-policy keys of every source onto the monitor's names (``offpolicy/ess``
 from the TRL callback, ``actor/offpolicy/ess`` from verl, ``objective/ess`` from ``P3OGRPOTrainer``, p3o's own
-``ess``, ``lag_*``, ``kl_clamped``, ...), applies the rules of :func:`p3o.metrics.monitor.find` to every window of
-``--window`` consecutive steps, and prints one row per finding: what fired (with its threshold), the evidence, the
-first steps it fired on, and a suggestion (which objective suits the regime, from the study's verdicts; whether to
-lower ``loop.max_lag``; whether to record log-probs in fp32). It writes a plot (ESS, lag, ratio tails, position
-deciles) next to the input or to ``--out``.
+``ess``, ``lag_*``, ``kl_clamped``, ...) and applies the rules of :func:`p3o.metrics.monitor.find`: the window rules
+(low ESS, ratio tails, position drift, prefix decay) to every window of ``--window`` consecutive steps — a run
+shorter than the window is judged on its own length —, the single-step and trend rules (an ESS collapse at any one
+step, weights not reaching the engine, NaN log-probs) to the whole run.
+
+Each finding is attributed, from the lag buckets, to **staleness** (the stale tokens carry it, lag 0 is clean), the
+**engine** (the fresh, lag-0 tokens carry it), **both**, or **weights not reaching the engine** (lag-0 mismatch
+growing step by step after each weight push), and its suggestion names the setting in the words of the trainer the
+metrics came from (detected from the keys: TRL ``GRPOConfig.steps_per_generation`` / ``num_iterations``, p3o
+``loop.max_lag`` / ``update.epochs``, verl ``async_training.staleness_threshold``).
+
+Output: one verdict line first (``healthy`` or ``unhealthy: <cause>``, for scripts), then what was read and how many
+steps, then one table row per finding: what fired (with its threshold), its cause, the evidence (the fresh and stale
+tokens' shares), the steps, how many windows it fired in, and a suggestion. It writes a plot (ESS overall, per lag
+bucket and of the stale tokens, lag, ratio tails, position deciles) next to the input or to ``--out``.
 
 Exit status: 0 healthy, 1 at least one finding fired, 2 bad input (no such path, nothing readable, no off-policy
 metric in it) — CI can gate on it.
@@ -22,19 +32,32 @@ import argparse
 import json
 import math
 import sys
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from p3o.metrics.monitor import N_POSITION_BUCKETS, Finding, find, lag_bucket_names, strip_prefixes
+from p3o.metrics.monitor import (
+    CAUSE_TEXT,
+    N_POSITION_BUCKETS,
+    RULES,
+    RUN_RULES,
+    WINDOW_RULES,
+    Finding,
+    find,
+    lag_bucket_names,
+    strip_prefixes,
+)
 
-__all__ = ["PREFIXES", "Diagnosis", "diagnose", "load_rows", "main"]
+__all__ = ["PREFIXES", "Diagnosis", "detect_source", "diagnose", "load_rows", "main", "verdict"]
 
 #: Key prefixes mapped onto the monitor's names, first match wins (TRL callback, verl plug-in, P3OGRPOTrainer).
 PREFIXES = ("offpolicy/", "train/offpolicy/", "actor/offpolicy/", "objective/", "train/objective/")
 #: The keys that make a row an off-policy row.
 OFFPOLICY_KEYS = ("ess", "ratio_min", "ratio_max", "dlogp_mean", "lag_mean", "kl_clamped")
+#: The order causes are named in the verdict line (the most specific first).
+_CAUSE_ORDER = ("sync", "both", "engine", "staleness", "undetermined")
 
 
 class BadInput(Exception):
@@ -48,9 +71,13 @@ class Diagnosis:
     Attributes:
         source: what was read (``p3o run``, ``TRL trainer_state.json``, ``JSONL``) and its path.
         rows: the normalised metric rows, in step order.
-        findings: (finding, first window's steps as "a–b", number of windows it fired in), one per rule.
-        windows: how many windows were checked.
+        findings: (finding, the steps it concerns as "a–b", number of windows it fired in; 0 for the whole-run
+            rules), one per rule.
+        windows: how many windows the window rules were applied to.
         config: the run's config (p3o run dirs: config.yaml as a dict), else {}.
+        trainer: the trainer the metrics came from (``p3o``, ``trl``, ``verl``; None: unknown), whose settings the
+            suggestions name.
+        window: the window length used (the run's length when it is shorter than ``--window``).
     """
 
     source: str
@@ -58,11 +85,20 @@ class Diagnosis:
     findings: list[tuple[Finding, str, int]]
     windows: int
     config: dict[str, Any]
+    trainer: str | None = None
+    window: int = 20
+    requested_window: int = field(default=20)
 
     @property
     def healthy(self) -> bool:
         """True when no finding fired."""
         return not self.findings
+
+    @property
+    def causes(self) -> list[str]:
+        """The distinct causes of the findings, most specific first (keys of ``CAUSE_TEXT``)."""
+        seen = {f.cause for f, _, _ in self.findings}
+        return [c for c in _CAUSE_ORDER if c in seen]
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -90,38 +126,57 @@ def _trl_state(path: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def load_rows(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
-    """(source description, metric rows with normalised keys, run config) of a run dir, TRL dir/state or JSONL.
+def detect_source(raw: Sequence[dict[str, Any]], hint: str | None = None) -> str | None:
+    """The trainer that logged ``raw`` (un-normalised rows): ``verl`` (``actor/`` keys), ``p3o`` (its own
+    ``version`` and ``reward_mean`` columns), ``trl`` (``offpolicy/`` or ``objective/`` keys beside TRL's ``reward``
+    / ``completions/*``), else ``hint`` (how the file was found: a TRL trainer_state.json, a p3o run dir)."""
+    keys = {k for r in raw for k in r}
+    if any(k.startswith("actor/") for k in keys):
+        return "verl"
+    if {"version", "reward_mean"} <= keys:
+        return "p3o"
+    if any(k.startswith(("offpolicy/", "objective/")) for k in keys) and (
+        "reward" in keys or any(k.startswith(("completions/", "rewards/")) for k in keys)
+    ):
+        return "trl"
+    return hint
+
+
+def load_rows(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, Any], str | None]:
+    """(source description, metric rows with normalised keys, run config, trainer) of a run dir, TRL dir/state or
+    JSONL; trainer is ``p3o`` / ``trl`` / ``verl`` (:func:`detect_source`) or None.
 
     Raises BadInput (one line naming the path) when there is nothing to read.
     """
     p = Path(path)
     config: dict[str, Any] = {}
+    hint: str | None = None
     if not p.exists():
         raise BadInput(f"{p}: no such file or directory")
     if p.is_dir():
         if (p / "metrics.jsonl").is_file():
-            source, raw = f"p3o run {p}", _read_jsonl(p / "metrics.jsonl")
+            source, raw, hint = f"p3o run {p}", _read_jsonl(p / "metrics.jsonl"), "p3o"
             if (p / "config.yaml").is_file():
                 import yaml
 
                 loaded = yaml.safe_load((p / "config.yaml").read_text(encoding="utf-8"))
                 config = loaded if isinstance(loaded, dict) else {}
         elif (state := _trl_state(p)) is not None:
-            source, raw = f"TRL {state}", _read_trl(state)
+            source, raw, hint = f"TRL {state}", _read_trl(state), "trl"
         else:
             raise BadInput(f"{p}: neither a p3o run dir (metrics.jsonl) nor a TRL output dir (trainer_state.json)")
     elif p.name.endswith(".json"):
-        source, raw = f"TRL {p}", _read_trl(p)
+        source, raw, hint = f"TRL {p}", _read_trl(p), "trl"
     elif p.suffix == ".jsonl":
         source, raw = f"JSONL {p}", _read_jsonl(p)
     else:
         raise BadInput(f"{p}: expected a run dir, a TRL trainer_state.json or a .jsonl file of metric rows")
+    trainer = detect_source(raw, hint)
     rows = [_normalise(r) for r in raw]
     rows = [r for r in rows if any(k in r for k in OFFPOLICY_KEYS)]
     if not rows:
         raise BadInput(f"{p}: no off-policy metrics in it (none of {', '.join(OFFPOLICY_KEYS)})")
-    return source, rows, config
+    return source, rows, config, trainer
 
 
 def _read_trl(path: Path) -> list[dict[str, Any]]:
@@ -140,22 +195,46 @@ def _normalise(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def diagnose(path: str | Path, *, window: int = 20) -> Diagnosis:
-    """Apply :func:`p3o.metrics.monitor.find` to every window of ``window`` consecutive rows (all rows when fewer)."""
-    source, rows, config = load_rows(path)
+    """Apply the window rules of :func:`p3o.metrics.monitor.find` to every window of ``window`` consecutive rows
+    (all rows when the run is shorter) and the whole-run rules (``RUN_RULES``: a collapse at any single step, weights
+    not reaching the engine, NaN log-probs) to all rows.
+
+    A window rule that fires in several windows is reported once, from the first window it fired in, with the number
+    of windows; when its cause differs between windows, the most frequent one is reported and the others are named
+    in the evidence.
+    """
+    source, rows, config, trainer = load_rows(path)
     w = min(window, len(rows))
     first: dict[str, tuple[Finding, str]] = {}
     count: dict[str, int] = {}
+    causes: dict[str, Counter[str]] = {}
     starts = range(len(rows) - w + 1)
     for s in starts:
         chunk = rows[s : s + w]
-        for f in find(chunk):
+        for f in find(chunk, source=trainer, only=WINDOW_RULES):
             count[f.name] = count.get(f.name, 0) + 1
+            causes.setdefault(f.name, Counter())[f.cause] += 1
             if f.name not in first:
                 steps = [r.get("step") for r in chunk]
-                span = f"{_step(steps[0], s)}–{_step(steps[-1], s + w - 1)}"
-                first[f.name] = (f, span)
-    findings = [(f, span, count[name]) for name, (f, span) in first.items()]
-    return Diagnosis(source, rows, findings, len(starts), config)
+                first[f.name] = (f, f"{_step(steps[0], s)}–{_step(steps[-1], s + w - 1)}")
+    findings: list[tuple[Finding, str, int]] = []
+    for f in find(rows, source=trainer, only=RUN_RULES):
+        findings.append((f, f"{_step(rows[0].get('step'), 0)}–{_step(rows[-1].get('step'), len(rows) - 1)}", 0))
+    for name, (f, span) in first.items():
+        tally = causes[name]
+        top = tally.most_common(1)[0][0]
+        if top != f.cause or len(tally) > 1:
+            # the cause of most windows, re-worded for it by the same rule on the first window that had it
+            for s in starts:
+                again = [g for g in find(rows[s : s + w], source=trainer, only=(name,)) if g.cause == top]
+                if again:
+                    f = again[0]
+                    break
+            others = ", ".join(f"{CAUSE_TEXT[c]} in {n}" for c, n in tally.items() if c != top)
+            if others:
+                f = Finding(f.name, f.message, f"{f.evidence}; other windows: {others}", f.suggestion, f.cause)
+        findings.append((f, span, count[name]))
+    return Diagnosis(source, rows, findings, len(starts), config, trainer, w, window)
 
 
 def _step(value: Any, index: int) -> str:
@@ -163,34 +242,73 @@ def _step(value: Any, index: int) -> str:
 
 
 def _suggestion(f: Finding, config: dict[str, Any]) -> str:
+    """The finding's suggestion plus what the run's own config.yaml (p3o runs) says about the setting it names."""
     text = f.suggestion
     objective = (config.get("objective") or {}).get("name") if isinstance(config.get("objective"), dict) else None
-    loop = config.get("loop") if isinstance(config.get("loop"), dict) else {}
-    rollout = config.get("rollout") if isinstance(config.get("rollout"), dict) else {}
+    sections = {k: (config.get(k) if isinstance(config.get(k), dict) else {}) for k in ("loop", "rollout", "update")}
+    loop, rollout, update = sections["loop"], sections["rollout"], sections["update"]
     extra = []
-    if f.cause in ("staleness", "mismatch", "ratio_tails") and objective in ("grpo", "dapo", "gspo"):
+    stale, engine = f.cause in ("staleness", "both"), f.cause in ("engine", "both")
+    if (stale or engine or f.name == "ratio_tails") and objective in ("grpo", "dapo", "gspo"):
         extra.append(f"this run uses the hard clip '{objective}': the study favours P3O here")
-    if f.cause == "staleness" and loop.get("max_lag") is not None:
-        extra.append(f"this run: loop.max_lag {loop['max_lag']}")
-    if f.cause in ("mismatch", "position_drift") and rollout.get("precision") not in (None, "fp32"):
+    if stale:
+        mode = loop.get("mode")
+        key = "staleness" if mode == "stale" else "max_lag"
+        mine = [f"loop.mode {mode}"] if mode is not None else []
+        if mode in (None, "async", "stale") and loop.get(key) is not None:
+            mine.append(f"loop.{key} {loop[key]}")
+        for k in ("epochs", "num_mini_batches"):
+            if update.get(k) not in (None, 1):
+                mine.append(f"update.{k} {update[k]}")
+        if mine:
+            extra.append("this run: " + ", ".join(mine))
+    if engine and rollout.get("precision") not in (None, "fp32"):
         extra.append(f"this run: rollout.precision {rollout['precision']}")
+    if engine and rollout.get("kv_cache_dtype") not in (None, "auto"):
+        extra.append(f"this run: rollout.kv_cache_dtype {rollout['kv_cache_dtype']}")
     return text + ("; " + "; ".join(extra) if extra else "")
 
 
-def report(d: Diagnosis) -> str:
-    """The table ``p3o doctor`` prints."""
-    lines = [f"p3o doctor: {d.source}: {len(d.rows)} steps, {d.windows} windows checked"]
+def verdict(d: Diagnosis) -> str:
+    """The first line ``p3o doctor`` prints: ``healthy``, or ``unhealthy: <cause>[; <cause>...]`` with the findings
+    of each cause in brackets."""
     if d.healthy:
-        lines.append("healthy: no finding fired (rules: docs/metrics.md, 'Off-policy findings')")
+        return "healthy"
+    parts = []
+    for c in d.causes:
+        names = [f.name for f, _, _ in d.findings if f.cause == c]
+        parts.append(f"{CAUSE_TEXT[c]} ({', '.join(names)})")
+    return "unhealthy: " + "; ".join(parts)
+
+
+def report(d: Diagnosis) -> str:
+    """What ``p3o doctor`` prints: the verdict line, what was read, then one table row per finding."""
+    n = len(d.rows)
+    if n < d.requested_window:
+        how = f"shorter than the {d.requested_window}-step window: judged on its own {n} steps"
+    else:
+        how = f"{d.windows} windows of {d.window} steps"
+    trainer = f" (metrics from {d.trainer})" if d.trainer else ""
+    lines = [verdict(d), f"p3o doctor: {d.source}{trainer}: {n} steps, {how}"]
+    if d.healthy:
+        lines.append("no finding fired (rules: docs/metrics.md, 'Off-policy findings')")
         return "\n".join(lines)
-    lines += ["", "| finding | evidence | first fired (steps) | windows | suggestion |", "|---|---|---|---:|---|"]
-    for f, span, n in d.findings:
-        lines.append(f"| {f.message} | {f.evidence} | {span} | {n} | {_suggestion(f, d.config)} |")
+    lines += [
+        "",
+        "| finding | cause | evidence | steps | windows | suggestion |",
+        "|---|---|---|---|---:|---|",
+    ]
+    for f, span, k in d.findings:
+        windows = str(k) if k else "whole run"
+        lines.append(
+            f"| {f.message} | {CAUSE_TEXT[f.cause]} | {f.evidence} | {span} | {windows} | {_suggestion(f, d.config)} |"
+        )
     return "\n".join(lines)
 
 
 def plot(d: Diagnosis, out: Path) -> Path:
-    """ESS (global and per lag bucket), lag band, ratio tails and |Δlogp| by position decile, to ``out`` (PNG)."""
+    """ESS (all tokens, per lag bucket, stale tokens; collapse steps marked), lag band, ratio tails (all, fresh,
+    stale), mean |Δlogp| of fresh and stale tokens per step, and |Δlogp| by position decile, to ``out`` (PNG)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -200,16 +318,24 @@ def plot(d: Diagnosis, out: Path) -> Path:
     def series(key: str) -> list[float]:
         return [float(r[key]) if isinstance(r.get(key), int | float) else math.nan for r in rows]
 
-    fig = Figure(figsize=(11, 7), constrained_layout=True)
+    fig = Figure(figsize=(15, 7), constrained_layout=True)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 2)
+    axes = fig.subplots(2, 3)
     ax = axes[0][0]
-    ax.plot(x, series("ess"), label="ESS (all tokens)", color="black")
+    ess = series("ess")
+    ax.plot(x, ess, label="ESS (all tokens)", color="black")
     for name in lag_bucket_names():
         s = series(f"ess_lag_{name}")
         if any(not math.isnan(v) for v in s):
             ax.plot(x, s, label=f"ESS, lag {name.replace('_plus', '+').replace('_', '–')}", lw=1)
-    ax.axhline(0.9, ls=":", color="grey", label="threshold 0.9")
+    s = series("ess_stale")
+    if any(not math.isnan(v) for v in s):
+        ax.plot(x, s, label="ESS, stale (lag ≥ 1)", lw=1, ls="--")
+    ax.axhline(0.9, ls=":", color="grey", label="low_ess threshold 0.9")
+    ax.axhline(RULES["ess_floor"], ls=":", color="red", label=f"collapse floor {RULES['ess_floor']:g}")
+    low = [(xi, e) for xi, e in zip(x, ess) if not math.isnan(e) and e < RULES["ess_floor"]]
+    if low:
+        ax.scatter([a for a, _ in low], [b for _, b in low], color="red", marker="x", zorder=5, label="collapse")
     ax.set(title="Effective sample size", xlabel="step", ylabel="ESS")
     ax.legend(fontsize=7)
     ax = axes[0][1]
@@ -219,10 +345,24 @@ def plot(d: Diagnosis, out: Path) -> Path:
         ax.plot(x, mean, label="mean")
         ax.legend(fontsize=7)
     ax.set(title="Policy lag", xlabel="step", ylabel="versions")
+    ax = axes[0][2]
+    for key, label in (
+        ("dlogp_mean", "all tokens"),
+        ("dlogp_mean_lag_0", "fresh (lag 0)"),
+        ("dlogp_mean_stale", "stale"),
+    ):
+        s = series(key)
+        if any(not math.isnan(v) for v in s):
+            ax.plot(x, s, label=label, marker="." if key == "dlogp_mean_lag_0" else None)
+    ax.set(title="Mismatch per step, fresh vs stale tokens", xlabel="step", ylabel="mean |Δlogp| (nats)")
+    if ax.lines:
+        ax.legend(fontsize=7)
     ax = axes[1][0]
     for key, label in (
         ("ratio_frac_above_2", "ρ > 2"),
         ("ratio_frac_below_0_5", "ρ < 0.5"),
+        ("ratio_tails_lag_0", "ρ > 2 or < 0.5, fresh"),
+        ("ratio_tails_stale", "ρ > 2 or < 0.5, stale"),
         ("band_frac", "|ρ−1|>0.2"),
     ):
         s = series(key)
@@ -245,11 +385,19 @@ def plot(d: Diagnosis, out: Path) -> Path:
         xlabel="position decile",
         ylabel="mean |Δlogp| (nats)",
     )
-    status = "healthy" if d.healthy else "findings: " + ", ".join(f.name for f, _, _ in d.findings)
-    fig.suptitle(f"p3o doctor — {status}", fontsize=10)
+    axes[1][2].set_axis_off()
+    text = [verdict(d), ""] + [f"{f.name}: {CAUSE_TEXT[f.cause]}" for f, _, _ in d.findings]
+    axes[1][2].text(0, 1, "\n".join(_wrap(t, 60) for t in text), va="top", fontsize=8, family="monospace")
+    fig.suptitle(f"p3o doctor — {d.source}: {len(rows)} steps", fontsize=10)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
     return out
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width)) or text
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,6 +33,7 @@ Empty sets give NaN (an ESS of an empty lag bucket, a decile no response reached
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections import deque
@@ -46,16 +47,23 @@ import torch.distributed as dist
 from p3o.objectives import ess_from_parts, ess_parts, prefix_log_stat
 
 __all__ = [
+    "CAUSES",
+    "CAUSE_TEXT",
     "LAG_BUCKETS",
     "LAG_HIST_BINS",
     "N_POSITION_BUCKETS",
     "RULES",
+    "RUN_RULES",
+    "SOURCES",
+    "WINDOW_RULES",
     "Finding",
     "OffPolicyMonitor",
     "find",
     "lag_bucket_names",
     "prefixed",
+    "split_keys",
     "strip_prefixes",
+    "suggest",
 ]
 
 _log = logging.getLogger(__name__)
@@ -71,63 +79,141 @@ def lag_bucket_names() -> list[str]:
     return [f"{lo}" if hi == lo else (f"{lo}_plus" if hi is None else f"{lo}_{hi}") for lo, hi in LAG_BUCKETS]
 
 
+_SPLIT = ("tokens", "ess", "dlogp_mean", "ratio_tails", "ratio_max", "m_mean")
+
+
+def split_keys() -> list[str]:
+    """The keys that split a step's tokens into fresh (lag 0, suffix ``_lag_0``) and stale (lag ≥ 1, ``_stale``)
+    ones, position deciles included: ``tokens_lag_0``, ``ess_stale``, ..., ``dlogp_pos_stale_9`` (``ess_lag_0`` is
+    also a lag bucket's)."""
+    keys = [f"{k}_{g}" for k in _SPLIT for g in ("lag_0", "stale")]
+    keys += [f"dlogp_pos_{g}_{d}" for g in ("lag_0", "stale") for d in range(N_POSITION_BUCKETS)]
+    return keys
+
+
 # ----------------------------------------------------------------------------------------------------- findings
+
+#: Causes a finding is attributed to, and the number its ``cause_<name>`` key carries (0: the finding does not fire).
+CAUSES: dict[str, int] = {"staleness": 1, "engine": 2, "both": 3, "sync": 4, "undetermined": 5}
+#: How the causes read in a verdict line and a table.
+CAUSE_TEXT: dict[str, str] = {
+    "staleness": "staleness",
+    "engine": "engine mismatch",
+    "both": "staleness and engine mismatch",
+    "sync": "weights not reaching the engine",
+    "undetermined": "staleness or engine mismatch (no lag recorded)",
+}
+#: Where the fixes live, per trainer (the source the metrics came from): the settings a suggestion names.
+SOURCES = ("p3o", "trl", "verl")
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One named finding: what fired, the rule and threshold it used, the numbers, and what to do.
+    """One named finding: what fired, the rule and threshold it used, the numbers, its cause and what to do.
 
     Attributes:
-        name: the rule's name (``low_ess``, ``position_drift``, ...; docs/metrics.md).
+        name: the rule's name (``low_ess``, ``ess_collapse``, ``weights_not_synced``, ...; docs/metrics.md).
         message: one plain-language line, the threshold included.
-        evidence: the numbers behind it.
-        suggestion: what to change.
-        cause: for ``low_ess``: ``staleness`` or ``mismatch``; for ``position_drift``: ``staleness`` or the rule's
-            name; else the rule's name.
+        evidence: the numbers behind it, the fresh (lag 0) and stale (lag ≥ 1) tokens' shares included.
+        suggestion: what to change, in the words of the trainer the metrics came from (``source``).
+        cause: a key of :data:`CAUSES`: ``staleness`` (the stale tokens carry it, lag 0 is clean), ``engine`` (the
+            fresh tokens carry it), ``both``, ``sync`` (the engine's weights do not follow the trainer's) or
+            ``undetermined`` (no token lags were recorded).
     """
 
     name: str
     message: str
     evidence: str
     suggestion: str
-    cause: str = ""
+    cause: str = "undetermined"
+
+    @property
+    def cause_code(self) -> int:
+        """The cause as a number for JSONL / TensorBoard (:data:`CAUSES`)."""
+        return CAUSES[self.cause]
 
 
 #: Thresholds of the rules in :func:`find` (docs/metrics.md "Off-policy findings").
 RULES: dict[str, float] = {
     "ess_threshold": 0.9,  # low_ess: ESS below this ...
     "ess_share": 0.5,  # ... on more than this share of the window's steps
+    "ess_floor": 0.2,  # ess_collapse: any single step with ESS below this ...
+    "ratio_ceiling": 1e3,  # ... or a ratio above this
     "drift_factor": 3.0,  # position_drift: last decile's |Δlogp| ≥ this × the first decile's ...
     "drift_floor": 0.03,  # ... and ≥ this (nats): fp32 noise and the small drift of a lag-2 batch stay silent
     "drift_support": 0.5,  # ... over the deciles that at least this share of the window's steps reached
     "tail_share": 0.01,  # ratio_tails: share of tokens with ρ > 2 or ρ < 0.5 above this (window mean)
     "m_floor": 0.5,  # prefix_decay: window mean of MinPRO's m_t below this
-    "stale_lag": 0.5,  # low_ess cause: staleness when the window's mean lag exceeds this and fresh tokens are fine
+    "stale_margin": 2.0,  # attribution: stale tokens carry a finding when their excess is ≥ this × the fresh ones'
+    "sync_min_steps": 4,  # weights_not_synced: at least this many steps with fresh (lag-0) tokens ...
+    "sync_rising": 0.7,  # ... the fresh tokens' |Δlogp| rises from one such step to the next in this share ...
+    "sync_factor": 3.0,  # ... its last third's mean is ≥ this × its first third's ...
+    "sync_floor": 0.02,  # ... and ≥ this (nats)
 }
 
-_SUGGEST = {
-    "staleness": (
-        "lower loop.max_lag (or the reuse / epochs count); train with a soft objective (P3O, MinPRO, CISPO, M2PO), "
-        "not a hard clip (docs/metrics.md, 'Which objective when')"
-    ),
-    "mismatch": (
-        "record rollout log-probs in fp32 (rollout.precision fp32, vLLM dtype float32), use processed log-probs "
-        "with top-p/top-k, match the trainer's temperature; with a mismatched engine use P3O or a wide clip"
-    ),
-    "position_drift": (
-        "suspect the KV cache or attention precision (an FP8 KV cache: kv_cache_dtype auto); shorter responses; "
-        "P3O's ESS cap bounds the late tokens' weights"
-    ),
-    "ratio_tails": "check the sampling settings (top-p/top-k need processed log-probs) and the engine's precision",
-    "prefix_decay": (
-        "MinPRO-style prefix weights would silence the later tokens of long responses: reduce the staleness or "
-        "engine mismatch behind it (the other findings name it)"
-    ),
+# what to do, per cause and trainer: (staleness, engine, sync). "generic": a loop of one's own.
+_FIX: dict[str, dict[str, str]] = {
+    "staleness": {
+        "p3o": "lower loop.max_lag (async; loop.staleness in stale mode) and update.epochs / update.num_mini_batches",
+        "trl": "lower GRPOConfig.steps_per_generation (toward gradient_accumulation_steps) and num_iterations "
+        "(toward 1)",
+        "verl": "lower async_training.staleness_threshold (fully async) and actor_rollout_ref.actor.ppo_epochs / the "
+        "mini-batches per step",
+        "generic": "train on fresher data: fewer optimizer steps per generated batch, a smaller maximum lag",
+    },
+    "engine": {
+        "p3o": "record rollout log-probs in fp32 (rollout.precision fp32, rollout.kv_cache_dtype auto), "
+        "rollout.logprob_mode processed with top-p/top-k, train.temperature equal to rollout.temperature",
+        "trl": "keep the ratio against vLLM's own log-probs (P3OGRPOTrainer does; a plain GRPOTrainer: "
+        "vllm_importance_sampling_correction=True), cast_lm_head_to_fp32=True, a float32 checkpoint for vLLM "
+        "(its dtype 'auto' follows the checkpoint), no top_p / top_k without processed log-probs",
+        "verl": "actor_rollout_ref.rollout.dtype float32 (or bfloat16 on both sides), and "
+        "algorithm.rollout_correction (rollout_is=token, rollout_is_threshold=inf) so the ratio sees the mismatch",
+        "generic": "record the engine's log-probs in fp32, with the trainer's temperature and processed log-probs "
+        "under top-p/top-k",
+    },
+    "sync": {
+        "p3o": "the engine's load_weights is not taking the pushed weights (LoRA adapters not merged? a quantised "
+        "copy not re-quantised?): compare the engine's log-probs with the trainer's right after a push",
+        "trl": "TRL's weight sync is not reaching vLLM (LoRA not merged, a repacked CPU backend): use "
+        "P3OGRPOTrainer (its CheckedVLLMSync probes the sync) or p3o.integrations.trl.reload_vllm_weights",
+        "verl": "verl's weight sync is not reaching the rollout engine (LoRA adapters, e.g. verl #7495: check "
+        "actor_rollout_ref.rollout.load_format and layered_summon)",
+        "generic": "the rollout engine is not loading the pushed weights: check the weight sync",
+    },
+}
+
+_OBJECTIVE_ADVICE = {
+    "staleness": "train with a soft objective (P3O, MinPRO, CISPO, M2PO), not a hard clip (docs/metrics.md, "
+    "'Which objective when')",
+    "engine": "with a mismatched engine use P3O or a wide clip",
+}
+
+_EXTRA = {
+    "position_drift": "suspect the KV cache or attention precision (an FP8 KV cache: kv_cache_dtype auto); shorter "
+    "responses; P3O's ESS cap bounds the late tokens' weights",
+    "prefix_decay": "MinPRO-style prefix weights would silence the later tokens of long responses",
     "nonfinite": "NaN/inf log-probs: check the engine's dtype and the tokenizer (ids out of the vocabulary)",
     "kl_clamped": "ratios beyond e^20: a tokenizer, temperature or precision mismatch between engine and trainer",
     "ess_degenerate": "empty or non-finite ESS sums: NaN/inf log-probs somewhere",
 }
+
+
+def suggest(name: str, cause: str, source: str | None = None) -> str:
+    """What to do about finding ``name`` with ``cause``, naming the settings of ``source`` (``p3o``, ``trl``,
+    ``verl``; None: generic words)."""
+    src = source if source in SOURCES else "generic"
+    parts = []
+    if name in _EXTRA and (name != "position_drift" or cause in ("engine", "both", "undetermined")):
+        parts.append(_EXTRA[name])
+    if cause in ("staleness", "both", "undetermined"):
+        parts.append(_FIX["staleness"][src] + "; " + _OBJECTIVE_ADVICE["staleness"])
+    if cause in ("engine", "both", "undetermined") and name not in ("nonfinite", "kl_clamped", "ess_degenerate"):
+        parts.append(_FIX["engine"][src] + "; " + _OBJECTIVE_ADVICE["engine"])
+    if cause == "sync":
+        parts.append(_FIX["sync"][src])
+    text = "; ".join(parts)
+    return ("staleness or engine (no lag recorded): " + text) if cause == "undetermined" else text
 
 
 def _vals(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
@@ -143,105 +229,278 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def find(rows: Sequence[Mapping[str, Any]], rules: Mapping[str, float] | None = None) -> list[Finding]:
-    """The findings that fire on ``rows`` (a window of metric rows, oldest first; missing keys are skipped).
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if s else math.nan
 
-    Rules (thresholds from :data:`RULES`, overridable by ``rules``):
 
-    * ``low_ess``: ``ess`` < 0.9 on more than half of the rows that have it. Cause ``mismatch`` when the fresh
-      tokens' ESS (``ess_lag_0``, median) is also < 0.9 or the mean ``lag_mean`` is ≤ 0.5, else ``staleness``.
-    * ``position_drift``: per decile, the mean of ``dlogp_pos_<d>`` over the rows; over the deciles that at least
-      half of the rows reached, the later half's mean ≥ 3 × the earlier half's and ≥ 0.03 nats. Cause
-      ``staleness`` when the mean ``lag_mean`` exceeds 0.5, else the engine (KV cache / attention precision).
-    * ``ratio_tails``: mean of ``ratio_frac_above_2`` + ``ratio_frac_below_0_5`` > 0.01.
-    * ``prefix_decay``: mean ``m_mean`` < 0.5.
-    * ``nonfinite``: any ``nonfinite_frac`` > 0. ``kl_clamped``, ``ess_degenerate``: any > 0 (p3o's trainer).
+def _has_lags(rows: Sequence[Mapping[str, Any]]) -> bool:
+    return bool(_vals(rows, "lag_mean") or _vals(rows, "tokens_lag_0") or _vals(rows, "tokens_stale"))
+
+
+def _attribute(
+    rows: Sequence[Mapping[str, Any]], fresh_bad: bool | None, stale_bad: bool | None, why: str
+) -> tuple[str, str]:
+    """(cause, one line of evidence) from whether the fresh (lag 0) and the stale (lag ≥ 1) tokens carry a finding.
+
+    None: that group had no tokens in the window (or the rows predate the split keys). Fresh tokens carry it ->
+    ``engine`` (``both`` when the stale ones carry it too, beyond what the engine explains); only the stale ones ->
+    ``staleness``, also when neither carries it alone but the fresh ones are clean (the mix of the two does); no
+    lags recorded -> ``undetermined``.
     """
-    th = {**RULES, **(rules or {})}
-    out: list[Finding] = []
+    if not _has_lags(rows):
+        return "undetermined", "no token lags recorded, so fresh and stale tokens cannot be told apart"
+    lag = _mean(_vals(rows, "lag_mean"))
+    if stale_bad is None and not _vals(rows, "tokens_stale") and not math.isnan(lag) and lag > 0.5:
+        # rows without the stale split (recorded before it existed) but with stale tokens: the mix carries it
+        stale_bad = fresh_bad is not True
+        why += f" (mean lag {lag:.2f})"
+    if fresh_bad and stale_bad:
+        return "both", why
+    if fresh_bad:
+        return "engine", why
+    if stale_bad or (fresh_bad is False and stale_bad is False):
+        return "staleness", why
+    if fresh_bad is None and stale_bad is False:
+        return "staleness", why + " (no lag-0 tokens in the window, so the engine's share is not measured)"
+    return "engine", why  # only fresh tokens were seen: lag 0 carries it
+
+
+def _fmt_opt(x: float, spec: str = ".3f") -> str:
+    return "n/a" if math.isnan(x) else format(x, spec)
+
+
+def _ess_low_share(values: list[float], th: Mapping[str, float]) -> float:
+    return sum(e < th["ess_threshold"] for e in values) / len(values) if values else math.nan
+
+
+def _low_ess(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
     ess = _vals(rows, "ess")
-    if ess:
-        low = sum(e < th["ess_threshold"] for e in ess)
-        if low > th["ess_share"] * len(ess):
-            fresh = sorted(_vals(rows, "ess_lag_0"))
-            fresh_med = fresh[len(fresh) // 2] if fresh else math.nan
-            lag = _mean(_vals(rows, "lag_mean"))
-            fresh_ok = math.isnan(fresh_med) or fresh_med >= th["ess_threshold"]
-            stale = not math.isnan(lag) and lag > th["stale_lag"] and fresh_ok
-            cause = "staleness" if stale else "mismatch"
-            why = (
-                f"mean lag {lag:.2f} versions while fresh tokens' ESS is {fresh_med:.3f}"
-                if stale
-                else (
-                    f"fresh tokens' ESS {fresh_med:.3f}"
-                    if not math.isnan(fresh_med)
-                    else f"mean lag {lag:.2f}"
-                    if not math.isnan(lag)
-                    else "no lag recorded"
-                )
-            )
-            out.append(
-                Finding(
-                    "low_ess",
-                    f"ESS below {th['ess_threshold']} on {low} of the last {len(ess)} steps (threshold: more than "
-                    f"{th['ess_share']:.0%}): likely {cause} ({why})",
-                    f"ess min {min(ess):.3f}, mean {_mean(ess):.3f}",
-                    _SUGGEST[cause],
-                    cause,
-                )
-            )
-    # deciles that most of the window's steps reached (a decile only a few long responses reach is too noisy)
-    per_decile = [_vals(rows, f"dlogp_pos_{d}") for d in range(N_POSITION_BUCKETS)]
-    have = [(d, _mean(v)) for d, v in enumerate(per_decile) if v and len(v) >= th["drift_support"] * len(rows)]
-    if len(have) >= 2:
-        # the later half of those deciles against the earlier half
-        half = len(have) // 2
-        d0, d1 = have[0][0], have[-1][0]
-        first = _mean([v for _, v in have[:half]])
-        last = _mean([v for _, v in have[len(have) - half :]])
-        if last >= th["drift_factor"] * first and last >= th["drift_floor"]:
-            factor = last / first if first > 0 else math.inf
-            # stale tokens drift along the response too (a policy update moves late tokens more): name that cause
-            lag = _mean(_vals(rows, "lag_mean"))
-            stale = not math.isnan(lag) and lag > th["stale_lag"]
-            cause = f"; the tokens are {lag:.1f} versions old on average, so staleness may cause it" if stale else ""
-            out.append(
-                Finding(
-                    "position_drift",
-                    f"mismatch grows with position: mean |Δlogp| ×{factor:.1f} from the early to the late deciles "
-                    f"({d0}–{have[half - 1][0]} vs {have[len(have) - half][0]}–{d1}) "
-                    f"(threshold ×{th['drift_factor']:g} and ≥ {th['drift_floor']:g} nats){cause}",
-                    "|Δlogp| by decile: " + " ".join(f"{v:.3g}" for _, v in have),
-                    _SUGGEST["staleness"] if stale else _SUGGEST["position_drift"],
-                    "staleness" if stale else "position_drift",
-                )
-            )
-    above, below = _vals(rows, "ratio_frac_above_2"), _vals(rows, "ratio_frac_below_0_5")
-    if above or below:
-        tails = _mean(above or [0.0]) + _mean(below or [0.0])
-        if tails > th["tail_share"]:
-            out.append(
-                Finding(
-                    "ratio_tails",
-                    f"heavy ratio tails: {tails:.2%} of tokens have ρ > 2 or ρ < 0.5 (threshold "
-                    f"{th['tail_share']:.0%})",
-                    f"ρ > 2: {_mean(above or [0.0]):.2%}, ρ < 0.5: {_mean(below or [0.0]):.2%}",
-                    _SUGGEST["ratio_tails"],
-                    "ratio_tails",
-                )
-            )
-    m = _vals(rows, "m_mean")
-    if m and _mean(m) < th["m_floor"]:
-        out.append(
-            Finding(
-                "prefix_decay",
-                f"MinPRO's prefix factor m_t averages {_mean(m):.3f} (threshold {th['m_floor']}): later tokens of "
-                "long responses carry little weight",
-                f"m_mean min {min(m):.3f}, mean {_mean(m):.3f}",
-                _SUGGEST["prefix_decay"],
-                "prefix_decay",
-            )
+    if not ess:
+        return None
+    low = sum(e < th["ess_threshold"] for e in ess)
+    if low <= th["ess_share"] * len(ess):
+        return None
+    fresh, stale = _vals(rows, "ess_lag_0"), _vals(rows, "ess_stale")
+    f_med, s_med = _median(fresh), _median(stale)
+    f_bad = None if not fresh else _ess_low_share(fresh, th) > th["ess_share"]
+    s_bad = (
+        None
+        if not stale
+        else (
+            _ess_low_share(stale, th) > th["ess_share"]
+            and (math.isnan(f_med) or (1 - s_med) >= th["stale_margin"] * (1 - f_med))
         )
+    )
+    why = f"median ESS of fresh tokens {_fmt_opt(f_med)}, of stale tokens {_fmt_opt(s_med)}"
+    cause, why = _attribute(rows, f_bad, s_bad, why)
+    return Finding(
+        "low_ess",
+        f"ESS below {th['ess_threshold']} on {low} of {len(ess)} steps (threshold: more than "
+        f"{th['ess_share']:.0%}): {CAUSE_TEXT[cause]}",
+        f"ess min {min(ess):.3f}, mean {_mean(ess):.3f}; {why}",
+        "",
+        cause,
+    )
+
+
+def _step_of(row: Mapping[str, Any], index: int) -> str:
+    v = row.get("step")
+    return str(int(v)) if isinstance(v, int | float) and math.isfinite(float(v)) else f"row {index + 1}"
+
+
+def _ess_collapse(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    hits = []
+    for i, r in enumerate(rows):
+        e, mx = r.get("ess"), r.get("ratio_max")
+        low = isinstance(e, int | float) and math.isfinite(e) and e < th["ess_floor"]
+        high = isinstance(mx, int | float) and math.isfinite(mx) and mx > th["ratio_ceiling"]
+        if low or high:
+            hits.append((i, r, low, high))
+    if not hits:
+        return None
+
+    def bad(r: Mapping[str, Any], suffix: str) -> bool | None:
+        e, mx, n = r.get(f"ess_{suffix}"), r.get(f"ratio_max_{suffix}"), r.get(f"tokens_{suffix}")
+        if not isinstance(n, int | float) or not n > 0:
+            return None
+        return bool(
+            (isinstance(e, int | float) and math.isfinite(e) and e < th["ess_floor"])
+            or (isinstance(mx, int | float) and math.isfinite(mx) and mx > th["ratio_ceiling"])
+        )
+
+    shown = []
+    f_any: bool | None = None
+    s_any: bool | None = None
+    for i, r, low, high in hits:
+        what = []
+        if low:
+            what.append(f"ESS {float(r['ess']):.3f}")
+        if high:
+            what.append(f"max ratio {float(r['ratio_max']):.3g}")
+        shown.append(f"step {_step_of(r, i)}: {', '.join(what)}")
+        fb, sb = bad(r, "lag_0"), bad(r, "stale")
+        if fb is not None:
+            f_any = bool(f_any) or fb
+        if sb is not None:
+            s_any = bool(s_any) or sb
+    fresh = [r.get("ess_lag_0") for _, r, _, _ in hits]
+    stale = [r.get("ess_stale") for _, r, _, _ in hits]
+    why = (
+        "fresh tokens' ESS at those steps "
+        + " ".join(_fmt_opt(float(v)) if isinstance(v, int | float) else "n/a" for v in fresh)
+        + ", stale tokens' "
+        + " ".join(_fmt_opt(float(v)) if isinstance(v, int | float) else "n/a" for v in stale)
+    )
+    cause, why = _attribute(rows, f_any, s_any, why)
+    steps = ", ".join(_step_of(r, i) for i, r, _, _ in hits[:8]) + (" …" if len(hits) > 8 else "")
+    return Finding(
+        "ess_collapse",
+        f"ESS collapsed at step {steps} (any single step with ESS < {th['ess_floor']:g} or a ratio > "
+        f"{th['ratio_ceiling']:g}): {CAUSE_TEXT[cause]}",
+        "; ".join(shown[:8]) + f"; {why}",
+        "",
+        cause,
+    )
+
+
+def _drift(rows: Sequence[Mapping[str, Any]], prefix: str, th: Mapping[str, float]) -> tuple[float, str] | None:
+    """(factor, description) when |Δlogp| by decile (keys ``prefix<d>``) grows along the response past the rule's
+    thresholds, else None (also when fewer than two deciles have support)."""
+    per_decile = [_vals(rows, f"{prefix}{d}") for d in range(N_POSITION_BUCKETS)]
+    have = [(d, _mean(v)) for d, v in enumerate(per_decile) if v and len(v) >= th["drift_support"] * len(rows)]
+    if len(have) < 2:
+        return None
+    half = len(have) // 2
+    first = _mean([v for _, v in have[:half]])
+    last = _mean([v for _, v in have[len(have) - half :]])
+    if last >= th["drift_factor"] * first and last >= th["drift_floor"]:
+        factor = last / first if first > 0 else math.inf
+        span = f"({have[0][0]}–{have[half - 1][0]} vs {have[len(have) - half][0]}–{have[-1][0]})"
+        return factor, span + "; |Δlogp| by decile: " + " ".join(f"{v:.3g}" for _, v in have)
+    return None
+
+
+def _position_drift(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    found = _drift(rows, "dlogp_pos_", th)
+    if found is None:
+        return None
+    factor, desc = found
+    has_fresh = bool(_vals(rows, "tokens_lag_0")) and any(_vals(rows, f"dlogp_pos_lag_0_{d}") for d in range(10))
+    has_stale = bool(_vals(rows, "tokens_stale")) and any(_vals(rows, f"dlogp_pos_stale_{d}") for d in range(10))
+    f_bad = (_drift(rows, "dlogp_pos_lag_0_", th) is not None) if has_fresh else None
+    s_bad = (_drift(rows, "dlogp_pos_stale_", th) is not None) if has_stale else None
+    why = (
+        f"fresh tokens {'drift' if f_bad else 'do not drift' if f_bad is False else 'absent'}, "
+        f"stale tokens {'drift' if s_bad else 'do not drift' if s_bad is False else 'absent'}"
+    )
+    cause, why = _attribute(rows, f_bad, s_bad, why)
+    return Finding(
+        "position_drift",
+        f"mismatch grows with position: mean |Δlogp| ×{factor:.1f} from the early to the late deciles "
+        f"(threshold ×{th['drift_factor']:g} and ≥ {th['drift_floor']:g} nats): {CAUSE_TEXT[cause]}",
+        f"{desc}; {why}",
+        "",
+        cause,
+    )
+
+
+def _ratio_tails(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    above, below = _vals(rows, "ratio_frac_above_2"), _vals(rows, "ratio_frac_below_0_5")
+    if not (above or below):
+        return None
+    tails = _mean(above or [0.0]) + _mean(below or [0.0])
+    if tails <= th["tail_share"]:
+        return None
+    fresh = _tokens_weighted(rows, "ratio_tails_lag_0", "tokens_lag_0")
+    stale = _tokens_weighted(rows, "ratio_tails_stale", "tokens_stale")
+    f_bad = None if math.isnan(fresh) else fresh > th["tail_share"]
+    s_bad = (
+        None
+        if math.isnan(stale)
+        else (stale > th["tail_share"] and (math.isnan(fresh) or stale >= th["stale_margin"] * fresh))
+    )
+    why = f"tails among fresh tokens {_fmt_opt(fresh, '.2%')}, among stale tokens {_fmt_opt(stale, '.2%')}"
+    cause, why = _attribute(rows, f_bad, s_bad, why)
+    return Finding(
+        "ratio_tails",
+        f"heavy ratio tails: {tails:.2%} of tokens have ρ > 2 or ρ < 0.5 (threshold {th['tail_share']:.0%}): "
+        f"{CAUSE_TEXT[cause]}",
+        f"ρ > 2: {_mean(above or [0.0]):.2%}, ρ < 0.5: {_mean(below or [0.0]):.2%}; {why}",
+        "",
+        cause,
+    )
+
+
+def _tokens_weighted(rows: Sequence[Mapping[str, Any]], key: str, weight: str) -> float:
+    """Σ w·x / Σ w over the rows that have both (the group's share over the window's tokens); NaN when none."""
+    num = den = 0.0
+    for r in rows:
+        x, w = r.get(key), r.get(weight)
+        if isinstance(x, int | float) and isinstance(w, int | float) and math.isfinite(x) and w > 0:
+            num, den = num + w * float(x), den + float(w)
+    return num / den if den > 0 else math.nan
+
+
+def _prefix_decay(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    m = _vals(rows, "m_mean")
+    if not m or _mean(m) >= th["m_floor"]:
+        return None
+    fresh = _tokens_weighted(rows, "m_mean_lag_0", "tokens_lag_0")
+    stale = _tokens_weighted(rows, "m_mean_stale", "tokens_stale")
+    f_bad = None if math.isnan(fresh) else fresh < th["m_floor"]
+    s_bad = (
+        None
+        if math.isnan(stale)
+        else (stale < th["m_floor"] and (math.isnan(fresh) or (1 - stale) >= th["stale_margin"] * (1 - fresh)))
+    )
+    why = f"m_t of fresh tokens {_fmt_opt(fresh)}, of stale tokens {_fmt_opt(stale)}"
+    cause, why = _attribute(rows, f_bad, s_bad, why)
+    return Finding(
+        "prefix_decay",
+        f"MinPRO's prefix factor m_t averages {_mean(m):.3f} (threshold {th['m_floor']}): later tokens of long "
+        f"responses carry little weight: {CAUSE_TEXT[cause]}",
+        f"m_mean min {min(m):.3f}, mean {_mean(m):.3f}; {why}",
+        "",
+        cause,
+    )
+
+
+def _weights_not_synced(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    """Fresh (lag-0) tokens' |Δlogp| rising step after step: the engine samples with weights the trainer left."""
+    pts = [
+        (i, r, float(r["dlogp_mean_lag_0"]))
+        for i, r in enumerate(rows)
+        if isinstance(r.get("dlogp_mean_lag_0"), int | float)
+        and math.isfinite(r["dlogp_mean_lag_0"])
+        and isinstance(r.get("tokens_lag_0"), int | float)
+        and r["tokens_lag_0"] > 0
+    ]
+    if len(pts) < th["sync_min_steps"]:
+        return None
+    d = [v for _, _, v in pts]
+    rising = sum(b > a for a, b in itertools.pairwise(d)) / (len(d) - 1)
+    third = max(1, len(d) // 3)
+    first, last = _mean(d[:third]), _mean(d[-third:])
+    if rising < th["sync_rising"] or last < th["sync_floor"] or last < th["sync_factor"] * first:
+        return None
+    a, b = pts[0], pts[-1]
+    trail = " → ".join(f"{v:.3g}" for v in d[:: max(1, len(d) // 8)])
+    return Finding(
+        "weights_not_synced",
+        f"weights not reaching the engine: the fresh (lag-0) tokens' mean |Δlogp| grows step by step, "
+        f"{first:.3g} → {last:.3g} nats from steps {_step_of(a[1], a[0])} to {_step_of(b[1], b[0])} (rule: rising in "
+        f"≥ {th['sync_rising']:.0%} of steps, last third ≥ ×{th['sync_factor']:g} the first and ≥ "
+        f"{th['sync_floor']:g} nats)",
+        f"lag-0 |Δlogp| by step: {trail}; rising in {rising:.0%} of {len(d) - 1} steps. A synced engine samples "
+        "fresh tokens with the trainer's weights: their mismatch stays flat",
+        "",
+        "sync",
+    )
+
+
+def _any_positive(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> list[Finding]:
+    out = []
     for key, name, what in (
         ("nonfinite_frac", "nonfinite", "NaN/inf log-probs"),
         ("kl_clamped", "kl_clamped", "tokens with |log ρ| > 20"),
@@ -255,11 +514,66 @@ def find(rows: Sequence[Mapping[str, Any]], rules: Mapping[str, float] | None = 
                     name,
                     f"{what} on {hits} of {len(v)} steps (threshold: any)",
                     f"{key} max {max(v):.3g}",
-                    _SUGGEST[name],
-                    name,
+                    "",
+                    "engine",
                 )
             )
     return out
+
+
+#: The rules that judge a window as a whole (the doctor slides them over a long run).
+WINDOW_RULES = ("low_ess", "position_drift", "ratio_tails", "prefix_decay")
+#: The rules that fire on a single step or on the run's trend (the doctor applies them to the whole run).
+RUN_RULES = ("ess_collapse", "weights_not_synced", "nonfinite", "kl_clamped", "ess_degenerate")
+
+
+def find(
+    rows: Sequence[Mapping[str, Any]],
+    rules: Mapping[str, float] | None = None,
+    *,
+    source: str | None = None,
+    only: Iterable[str] | None = None,
+) -> list[Finding]:
+    """The findings that fire on ``rows`` (a window of metric rows, oldest first; missing keys are skipped).
+
+    Rules (thresholds from :data:`RULES`, overridable by ``rules``; ``only``: a subset of the names):
+
+    * ``low_ess``: ``ess`` < 0.9 on more than half of the rows that have it.
+    * ``ess_collapse``: any single row with ``ess`` < 0.2 or ``ratio_max`` > 1e3, named by its step.
+    * ``position_drift``: per decile, the mean of ``dlogp_pos_<d>`` over the rows; over the deciles that at least
+      half of the rows reached, the later half's mean ≥ 3 × the earlier half's and ≥ 0.03 nats.
+    * ``ratio_tails``: mean of ``ratio_frac_above_2`` + ``ratio_frac_below_0_5`` > 0.01.
+    * ``prefix_decay``: mean ``m_mean`` < 0.5.
+    * ``weights_not_synced``: over ≥ 4 rows with fresh tokens, ``dlogp_mean_lag_0`` rises from row to row in ≥ 70 %
+      of them, and the last third's mean is ≥ 3 × the first third's and ≥ 0.02 nats.
+    * ``nonfinite``: any ``nonfinite_frac`` > 0. ``kl_clamped``, ``ess_degenerate``: any > 0 (p3o's trainer).
+
+    Attribution (``Finding.cause``): each rule is re-applied to the fresh tokens (lag 0: ``ess_lag_0``,
+    ``ratio_tails_lag_0``, ``dlogp_pos_lag_0_<d>``, ``m_mean_lag_0``, ``ratio_max_lag_0``) and to the stale ones
+    (lag ≥ 1: the ``_stale`` keys); the stale tokens carry it only when their excess over the ideal (1 − ESS, the
+    tail share, 1 − m) is also ≥ 2 × the fresh tokens' (the engine's mismatch is in stale tokens too). Fresh tokens
+    carry it -> ``engine``; stale ones only -> ``staleness``; both -> ``both``; no lags -> ``undetermined``.
+    ``weights_not_synced`` is ``sync``; ``nonfinite`` / ``kl_clamped`` / ``ess_degenerate`` are ``engine``.
+    Suggestions name the settings of ``source`` (``p3o``, ``trl``, ``verl``; None: generic).
+    """
+    th = {**RULES, **(rules or {})}
+    want = set(only) if only is not None else None
+    out: list[Finding] = []
+    checks: list[tuple[str, Any]] = [
+        ("ess_collapse", _ess_collapse),
+        ("weights_not_synced", _weights_not_synced),
+        ("low_ess", _low_ess),
+        ("position_drift", _position_drift),
+        ("ratio_tails", _ratio_tails),
+        ("prefix_decay", _prefix_decay),
+    ]
+    for name, rule in checks:
+        if want is None or name in want:
+            f = rule(rows, th)
+            if f is not None:
+                out.append(f)
+    out += [f for f in _any_positive(rows, th) if want is None or f.name in want]
+    return [Finding(f.name, f.message, f.evidence, suggest(f.name, f.cause, source), f.cause) for f in out]
 
 
 # ------------------------------------------------------------------------------------------------------ monitor
@@ -277,9 +591,23 @@ class OffPolicyMonitor:
             ``False`` for this process only).
         rules: threshold overrides for :func:`find`.
         warn: log a warning when a finding starts firing.
+        source: the trainer feeding it (``p3o``, ``trl``, ``verl``; None: generic), whose settings the findings'
+            suggestions name.
+
+    Each closed step's row carries ``finding_<name>`` (1.0 while it fires) and ``cause_<name>`` (its cause as a
+    number, :data:`CAUSES`: 1 staleness, 2 engine, 3 both, 4 weights not reaching the engine, 5 undetermined; 0
+    while it does not fire) for every name of :attr:`FINDINGS`.
     """
 
-    FINDINGS = ("low_ess", "position_drift", "ratio_tails", "prefix_decay", "nonfinite")
+    FINDINGS = (
+        "low_ess",
+        "ess_collapse",
+        "weights_not_synced",
+        "position_drift",
+        "ratio_tails",
+        "prefix_decay",
+        "nonfinite",
+    )
 
     def __init__(
         self,
@@ -289,7 +617,11 @@ class OffPolicyMonitor:
         group: Any = None,
         rules: Mapping[str, float] | None = None,
         warn: bool = True,
+        source: str | None = None,
     ) -> None:
+        if source is not None and source not in SOURCES:
+            raise ValueError(f"OffPolicyMonitor: source must be one of {', '.join(SOURCES)} or None, got {source!r}")
+        self.source = source
         self.max_len = max_len
         self.window: deque[dict[str, float]] = deque(maxlen=window)
         self.group = group
@@ -302,11 +634,12 @@ class OffPolicyMonitor:
     # --------------------------------------------------------------------------------------- accumulation
     def _reset(self) -> None:
         nb = len(LAG_BUCKETS)
-        self._parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(nb + 1)]
+        # ESS parts: all tokens, each lag bucket, the stale tokens (lag ≥ 1)
+        self._parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(nb + 2)]
         # sums: tokens, |lr|, ρ>2, ρ<0.5, k1, k2, k3, m, m>0.5, m<0.1, lag, nonfinite, valid(all), lag-bucket
         # counts (nb), position counts (10), position |lr| sums (10), exact-lag counts (LAG_HIST_BINS)
         self._sums: torch.Tensor | None = None  # float64 on the first micro-batch's device (collectives run there)
-        # maxima: |lr|, ρ, −ρ (min), lag, −lag (min)
+        # maxima: |lr|, ρ, −ρ (min), lag, −lag (min), ρ of fresh (lag 0) tokens, ρ of stale (lag ≥ 1) tokens
         self._max: torch.Tensor | None = None
         self._seen = False
         self._has_versions = False
@@ -322,7 +655,7 @@ class OffPolicyMonitor:
             return
         self.window.clear()
         self.window.extend(dict(r) for r in state.get("window", []))
-        self.findings = find(list(self.window), self.rules) if self.window else []
+        self.findings = find(list(self.window), self.rules, source=self.source) if self.window else []
         self._firing = set(state.get("firing", []))
 
     def observe(
@@ -380,10 +713,21 @@ class OffPolicyMonitor:
             sums += list((onehot * absd[..., None]).sum((0, 1)).unbind())
             hist = torch.nn.functional.one_hot(lag.clamp(0, LAG_HIST_BINS - 1), LAG_HIST_BINS).double()
             sums += list((hist * vf[..., None]).sum((0, 1)).unbind())
+            # the fresh (lag 0) and stale (lag ≥ 1) split: tokens, |lr|, tails, m, and |lr| by position decile
+            tails = (rho > 2.0) | (rho < 0.5)
+            for part in (valid & (lag == 0), valid & (lag > 0)):
+                pf = part.double()
+                sums += [pf.sum(), (absd * pf).sum(), (tails & part).double().sum(), (m * pf).sum()]
+                oh = onehot * pf[..., None]  # onehot already carries valid
+                sums += list(oh.sum((0, 1)).unbind()) + list((oh * absd[..., None]).sum((0, 1)).unbind())
             zero = torch.zeros(len(sums), dtype=torch.float64, device=dev)
             self._sums = (zero if self._sums is None else self._sums) + torch.stack(sums)
             if self._max is None:
-                self._max = torch.full((5,), -math.inf, dtype=torch.float64, device=dev)
+                self._max = torch.full((7,), -math.inf, dtype=torch.float64, device=dev)
+            neg = torch.full((), -math.inf, dtype=torch.float64, device=dev)
+            if lag.numel():
+                self._max[5] = torch.maximum(self._max[5], torch.where(valid & (lag == 0), rho, neg).max())
+                self._max[6] = torch.maximum(self._max[6], torch.where(valid & (lag > 0), rho, neg).max())
             if valid.any():
                 mx = torch.stack(
                     [
@@ -394,11 +738,12 @@ class OffPolicyMonitor:
                         -lagd[valid].min(),
                     ]
                 )
-                self._max = torch.maximum(self._max, mx)
+                self._max[:5] = torch.maximum(self._max[:5], mx)
             lr32 = lr.float()
             self._parts[0].append(ess_parts(lr32, valid))
             for k, b in enumerate(bucket_masks):
                 self._parts[k + 1].append(ess_parts(lr32, b))
+            self._parts[-1].append(ess_parts(lr32, valid & (lag > 0)))
             self._seen = True
 
     def _group(self) -> Any:
@@ -436,19 +781,21 @@ class OffPolicyMonitor:
         ess = [float(ess_from_parts(parts, group)) for parts in self._parts]
         row = self._row(sums.cpu(), mx.cpu(), ess)
         if not self._has_versions:  # no versions this step: no lag statistics (not a lag of 0)
-            row = {k: v for k, v in row.items() if not k.startswith(("lag_", "ess_lag_"))}
+            split = set(split_keys())
+            row = {k: v for k, v in row.items() if not k.startswith(("lag_", "ess_lag_")) and k not in split}
         if step is not None:
             row["step"] = float(step)
         self._reset()
         self.window.append(row)
-        self.findings = find(list(self.window), self.rules)
-        fired = {f.name for f in self.findings}
+        self.findings = find(list(self.window), self.rules, source=self.source)
+        fired = {f.name: f for f in self.findings}
         for f in self.findings:
             if self.warn and f.name not in self._firing:
                 _log.warning("p3o off-policy monitor: %s. Suggestion: %s", f.message, f.suggestion)
-        self._firing = fired
+        self._firing = set(fired)
         for name in self.FINDINGS:
             row[f"finding_{name}"] = 1.0 if name in fired else 0.0
+            row[f"cause_{name}"] = float(fired[name].cause_code) if name in fired else 0.0
         return row
 
     @staticmethod
@@ -489,10 +836,24 @@ class OffPolicyMonitor:
         ps = s[pos + N_POSITION_BUCKETS : pos + 2 * N_POSITION_BUCKETS]
         for d in range(N_POSITION_BUCKETS):
             row[f"dlogp_pos_{d}"] = per(ps[d], pc[d])
-        hist = s[pos + 2 * N_POSITION_BUCKETS :]
+        hist = s[pos + 2 * N_POSITION_BUCKETS : pos + 2 * N_POSITION_BUCKETS + LAG_HIST_BINS]
         if n > 0:
             for k in range(min(int(mx[3].item()), LAG_HIST_BINS - 1) + 1):
                 row[f"lag_hist_{k}"] = per(hist[k])
+        at = pos + 2 * N_POSITION_BUCKETS + LAG_HIST_BINS
+        for g, (group, ess_g, max_g) in enumerate((("lag_0", ess[1], mx[5]), ("stale", ess[-1], mx[6]))):
+            c, absd, tails, msum = s[at : at + 4]
+            pcs, pss = s[at + 4 : at + 4 + N_POSITION_BUCKETS], s[at + 4 + N_POSITION_BUCKETS : at + 4 + 20]
+            at += 4 + 2 * N_POSITION_BUCKETS
+            row[f"tokens_{group}"] = c
+            if g == 1:  # ess_lag_0 is the lag-0 bucket's, above
+                row["ess_stale"] = ess_g if c > 0 else nan
+            row[f"dlogp_mean_{group}"] = per(absd, c)
+            row[f"ratio_tails_{group}"] = per(tails, c)
+            row[f"ratio_max_{group}"] = max_g.item() if c > 0 else nan
+            row[f"m_mean_{group}"] = per(msum, c)
+            for d in range(N_POSITION_BUCKETS):
+                row[f"dlogp_pos_{group}_{d}"] = per(pss[d], pcs[d])
         return row
 
 
