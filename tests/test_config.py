@@ -297,7 +297,7 @@ def test_rollout_worker_and_lag_keys_and_their_cross_checks():
     )
     assert (cfg.rollout.workers, cfg.rollout.inflight_updates, cfg.loop.lag_policy) == (2, True, "drop")
     assert (cfg.ray.num_cpus, cfg.ray.address, cfg.loop.schedule, cfg.rollout.colocate) == (4, None, "fixed", False)
-    assert load_config(["--loop.schedule", "free", "--ray.address", "auto"]).ray.address == "auto"
+    assert load_config(["--rollout.workers", "1", "--ray.address", "auto"]).ray.address == "auto"
     for argv, message in [
         (["--rollout.workers", "-1"], "rollout.workers: must be >= 0, got -1"),
         (["--ray.num_cpus", "0"], "ray.num_cpus: must be >= 1, got 0"),

@@ -266,7 +266,7 @@ class CkptConfig:
 
     every: int = _f(20, "save a checkpoint every this many steps (0: none besides final/)", ge=0)
     keep_last: int = _f(2, "number of step checkpoints kept (older ones are pruned)", ge=1)
-    resume: bool = _f(False, "resume from the latest valid checkpoint in run_dir")
+    resume: bool = _f(False, "continue run_dir's run from its newest intact checkpoint with its own config.yaml")
 
 
 @dataclass
@@ -328,6 +328,10 @@ class TrainConfig:
             raise ConfigError(
                 "rollout.inflight_updates needs the hf engine: vLLM has no pause/resume around a weight swap here"
             )
+        if not self.rollout.workers:
+            for key in ("address", "num_cpus", "worker_python", "worker_resource"):
+                if getattr(self.ray, key) is not None:
+                    raise ConfigError(f"ray.{key}: a Ray setting; it needs rollout.workers > 0 (Ray rollout workers)")
         if self.rollout.workers > 0 and self.loop.mode not in ("sync", "async"):
             raise ConfigError(
                 f"rollout.workers: Ray rollout workers run with loop.mode sync or async, not {self.loop.mode}"
@@ -445,7 +449,8 @@ def config_help(cls: type | None = None, extra: Sequence[tuple[str, str]] | None
 
     general = [
         ("--config PATH_OR_PRESET", "YAML file or preset: " + ", ".join(list_presets())),
-        ("--resume", "resume from the latest checkpoint in run_dir (= --ckpt.resume true)"),
+        ("--resume", "continue the run in run_dir from its newest intact checkpoint, with the run's own settings"),
+        ("--allow-changes", "with --resume: let given values change the experiment (in config_history.jsonl)"),
         *(extra or []),
     ]
     records = list(OBJECTIVES.values())

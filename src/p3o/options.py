@@ -384,14 +384,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[str, Any]]
     return pairs + _flatten(data)
 
 
-def load_config(argv: list[str] | None, cls: type, *, base: Any = None) -> Any:
-    """Parse ``--config PATH_OR_PRESET`` and dotted overrides into a validated ``cls`` laid over ``base``.
-
-    Accepted forms: ``--config quick``, ``--config=path.yaml``, ``--optim.lr 3e-4``, ``--optim.lr=3e-4``, a bare
-    boolean flag ``--loop.dynamic_sampling`` (= true), ``cls.cli_aliases`` (``--resume`` = ``--ckpt.resume``);
-    ``-`` and ``_`` are the same in a key (``--batch-size`` = ``--batch_size``). Order: ``base`` (default
-    ``cls()``), every ``--config`` file in order, then the overrides left to right. ``--help`` is not handled here.
-    """
+def _split_argv(argv: Sequence[str] | None, cls: type) -> tuple[list[str], list[tuple[str, str | None]]]:
+    """(``--config`` values, [(key, raw value or None for a bare flag)]) of a command line, aliases resolved."""
     aliases: Mapping[str, str] = getattr(cls, "cli_aliases", {})
     args, configs, overrides = list(argv or []), [], []
     while args:
@@ -408,6 +402,37 @@ def load_config(argv: list[str] | None, cls: type, *, base: Any = None) -> Any:
             configs.append(val)
         else:
             overrides.append((aliases.get(name, name), val))
+    return configs, overrides
+
+
+def given_keys(argv: Sequence[str] | None, cls: type, *, skip_files: Sequence[Path] = ()) -> list[str]:
+    """The dotted keys a command line sets, in order without repeats: every key of each ``--config`` file (and the
+    presets it extends) except the files in ``skip_files``, then each override (a mapping value gives its leaves).
+
+    ``given_keys(["--config", "quick", "--optim.lr", "1e-3"], TrainConfig)`` -> quick's keys, then ``optim.lr``.
+    """
+    configs, overrides = _split_argv(argv, cls)
+    skip = {Path(f).resolve() for f in skip_files}
+    keys: list[str] = []
+    for c in configs:
+        path = preset_path(c)
+        if path.resolve() not in skip:
+            keys += [k for k, _ in _read_yaml(path)]
+    for key, val in overrides:
+        value = None if val is None else _parse_scalar(val)
+        keys += [k for k, _ in _flatten(value, key + ".")] if isinstance(value, Mapping) and value else [key]
+    return list(dict.fromkeys(keys))
+
+
+def load_config(argv: list[str] | None, cls: type, *, base: Any = None) -> Any:
+    """Parse ``--config PATH_OR_PRESET`` and dotted overrides into a validated ``cls`` laid over ``base``.
+
+    Accepted forms: ``--config quick``, ``--config=path.yaml``, ``--optim.lr 3e-4``, ``--optim.lr=3e-4``, a bare
+    boolean flag ``--loop.dynamic_sampling`` (= true), ``cls.cli_aliases`` (``--resume`` = ``--ckpt.resume``);
+    ``-`` and ``_`` are the same in a key (``--batch-size`` = ``--batch_size``). Order: ``base`` (default
+    ``cls()``), every ``--config`` file in order, then the overrides left to right. ``--help`` is not handled here.
+    """
+    configs, overrides = _split_argv(argv, cls)
     cfg = copy.deepcopy(base) if base is not None else cls()
     for c in configs:
         path = preset_path(c)

@@ -14,6 +14,7 @@ import p3o.train.checkpoint as ckpt_mod
 from p3o.errors import P3OError
 from p3o.train.checkpoint import (
     LATEST,
+    CheckpointWriteError,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -125,7 +126,9 @@ def test_crash_during_the_final_rename_keeps_the_previous_checkpoint(tmp_path, m
     monkeypatch.setattr(ckpt_mod.os, "replace", failing_replace)
     with torch.no_grad():
         model.weight.add_(1.0)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(
+        CheckpointWriteError, match=r"step_000002 could not be written \(disk full\).*step_000001 is intact"
+    ):
         save_checkpoint(tmp_path, 2, model=model, loop_state={"at": 2})
     monkeypatch.setattr(ckpt_mod.os, "replace", real_replace)
 
@@ -170,7 +173,7 @@ def test_lost_pointer_update_and_corrupt_newest_fall_back(tmp_path, monkeypatch)
     assert latest_checkpoint(tmp_path).name == "step_000002"  # the complete newer directory wins over the pointer
 
     (root / "step_000002" / "trainer_state.pt").write_bytes(b"garbage")
-    with pytest.warns(UserWarning, match="skipping unreadable checkpoint"):
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint"):
         state = load_checkpoint(tmp_path)
     assert state["step"] == 1
 
@@ -244,6 +247,7 @@ def test_format_1_checkpoint_still_loads(tmp_path, monkeypatch):
     expected = _draws()
     state = torch.load(path / "trainer_state.pt", weights_only=True)
     torch.save({**state, "format": 1, "rng": old_rng}, path / "trainer_state.pt")
+    (path / "meta.json").write_text('{"format": 1, "step": 1}\n')  # format 1 recorded no file sizes or hashes
     assert load_checkpoint(tmp_path)["step"] == 1
     got = _draws()
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])

@@ -97,22 +97,42 @@ def test_resume_over_a_finished_run_without_checkpoints_refuses(tmp_path):
     assert _snapshot(run_dir) == before
 
 
-def test_resume_without_checkpoint_restarts_an_interrupted_run(tmp_path):
+def test_resume_without_checkpoint_is_refused_and_overwrite_restarts(tmp_path):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')  # interrupted before its first checkpoint
-    run(fake_config(run_dir, steps=2, **{"ckpt.resume": True}), components=fake_components())
+    before = _snapshot(run_dir)
+    with pytest.raises(ConfigError, match=r"no checkpoint to resume from .*--overwrite"):
+        run(fake_config(run_dir, steps=2, **{"ckpt.resume": True}), components=fake_components())
+    assert _snapshot(run_dir) == before
+    run(fake_config(run_dir, steps=2, overwrite=True), components=fake_components())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and "reward_mean" in rows[0]
+
+
+@pytest.mark.parametrize("where", ["missing", "empty"])
+def test_resume_with_nothing_to_resume_is_one_line_exit_2(tmp_path, capsys, where, monkeypatch):
+    built = []
+    monkeypatch.setattr(loop_mod, "build_components", lambda cfg: built.append(cfg) or fake_components())
+    (tmp_path / "async").mkdir()
+    run_dir = tmp_path / ("asnyc" if where == "missing" else "async")  # a mistyped name, or an empty directory
+    assert p3o_main(["train", "--run_dir", str(run_dir), "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to resume" in err[0], err
+    if where == "missing":
+        assert f"did you mean {tmp_path / 'async'}" in err[0]
+        assert not run_dir.exists()
+    assert not built
 
 
 def test_clear_run_outputs_removes_only_p3o_outputs(tmp_path):
     for name in ("checkpoints/step_000001", "final", "tensorboard"):
         (tmp_path / name).mkdir(parents=True)
-    for name in ("metrics.jsonl", "plot.png", "config.yaml", "DONE", "checkpoints/step_000001/x", "keep.txt"):
+    for name in ("metrics.jsonl", "plot.png", "config.yaml", "config_history.jsonl", "DONE",
+                 "checkpoints/step_000001/x", "keep.txt"):  # fmt: skip
         (tmp_path / name).write_text("x")
     assert set(clear_run_outputs(tmp_path)) == {"checkpoints", "final", "tensorboard", "metrics.jsonl", "plot.png",
-                                                 "config.yaml", "DONE"}  # fmt: skip
+                                                 "config.yaml", "config_history.jsonl", "DONE"}  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
 
 

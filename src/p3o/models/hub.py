@@ -27,6 +27,15 @@ from p3o.models.cache import atomic_build
 from p3o.models.tiny import base_dir, parse_tiny, tokenizer_dir
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")  # "org/name", as on huggingface.co
+SMOLLM2_NAMES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct")
+
+
+def builtin_names() -> list[str]:
+    """The built-in model names `load_policy` knows (tiny sizes and testbeds, tiny-random, smollm2)."""
+    from p3o.models.configs import SIZES
+    from p3o.models.tiny import TESTBEDS
+
+    return ["tiny", *(f"tiny-{s}" for s in [*SIZES, *TESTBEDS]), "tiny-random", SMOLLM2_NAMES[0]]
 
 
 def ensure_tokenizer(
@@ -186,7 +195,7 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
         torch.manual_seed(seed)
         cfg = qwen3_config(size, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
         return Qwen3ForCausalLM(cfg).float().eval(), tok
-    if name in ("smollm2", "smollm2-135m", "smollm2-135m-instruct"):
+    if name in SMOLLM2_NAMES:
         from p3o.models.smollm2 import ensure_smollm2
 
         return load_pretrained(ensure_smollm2(cache_dir))
@@ -195,7 +204,72 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
         return load_pretrained(path)
     if is_hub_id(name):
         return load_hub(name)
+    check_model_name(name)  # the one line for a name that is none of these
+    raise ConfigError(f"model.name: cannot load {name!r}")  # pragma: no cover - check_model_name raised
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name meant as a local path: absolute, ./ ../ ~, or a relative path whose parent directory exists here."""
+    if name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", ".."):
+        return True
+    if "/" not in name:
+        return False
+    return Path(name).expanduser().parent.is_dir() or name.count("/") > 1
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    """Does the Hugging Face cache hold `repo_id`'s config.json (so an offline load can work)?"""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # pragma: no cover - huggingface_hub comes with transformers
+        return False
+
+
+def check_model_name(name: str, *, key: str = "model.name") -> None:
+    """Refuse, before anything loads, a model name `load_policy` cannot use: one ConfigError line naming `key`.
+
+    Accepted: a built-in name (`builtin_names`: "tiny", "tiny-<size>", "tiny-random", "smollm2"), an existing model
+    directory (with config.json), or a Hub id "org/name" that is in the HF cache or whose Hub can be reached. A
+    path that does not exist says so (not "download it"); a Hub id with no network and no cached copy says that.
+    """
+    name = str(name)
+    tiny = parse_tiny(name)
+    if tiny is not None and not Path(name).exists():
+        from p3o.models.configs import SIZES
+        from p3o.models.tiny import TESTBEDS
+
+        size, rand = tiny
+        if size not in SIZES and not (size in TESTBEDS and not rand):
+            raise ConfigError(
+                f"{key}: unknown tiny size or testbed in {name!r}; built-in models: {', '.join(builtin_names())}"
+            )
+        return
+    if name in SMOLLM2_NAMES:
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{key}: {path} is not a model directory (no config.json)")
+        return
+    if path.exists():
+        raise ConfigError(f"{key}: {path} is a file, not a model directory (a folder with config.json)")
+    if _looks_like_path(name):
+        raise ConfigError(f"{key}: {name}: no such directory")
+    if _HUB_ID.match(name):
+        if _in_hf_cache(name):
+            return
+        offline = _hub_offline()
+        if offline or not _hub_reachable():
+            why = "HF_HUB_OFFLINE=1 is set" if offline else "the Hugging Face Hub cannot be reached (no network)"
+            raise ConfigError(
+                f"{key}: {name!r} is no local directory (no such path), and as a Hugging Face Hub id it is not in "
+                f"the HF cache and {why}: download it where there is network (`hf download {name} --local-dir DIR`) "
+                "and pass DIR"
+            )
+        return
     raise ConfigError(
-        f"model.name: {name!r} is not a known model (tiny, tiny-1m, tiny-5m, tiny-30m, tiny-random, smollm2), "
-        "a local model directory, nor a Hugging Face Hub id like 'Qwen/Qwen3-0.6B'"
+        f"{key}: {name!r} is not a built-in model ({', '.join(builtin_names())}), an existing directory, nor a "
+        "Hugging Face Hub id like 'Qwen/Qwen3-0.6B'"
     )

@@ -155,7 +155,7 @@ def tokenizer_dir(
 
 def parse_tiny(name: str) -> tuple[str, bool] | None:
     """ "tiny" / "tiny-1m" / "tiny-random" / "tiny-30m-random" -> (size, random); None for other names."""
-    if not name.startswith("tiny"):
+    if name != "tiny" and not name.startswith("tiny-"):  # "tinyy" is not a tiny model
         return None
     parts = name.split("-")[1:]
     rand = "random" in parts

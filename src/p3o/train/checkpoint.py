@@ -7,7 +7,8 @@ Layout under a run directory::
         policy/               save_pretrained (safetensors) + tokenizer files; with LoRA the adapters only
                               (PEFT format: adapter_model.safetensors + adapter_config.json)
         trainer_state.pt      {"format", "step", "optimizer", "scheduler", "rng": {rank: states}, "loop_state"}
-        meta.json             written last: {"step", "format"}; a directory without it is incomplete
+        meta.json             written last: {"step", "format", "time", "files": {path: {"size", "sha256"}}};
+                              a directory without it is incomplete, one whose files differ from it is damaged
       step_000040/ ...
       latest                  text file naming the newest complete checkpoint ("step_000040")
 
@@ -19,7 +20,13 @@ Atomicity: everything is written into a hidden temporary directory in ``checkpoi
 each file is fsync'ed, then the directory is renamed into place with ``os.replace`` and the ``latest``
 pointer is replaced atomically. A crash at any point leaves the previous checkpoints intact and loadable;
 left-over temporary directories are ignored by the loader and removed by the next save. Only one process
-(rank 0) should call :func:`save_checkpoint`.
+(rank 0) should call :func:`save_checkpoint`. A save that fails (a full disk, a file-size limit) removes its
+temporary directory and raises :class:`CheckpointWriteError`, one line naming the intact checkpoint to resume from.
+
+Damage: meta.json records the size and sha256 of every file of the checkpoint. :func:`load_checkpoint` checks them
+(:func:`p3o.models.checkpoints.checkpoint_damage`) and skips a damaged checkpoint (a truncated copy, a disk that
+filled after the rename) with one :class:`CheckpointWarning`, taking the newest intact one; with none intact it
+raises P3OError naming each one and what is wrong with it.
 
 RNG: every rank's own generators (Python, NumPy, torch CPU, CUDA) are saved under its rank and each rank restores
 its own; a rank the checkpoint holds no state for (or, in a format-1 checkpoint, any rank but 0) keeps the
@@ -56,7 +63,9 @@ from p3o.models.checkpoints import (  # the layout and its read-only lookups liv
     META_FILE,
     POLICY_DIR,
     STATE_FILE,
+    checkpoint_damage,
     checkpoint_step,
+    file_records,
     latest_checkpoint,
     list_checkpoints,
 )
@@ -64,6 +73,10 @@ from p3o.models.checkpoints import is_complete_checkpoint as is_complete
 
 __all__ = [
     "CKPT_DIR",
+    "CheckpointWarning",
+    "CheckpointWriteError",
+    "checkpoint_damage",
+    "intact_checkpoint",
     "LATEST",
     "STATE_FILE",
     "RUN_OUTPUTS",
@@ -85,6 +98,14 @@ __all__ = [
 FORMAT = 2  # 2: per-rank RNG states, NumPy's as a tensor (weights_only loadable); 1: rank 0's RNG, NumPy ndarray
 _TMP_PREFIX = ".tmp-"
 _OLD_PREFIX = ".old-"
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped on resume because its files differ from what its meta.json records."""
+
+
+class CheckpointWriteError(P3OError):
+    """A checkpoint could not be written (disk full, file-size limit); the earlier checkpoints are left intact."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -310,13 +331,14 @@ def run_outputs(run_dir: str | Path) -> list[str]:
 
 
 def clear_run_outputs(run_dir: str | Path) -> list[str]:
-    """Delete an earlier run's outputs from ``run_dir`` (``RUN_OUTPUTS``, config.yaml, DONE); other files stay.
+    """Delete an earlier run's outputs from ``run_dir`` (``RUN_OUTPUTS``, config.yaml, config_history.jsonl, DONE);
+    other files stay.
 
     Returns the names removed. This is what ``--overwrite`` does before a fresh run starts.
     """
     run_dir = Path(run_dir)
     removed = []
-    for name in (*RUN_OUTPUTS, "config.yaml", "DONE"):
+    for name in (*RUN_OUTPUTS, "config.yaml", "config_history.jsonl", "DONE"):
         path = run_dir / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -395,15 +417,45 @@ def save_checkpoint(
             "loop_state": loop_state,
         }
         torch.save(state, tmp / STATE_FILE)
-        (tmp / META_FILE).write_text(json.dumps({"format": FORMAT, "step": int(step), "time": time.time()}) + "\n")
+        meta = {"format": FORMAT, "step": int(step), "time": time.time(), "files": file_records(tmp)}
+        (tmp / META_FILE).write_text(json.dumps(meta) + "\n")
         _fsync_tree(tmp)
         _swap_in(tmp, final)
-    except BaseException:
+        _atomic_write_text(root / LATEST, name + "\n")
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError | RuntimeError) and not isinstance(err, P3OError):
+            raise _write_error(run_dir, name, err) from None
         raise
-    _atomic_write_text(root / LATEST, name + "\n")
     _prune(root, keep_last, keep=final)
     return final
+
+
+def _write_error(run_dir: str | Path, name: str, err: BaseException) -> CheckpointWriteError:
+    """The one line for a save that failed: what failed, and the intact checkpoint a resume would take."""
+    why = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+    intact, _ = intact_checkpoint(run_dir)
+    kept = (
+        f"the previous checkpoint {intact.name} is intact; `p3o train --run_dir {run_dir} --resume` continues from it"
+        if intact is not None
+        else "there is no earlier checkpoint to resume from"
+    )
+    return CheckpointWriteError(f"checkpoint {name} could not be written ({why}); nothing of it was kept, {kept}")
+
+
+def intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """(the newest intact checkpoint of a run or None, [(damaged checkpoint, why)] newer than it, newest first).
+
+    Intact: complete (meta.json, trainer_state.pt, policy/) and every file as its meta.json records
+    (:func:`p3o.models.checkpoints.checkpoint_damage`). Reads every file once (sha256); loads nothing.
+    """
+    damaged: list[tuple[Path, str]] = []
+    for ckpt in _candidates(Path(run_dir)):
+        why = checkpoint_damage(ckpt)
+        if why is None:
+            return ckpt, damaged
+        damaged.append((ckpt, why))
+    return None, damaged
 
 
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
@@ -461,6 +513,13 @@ def _prune(root: Path, keep_last: int, keep: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def _candidates(run_dir: Path) -> list[Path]:
+    """Every complete checkpoint of a run, newest first (the ``latest`` pointer's first)."""
+    latest = latest_checkpoint(run_dir)
+    others = [p for p in reversed(list_checkpoints(run_dir)) if p != latest]
+    return ([latest] if latest is not None else []) + others
+
+
 def _resolve(path_or_run_dir: str | Path) -> list[Path]:
     """Candidate checkpoint directories, newest first: one explicit checkpoint, or every checkpoint of a run."""
     path = Path(path_or_run_dir)
@@ -470,9 +529,7 @@ def _resolve(path_or_run_dir: str | Path) -> list[Path]:
         return [path]
     if not path.exists():
         raise P3OError(f"{path}: no such run directory or checkpoint")
-    latest = latest_checkpoint(path)
-    others = [p for p in reversed(list_checkpoints(path)) if p != latest]
-    return ([latest] if latest is not None else []) + others
+    return _candidates(path)
 
 
 def load_checkpoint(
@@ -487,7 +544,8 @@ def load_checkpoint(
     """Restore the newest loadable checkpoint into the given objects; None when a run has no checkpoint yet.
 
     ``path_or_run_dir`` is a run directory (or its ``checkpoints/``), which picks the newest complete checkpoint and
-    falls back to older ones when one cannot be read, or one ``step_XXXXXX`` directory. ``model`` weights are loaded
+    falls back to older ones when one is damaged (its files differ from meta.json's record, or cannot be read: one
+    :class:`CheckpointWarning` each), or one ``step_XXXXXX`` directory. ``model`` weights are loaded
     in place; ``optimizer`` / ``scheduler`` states when given and saved; when ``restore_rng``, this rank's own RNG
     states (a rank the checkpoint has none for keeps its generators as they are).
 
@@ -497,17 +555,21 @@ def load_checkpoint(
     errors: list[str] = []
     for ckpt in candidates:
         try:
+            why = checkpoint_damage(ckpt)
+            if why is not None:
+                raise P3OError(why)
             state = _read_state(ckpt / STATE_FILE, map_location)
             if not isinstance(state, dict) or "step" not in state:
-                raise P3OError(f"{ckpt / STATE_FILE}: not a p3o trainer state")
-        except Exception as err:  # a corrupt file: try the previous checkpoint
+                raise P3OError(f"{STATE_FILE}: not a p3o trainer state")
+            if model is not None:  # safetensors reads every file before the model changes: a bad one leaves it as is
+                load_policy_weights(model, ckpt / POLICY_DIR)
+        except Exception as err:  # a damaged or unreadable checkpoint: try the previous one
+            why = str(err) if isinstance(err, P3OError) else f"{type(err).__name__}: {str(err)[:160]}"
             if len(candidates) == 1:
-                raise P3OError(f"{ckpt / STATE_FILE}: cannot be read ({type(err).__name__}: {err})") from None
-            errors.append(f"{ckpt.name}: {type(err).__name__}")
-            warnings.warn(f"skipping unreadable checkpoint {ckpt} ({type(err).__name__}: {err})", stacklevel=2)
+                raise P3OError(f"{ckpt}: damaged checkpoint ({why})") from None
+            errors.append(f"{ckpt.name} ({why})")
+            warnings.warn(f"skipping damaged checkpoint {ckpt} ({why})", CheckpointWarning, stacklevel=2)
             continue
-        if model is not None:
-            load_policy_weights(model, ckpt / POLICY_DIR)
         if optimizer is not None and state.get("optimizer") is not None:
             optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None and state.get("scheduler") is not None:
@@ -516,5 +578,5 @@ def load_checkpoint(
             _restore_own_rng(state.get("rng"))
         return {"step": int(state["step"]), "loop_state": state.get("loop_state"), "path": ckpt}
     if errors:
-        raise P3OError(f"{path_or_run_dir}: no readable checkpoint ({', '.join(errors)})")
+        raise P3OError(f"{path_or_run_dir}: no intact checkpoint to resume from: {'; '.join(errors)}")
     return None

@@ -2,10 +2,13 @@
 
     p3o train                                              # the main job: P3O on the built-in task, tiny model
     p3o train --config quick --objective.name grpo --objective.clip_eps 0.4
-    p3o train --run_dir runs/x --resume                    # continue from the latest good checkpoint
+    p3o train --run_dir runs/x --resume                    # continue the run, with its own settings
+    p3o train --run_dir runs/x --resume --steps 800 --allow-changes   # change it (run_dir/config_history.jsonl)
     torchrun --nproc_per_node 2 -m p3o train --rollout.prompts_per_step 8   # data parallel (gloo on CPU)
 
-Bad options print one line naming the key and exit with status 2.
+Bad options print one line naming the key and exit with status 2; so does `--resume` with nothing to resume or
+with a value that would change the experiment (`p3o.train.resume`). A checkpoint that cannot be written (a full
+disk) is one line and exit 1; the previous checkpoints stay intact.
 """
 
 from __future__ import annotations
@@ -14,18 +17,21 @@ import os
 import sys
 import time
 import typing
+import warnings
 from typing import Any
 
 # Before torch loads OpenMP: idle worker threads sleep instead of spinning. On a shared or oversubscribed CPU,
 # spinning threads made 2-thread steps ~20x slower than 1-thread ones; sleeping costs little on an idle machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from p3o.errors import P3OError
+from p3o.errors import ConfigError, P3OError
 
 
 def _summary(run_dir: str, wall_s: float) -> str:
-    """A few lines for the console: where the run is, and how the reward moved."""
+    """A few lines for the console: where the run is, how the reward and the held-out pass@1 moved, and each
+    off-policy finding that fired (first step, steps fired, cause)."""
     from p3o.metrics import read_metrics
+    from p3o.metrics.monitor import CAUSE_TEXT, CAUSES
 
     lines = [f"run directory: {run_dir}  ({wall_s:.1f} s)"]
     try:
@@ -37,6 +43,22 @@ def _summary(run_dir: str, wall_s: float) -> str:
         k = max(1, min(5, len(rewards) // 4 or 1))
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
         lines.append(f"reward_mean: first {k} steps {first:.3f} -> last {k} steps {last:.3f}")
+    evals = [(r.get("step"), r["eval_accuracy"]) for r in rows if isinstance(r.get("eval_accuracy"), int | float)]
+    if evals:
+        (s0, a0), (s1, a1) = evals[0], evals[-1]
+        lines.append(f"held-out pass@1: {a0:.3f} at step {s0} -> {a1:.3f} at step {s1} ({len(evals)} evaluations)")
+    fired: dict[str, list[Any]] = {}  # name -> [first step, steps fired, last cause code]
+    for r in rows:
+        for key, value in r.items():
+            if key.startswith("offpolicy/finding_") and value == 1:
+                name = key[len("offpolicy/finding_") :]
+                rec = fired.setdefault(name, [r.get("step"), 0, None])
+                rec[1] += 1
+                rec[2] = r.get(f"offpolicy/cause_{name}", rec[2])
+    codes = {code: text for text, code in CAUSES.items()}
+    for name, (step, n, code) in fired.items():
+        cause = CAUSE_TEXT[codes.get(int(code), "undetermined")] if isinstance(code, int | float) else "undetermined"
+        lines.append(f"finding {name}: first at step {step}, on {n} steps (cause: {cause}); see p3o doctor {run_dir}")
     return "\n".join(lines)
 
 
@@ -72,6 +94,57 @@ def ess_scope_warning(cfg: Any, world_size: int = 1) -> str | None:
     )
 
 
+def _take_flag(argv: list[str], *names: str) -> tuple[list[str], bool]:
+    """``argv`` without the bare flags ``names`` (``--allow-changes``), and whether one was there."""
+    kept = [a for a in argv if a not in names]
+    return kept, len(kept) != len(argv)
+
+
+def _say(text: str, *, err: bool = True) -> None:
+    """One line on rank 0 (stderr by default)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(text, file=sys.stderr if err else sys.stdout)
+
+
+def prepare_resume(
+    argv: list[str], given: Any, *, allow_changes: bool
+) -> tuple[Any, dict[str, list[Any]], int] | None:
+    """`--resume`: (the run's config with the allowed changes, the changes, the step it continues from), or None
+    when the run has already reached its steps (said in one line on stdout).
+
+    Nothing to resume (missing or empty run_dir, no checkpoint, none intact) and experiment changes without
+    `allow_changes` raise one ConfigError line; damaged checkpoints newer than the intact one are named in one
+    warning line each (`p3o.train.checkpoint.intact_checkpoint`).
+    """
+    from pathlib import Path
+
+    from p3o.train.checkpoint import checkpoint_step, intact_checkpoint
+    from p3o.train.resume import resume_config
+    from p3o.train.wiring import resume_problem
+
+    run_dir = Path(given.run_dir)
+    problem = resume_problem(run_dir)
+    if problem:
+        raise ConfigError(problem)
+    cfg, changes = resume_config(argv, given, allow_changes=allow_changes)
+    intact, damaged = intact_checkpoint(run_dir)
+    assert intact is not None  # resume_problem said so
+    for path, why in damaged:
+        _say(f"p3o train: warning: skipping damaged checkpoint {path} ({why}); resuming from {intact.name}")
+    step = checkpoint_step(intact) or 0
+    if step >= cfg.steps:
+        extend = f"p3o train --run_dir {run_dir} --resume --steps {max(step, cfg.steps) * 2}"
+        if cfg.optim.schedule != "constant":
+            extend += " --allow-changes (under the cosine schedule every later learning rate changes)"
+        _say(
+            f"p3o train: {run_dir} has reached its {cfg.steps} steps (checkpoint {intact.name}): nothing to resume; "
+            f"to train further: {extend}",
+            err=False,
+        )
+        return None
+    return cfg, changes, step
+
+
 def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
     """Entry point of `p3o train` (see the module docstring); returns the exit status. `remote_source`: what builds
     the rollout workers' batch source (`p3o.cli` passes `p3o.cluster.RaySource`)."""
@@ -79,14 +152,26 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
     from p3o.config import config_help, load_config
 
     if any(a in {"-h", "--help"} for a in argv):
-        print("usage: p3o train [--config PRESET_OR_YAML] [--resume] [--key value ...]\n")
+        print("usage: p3o train [--config PRESET_OR_YAML] [--resume [--allow-changes]] [--key value ...]\n")
         print(config_help())
         return 0
     try:
+        argv, allow_changes = _take_flag(argv, "--allow-changes", "--allow_changes")
         cfg = load_config(argv)
+        changes: dict[str, list[Any]] = {}
+        start = 0
+        if allow_changes and not cfg.ckpt.resume:
+            raise ConfigError("--allow-changes: it changes a resumed run's settings, so it needs --resume")
+        if cfg.ckpt.resume:
+            resumed = prepare_resume(argv, cfg, allow_changes=allow_changes)
+            if resumed is None:
+                return 0
+            cfg, changes, start = resumed
+        from p3o.models.hub import check_model_name
         from p3o.rollout.capabilities import check_rollout_backend
 
-        # a setting this machine's rollout backend cannot run stops here, before any model loads
+        # a name, or a setting this machine's rollout backend cannot run, stops here, before any model loads
+        check_model_name(cfg.model.name)
         check_rollout_backend(
             engine=cfg.rollout.engine,
             kv_cache_dtype=cfg.rollout.kv_cache_dtype,
@@ -94,23 +179,32 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
             device=cfg.model.device,
         )
         from p3o import dist
-        from p3o.train.checkpoint import run_outputs
+        from p3o.train.checkpoint import CheckpointWarning, run_outputs
         from p3o.train.loop import run
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
         warning = ess_scope_warning(cfg, world)
         refused = run_outputs(cfg.run_dir) and not (cfg.ckpt.resume or cfg.overwrite)  # run() stops with one line
-        if warning and not refused and os.environ.get("RANK", "0") == "0":
-            print(warning, file=sys.stderr)
+        if warning and not refused:
+            _say(warning)
+        if changes and os.environ.get("RANK", "0") == "0":
+            from p3o.train.resume import HISTORY_FILE, describe_changes, record_changes
+
+            record_changes(cfg.run_dir, start, changes, allowed=allow_changes)
+            _say(f"p3o train: resuming at step {start} with {describe_changes(changes)} (in {HISTORY_FILE})")
 
         t0 = time.perf_counter()
-        run_dir = run(cfg, remote_source=remote_source)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CheckpointWarning)  # prepare_resume named each damaged checkpoint
+            run_dir = run(cfg, remote_source=remote_source)
         if dist.is_main():
             print(_summary(str(run_dir), time.perf_counter() - t0))
         dist.destroy()
     except P3OError as err:
         print(f"p3o train: error: {err}", file=sys.stderr)
-        return 2
+        from p3o.train.checkpoint import CheckpointWriteError
+
+        return 1 if isinstance(err, CheckpointWriteError) else 2
     return 0
 
 

@@ -190,8 +190,10 @@ class Trainer:
                 # its checkpoints would be picked up by a later --resume)
                 removed = clear_run_outputs(run_dir)
                 print(f"p3o train: starting fresh in {run_dir}: removed {', '.join(removed)}", file=sys.stderr)
-            # `overwrite` is an action, not a setting: rerunning the saved config must not delete this run
-            save_config(dataclasses.replace(cfg, overwrite=False), run_dir / "config.yaml")
+            # `overwrite` is an action, not a setting: rerunning the saved config must not delete this run. A resumed
+            # run keeps its first config.yaml (its changes: config_history.jsonl, p3o.train.resume)
+            if start == 0 or not (run_dir / "config.yaml").is_file():
+                save_config(dataclasses.replace(cfg, overwrite=False), run_dir / "config.yaml")
 
         self.monitor.load_state(loop_state.get("monitor"))  # its window, so resumed metrics equal uninterrupted ones
         # 3. the batch source: in this process, or Ray rollout workers
@@ -210,8 +212,9 @@ class Trainer:
             truncate_after=start,  # a resumed run rewrites the steps after its checkpoint; a fresh one starts empty
         )
         self.bar = ProgressBar(
-            cfg.steps, enabled=cfg.log.progress and main, description=f"p3o {cfg.objective.name}", start=start
+            cfg.steps, enabled=cfg.log.progress and main, description=cfg.objective.name, start=start
         )
+        self.evaluator = self.bar.wrap_evaluation(self.evaluator)  # the bar shows the evaluation phase
         self.t_run = time.perf_counter()
         return start
 

@@ -251,9 +251,10 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse (ConfigError, on every rank together) a run_dir this run must not write into; create it otherwise.
 
     A fresh run (no `resume`) never silently replaces another: a run_dir holding an earlier run's outputs is
-    refused unless `overwrite`. `resume` over a finished run with no checkpoint is refused too.
+    refused unless `overwrite`. `resume` needs something to resume (`resume_problem`): a missing or empty run_dir, a
+    run with no checkpoint and one whose checkpoints are all damaged are refused with one line.
     """
-    from p3o.train.checkpoint import latest_checkpoint, run_outputs
+    from p3o.train.checkpoint import run_outputs
 
     problem = None
     if dist.is_main():
@@ -263,16 +264,50 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
                 f"run_dir {run_dir} holds an earlier run ({', '.join(outputs)}); pass --resume to continue it or "
                 f"--overwrite to replace it (or choose another --run_dir)"
             )
-        elif resume and "final" in outputs and latest_checkpoint(run_dir) is None:
-            problem = (
-                f"run_dir {run_dir} holds a finished run with no checkpoint to resume from; pass --overwrite "
-                f"(without --resume) to replace it, or choose another --run_dir"
-            )
-        else:
+        elif resume:
+            problem = resume_problem(run_dir)
+        if problem is None:
             run_dir.mkdir(parents=True, exist_ok=True)
     problem = dist.broadcast_object(problem)  # every rank stops together (identity at world size 1)
     if problem:
         raise ConfigError(problem)
+
+
+def resume_problem(run_dir: str | Path) -> str | None:
+    """Why `--resume` has nothing to continue in `run_dir` (one line), or None when it holds an intact checkpoint.
+
+    Missing directory (with the nearest sibling's name when one is close), an empty one, a run without a checkpoint
+    (finished with ckpt.every 0, or stopped before its first), every checkpoint damaged (each named with why).
+    """
+    import difflib
+
+    from p3o.train.checkpoint import intact_checkpoint, list_checkpoints, run_outputs
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        parent = run_dir.parent if str(run_dir.parent) else Path(".")
+        siblings = [p.name for p in parent.iterdir() if p.is_dir()] if parent.is_dir() else []
+        near = difflib.get_close_matches(run_dir.name, siblings, n=1, cutoff=0.6)
+        hint = f" (did you mean {parent / near[0]}?)" if near else ""
+        return f"run_dir {run_dir} does not exist: nothing to resume{hint}"
+    outputs = run_outputs(run_dir)
+    if not list_checkpoints(run_dir):
+        if not outputs:
+            return f"run_dir {run_dir} holds no run: nothing to resume (drop --resume to start a run there)"
+        if "final" in outputs:
+            return (
+                f"run_dir {run_dir} holds a finished run with no checkpoint to resume from; pass --overwrite "
+                f"(without --resume) to replace it, or choose another --run_dir"
+            )
+        return (
+            f"run_dir {run_dir} holds no checkpoint to resume from (the run stopped before its first one); start it "
+            f"again with --overwrite (without --resume)"
+        )
+    intact, damaged = intact_checkpoint(run_dir)
+    if intact is None:
+        listed = "; ".join(f"{p.name}: {why}" for p, why in damaged)
+        return f"run_dir {run_dir}: no intact checkpoint to resume from ({listed})"
+    return None
 
 
 def save_loop_checkpoint(
@@ -322,6 +357,7 @@ __all__ = [
     "build_optimizer",
     "check_run_dir",
     "engine_model",
+    "resume_problem",
     "resolve_device",
     "save_loop_checkpoint",
     "sync_weights",
