@@ -16,14 +16,25 @@ snapshot at the start of each epoch: decoupled PPO, two-anchor P3O), `ref_logp` 
 a step-scope ESS and M2PO's step-level threshold (a no-grad pass over the mini-batch before its backward passes).
 Statistics stay tensors until the end of the update and are synced once (one `.tolist()`).
 
+`update` is a short function over named phases, each testable on its own:
+
+    call    = resolve_objective(...)      # 0. the objective bound once, what it needs
+    plan    = plan_update(...)            # 1. checks; the mini-batches and their trimmed micro-batches
+    anchors = take_anchors(...)           # 2. snapshots π_θold, π_ref; the rollout correction's anchor and mask
+    for each epoch, mini-batch k:
+        scope = step_scope(...)           # 2b. π_prox (per epoch), global normalisers, step ESS / M2PO pre-pass
+        loss  = backward_micro_batches(...)   # 3. forward/backward per micro-batch, the monitor, the stats
+        optimizer_step(...)               #    all-reduce gradients, clip, step
+    return stats.reduce(optimizer)        # 4. one sync of every statistic
+
     stats = update(policy, optimizer, scheduler, batch, get_objective("p3o"), {}, micro_batch_size=8)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +42,15 @@ from torch import Tensor, nn
 
 from p3o import dist
 from p3o.errors import ConfigError
+from p3o.logprobs import token_logprobs
+from p3o.objectives import (
+    Correction,
+    ObjectiveInputs,
+    correction_anchor,
+    ess_from_parts,
+    ess_parts,
+    m2po_threshold,
+)
 from p3o.objectives.registry import BoundObjective, Objective
 from p3o.types import Rollouts
 
@@ -91,72 +111,41 @@ def make_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
-@dataclass
-class _Micro:
-    """The tensors of one micro-batch, trimmed to its own padding. Shapes (n, p) prompt and (n, t) response."""
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How one rollout batch becomes optimizer steps: the update's own sub-config, resolved once per run.
 
-    rows: Tensor  # (n,) indices into the update's batch
-    prompt_ids: Tensor
-    prompt_mask: Tensor
-    response_ids: Tensor
-    mask: Tensor
-    rollout_logp: Tensor
-    advantages: Tensor
-    t_full: int  # response width before trimming (side log-probs are stored at that width)
+    From the run config: `update.num_mini_batches`, `update.micro_batch_size`, `update.epochs`,
+    `optim.grad_clip` (≤ 0: measure the norm, do not clip), `train.temperature`, `train.chunk_size`
+    (`UpdateSettings.of(cfg)`).
+    """
 
+    num_mini_batches: int = 1
+    micro_batch_size: int = 8
+    epochs: int = 1
+    grad_clip: float = 1.0
+    temperature: float = 1.0
+    chunk_size: int = 256
 
-def _micro(batch: Rollouts, adv: Tensor, rows: Tensor) -> _Micro:
-    """Rows `rows` of `batch`, with all-pad prompt columns (left) and all-pad response columns (right) dropped."""
-    pm = batch.prompt_mask[rows]
-    m = batch.mask[rows]
-    p_keep = int(pm.any(0).nonzero().min()) if pm.any() else pm.shape[1] - 1
-    t_keep = int(m.any(0).nonzero().max()) + 1 if m.any() else 1
-    return _Micro(
-        rows=rows,
-        prompt_ids=batch.prompt_ids[rows][:, p_keep:],
-        prompt_mask=pm[:, p_keep:],
-        response_ids=batch.response_ids[rows][:, :t_keep],
-        mask=m[:, :t_keep],
-        rollout_logp=batch.rollout_logp[rows][:, :t_keep],
-        advantages=adv[rows],
-        t_full=batch.mask.shape[1],
-    )
+    def __post_init__(self) -> None:
+        if self.num_mini_batches < 1 or self.micro_batch_size < 1 or self.epochs < 1:
+            raise ConfigError(
+                f"update: num_mini_batches, micro_batch_size and epochs must be >= 1, got "
+                f"{self.num_mini_batches}, {self.micro_batch_size}, {self.epochs}"
+            )
 
-
-def _logprobs(
-    model: nn.Module, mb: _Micro, temperature: float, chunk_size: int, with_entropy: bool
-) -> tuple[Tensor, Tensor | None]:
-    from p3o.logprobs import token_logprobs
-
-    return token_logprobs(
-        model,
-        mb.prompt_ids,
-        mb.prompt_mask,
-        mb.response_ids,
-        mb.mask,
-        temperature=temperature,
-        chunk_size=chunk_size,
-        with_entropy=with_entropy,
-    )
-
-
-@torch.no_grad()
-def _snapshot(model: nn.Module, micros: list[_Micro], n: int, t: int, temperature: float, chunk: int) -> Tensor:
-    """(N, T) no-grad log-probs of every row of the batch under `model` (0 where masked)."""
-    out = torch.zeros(n, t, dtype=torch.float32, device=micros[0].mask.device)
-    for mb in micros:
-        lp, _ = _logprobs(model, mb, temperature, chunk, False)
-        out[mb.rows, : lp.shape[1]] = lp
-    return out
-
-
-def _split(n: int, parts: int) -> list[Tensor]:
-    """`parts` contiguous, near-equal index chunks of range(n) (empty chunks dropped)."""
-    return [c for c in torch.arange(n).chunk(parts) if c.numel()]
-
-
-_MAX_KEYS = ("ratio_max",)
-_MIN_KEYS = ("ratio_min",)
+    @classmethod
+    def of(cls, cfg: Any) -> UpdateSettings:
+        """The settings of a `p3o.config.TrainConfig` (its `update`, `optim.grad_clip` and `train` sections)."""
+        up = cfg.update
+        return cls(
+            num_mini_batches=up.num_mini_batches,
+            micro_batch_size=up.micro_batch_size,
+            epochs=up.epochs,
+            grad_clip=cfg.optim.grad_clip,
+            temperature=cfg.train.temperature,
+            chunk_size=cfg.train.chunk_size,
+        )
 
 
 def update(
@@ -181,6 +170,7 @@ def update(
 ) -> dict[str, float]:
     """Train `policy` on `batch` (this rank's rows; `batch.advantages` (N,) must be set); returns the step's stats.
 
+    The keyword form of `UpdateStep(...).run(batch, version)` (a loop builds the `UpdateStep` once per run instead).
     For each epoch e and mini-batch k (rows split contiguously into `num_mini_batches` chunks):
     forward each micro-batch with grad, loss_micro = objective_fn(inputs, **hyper) with the step's global
     `num_tokens` / `num_seqs`, backward; then all-reduce (sum) the gradients over ranks, clip their global
@@ -194,7 +184,7 @@ def update(
             or any `fn(ObjectiveInputs, **hyper) -> (loss 0-d, stats dict of 0-d tensors)`.
         needs: the optional inputs to compute and pass (exactly these; the others stay None). None: what the
             record says (`objective_fn.inputs_needed(hyper)`); a plain function then gets none.
-        temperature: the trainer-side temperature of the log-probs (`train.temperature`).
+        num_mini_batches, micro_batch_size, epochs, grad_clip, temperature, chunk_size: the `UpdateSettings`.
         ref_model: frozen reference for `ref_logp` (required when "ref_logp" in needs).
         group: data-parallel process group for the ESS (None: the default group when distributed).
         monitor: a `metrics.monitor.OffPolicyMonitor` fed each micro-batch of the first epoch (the trainer's log-probs
@@ -206,165 +196,442 @@ def update(
         `ratio_min` the min), plus `loss` (mean per optimizer step), `grad_norm` (mean, before clipping), `lr`,
         `entropy` (token mean), `optimizer_steps`; averaged over ranks. Python floats.
     """
-    from p3o.objectives import (
-        Correction,
-        ObjectiveInputs,
-        correction_anchor,
-        ess_from_parts,
-        ess_parts,
-        m2po_threshold,
+    settings = UpdateSettings(num_mini_batches, micro_batch_size, epochs, grad_clip, temperature, chunk_size)
+    step = UpdateStep(
+        policy,
+        optimizer,
+        scheduler,
+        resolve_objective(objective_fn, hyper, needs),
+        settings,
+        ref_model=ref_model,
+        group=group,
+        monitor=monitor,
     )
+    return step.run(batch, version)
 
+
+class UpdateStep:
+    """The update step of one run, its phases as methods: built once (the objective bound, the settings resolved,
+    the reference model, the data-parallel group and the monitor attached), then called once per rollout batch.
+
+        step = UpdateStep(policy, optimizer, scheduler, resolve_objective(objective, {}, None), UpdateSettings())
+        stats = step.run(batch, version)
+    """
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+        call: ObjectiveCall,
+        settings: UpdateSettings,
+        *,
+        ref_model: nn.Module | None = None,
+        group: Any = None,
+        monitor: Any = None,
+    ) -> None:
+        if "ref_logp" in call.needs and ref_model is None:
+            raise ValueError("update: the objective needs ref_logp (ref_kl_coef != 0) but no ref_model was given")
+        self.policy, self.optimizer, self.scheduler = policy, optimizer, scheduler
+        self.call, self.settings = call, settings
+        self.ref_model, self.group, self.monitor = ref_model, group, monitor
+
+    def run(self, batch: Rollouts, version: int = 0) -> dict[str, float]:
+        """Train on `batch` (its `advantages` set) as the policy at `version`; the statistics of `update`."""
+        plan = self.plan(batch)
+        anchors = self.anchors(plan)
+        stats = UpdateStats(plan.device)
+        for epoch in range(self.settings.epochs):
+            prox_logp = self.prox(plan, anchors, epoch)
+            observe = self.observer(plan.batch, version) if epoch == 0 else None
+            for k in range(len(plan.minis)):
+                scope = self.scope(plan, k, anchors, prox_logp)
+                loss = self.backward(plan.micros[k], anchors, scope, stats, observe)
+                grad_norm = self.optimizer_step()
+                stats.add_step(dist.all_reduce_sum(loss), grad_norm)
+        return stats.reduce(self.optimizer)
+
+    # -- 1. the plan -------------------------------------------------------------------------------------------------
+    def plan(self, batch: Rollouts) -> UpdatePlan:
+        """Check `batch`, move it to the policy's device and split its N rows into `num_mini_batches` contiguous
+        mini-batches of micro-batches of ≤ `micro_batch_size` rows, trimmed to their own padding; every rank must get
+        the same shape of plan (else the collectives would deadlock)."""
+        if batch.advantages is None:
+            raise ValueError("update: batch.advantages is None (compute advantages before the update)")
+        batch = batch.to(next(self.policy.parameters()).device)
+        adv = batch.advantages.float()
+        minis = _split(batch.mask.shape[0], self.settings.num_mini_batches)
+        micros = [[_micro(batch, adv, rows) for rows in mini.split(self.settings.micro_batch_size)] for mini in minis]
+        if dist.world_size() > 1:
+            lens = dist.all_gather_object([len(micros)] + [len(mbs) for mbs in micros])
+            if any(x != lens[0] for x in lens):
+                raise ValueError(f"update: ranks disagree on the mini/micro-batch plan: {lens}")
+        return UpdatePlan(batch, minis, micros)
+
+    # -- 2. snapshots and anchors ------------------------------------------------------------------------------------
+    def anchors(self, plan: UpdatePlan) -> Anchors:
+        """Snapshot π_θold (the policy before any step) and π_ref when needed; the rollout correction's anchor."""
+        batch, needs = plan.batch, self.call.needs
+        old_logp = None
+        if "old_logp" in needs or "prox_logp" in needs:
+            old_logp = self.snapshot(self.policy, plan)
+        anchor, mask = batch.rollout_logp, batch.mask
+        if self.call.correction is not None:
+            anchor, mask = correction_anchor(batch.rollout_logp, batch.mask, old_logp, self.call.correction)
+        rejected = (batch.mask & ~mask).any(-1)
+        ref_logp = None
+        if "ref_logp" in needs:
+            assert self.ref_model is not None
+            ref_logp = self.snapshot(self.ref_model, plan)
+        return Anchors(old_logp, ref_logp, anchor, mask, rejected)
+
+    def prox(self, plan: UpdatePlan, anchors: Anchors, epoch: int) -> Tensor | None:
+        """π_prox (N, T): a snapshot at the start of each epoch, π_θold for epoch 0; None when not needed."""
+        if "prox_logp" not in self.call.needs:
+            return None
+        return anchors.old_logp if epoch == 0 else self.snapshot(self.policy, plan)
+
+    @torch.no_grad()
+    def snapshot(self, model: nn.Module, plan: UpdatePlan) -> Tensor:
+        """(N, T) no-grad log-probs of every row of the batch under `model` (0 where masked)."""
+        out = torch.zeros(*plan.batch.mask.shape, dtype=torch.float32, device=plan.device)
+        for mb in plan.all_micros:
+            lp, _ = self.logprobs(model, mb, False)
+            out[mb.rows, : lp.shape[1]] = lp
+        return out
+
+    def logprobs(self, model: nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """(n, t) log-probs of `mb`'s responses under `model` at the trainer's temperature, and their entropies."""
+        return token_logprobs(
+            model,
+            mb.prompt_ids,
+            mb.prompt_mask,
+            mb.response_ids,
+            mb.mask,
+            temperature=self.settings.temperature,
+            chunk_size=self.settings.chunk_size,
+            with_entropy=with_entropy,
+        )
+
+    def scope(self, plan: UpdatePlan, k: int, anchors: Anchors, prox_logp: Tensor | None) -> StepScope:
+        """What the micro-batches of optimizer step k share: its global token and sequence counts under the anchor's
+        mask and, when the objective needs them, the step ESS and M2PO's threshold from one no-grad pass."""
+        mini = plan.minis[k]
+        num_tokens = dist.all_reduce_sum(anchors.mask[mini].sum().to(torch.float32))
+        num_seqs = dist.all_reduce_sum((len(mini) - anchors.rejected[mini].sum()).to(torch.float32))
+        step_ess = thr = None
+        if "step_ess" in self.call.needs or "m2po_threshold" in self.call.needs:
+            step_ess, thr = self.pre_pass(plan.micros[k], anchors)
+        return StepScope(prox_logp, num_tokens, num_seqs, step_ess, thr, self.group)
+
+    @torch.no_grad()
+    def pre_pass(self, micros: list[MicroBatch], anchors: Anchors) -> tuple[Tensor | None, Tensor | None]:
+        """(the step ESS over the step's tokens and ranks, M2PO's threshold over this rank's step tokens) of the
+        log-ratio lp − anchor under the anchor's mask; each None when not needed."""
+        lrs = []
+        for mb in micros:
+            lp, _ = self.logprobs(self.policy, mb, False)
+            m = anchors.mask[mb.rows, : mb.mask.shape[1]]
+            lrs.append(((lp - anchors.anchor[mb.rows, : mb.mask.shape[1]]) * m, m))
+        step_ess = thr = None
+        if "step_ess" in self.call.needs:
+            step_ess = ess_from_parts([ess_parts(lr, m) for lr, m in lrs], self.group)
+        if "m2po_threshold" in self.call.needs:
+            assert self.call.tau is not None
+            flat = torch.cat([lr[m] for lr, m in lrs])[None]  # (1, K) this rank's step tokens
+            thr = m2po_threshold(flat, torch.ones_like(flat, dtype=torch.bool), self.call.tau)
+        return step_ess, thr
+
+    # -- 3. the micro-batch loop -------------------------------------------------------------------------------------
+    def observer(self, batch: Rollouts, version: int) -> Observe | None:
+        """`observe(mb, logp)`: one micro-batch's detached log-probs, its recorded ones and its token versions to the
+        off-policy monitor (None: no monitor)."""
+        monitor = self.monitor
+        if monitor is None:
+            return None
+
+        def observe(mb: MicroBatch, logp: Tensor) -> None:
+            versions = batch.policy_version[mb.rows, : mb.mask.shape[1]]
+            monitor.observe(logp, mb.rollout_logp, mb.mask, versions, version=version)
+
+        return observe
+
+    def backward(
+        self,
+        micros: list[MicroBatch],
+        anchors: Anchors,
+        scope: StepScope,
+        stats: UpdateStats,
+        observe: Observe | None = None,
+    ) -> Tensor:
+        """Forward and backward every micro-batch of one optimizer step (gradients accumulate in `.grad`), adding
+        its statistics to `stats` and its log-probs to `observe`; returns this rank's loss of the step (0-d)."""
+        call = self.call
+        step_loss = torch.zeros((), device=anchors.mask.device)
+        for mb in micros:
+            logp, ent = self.logprobs(self.policy, mb, True)
+            if observe is not None:
+                observe(mb, logp.detach())
+            loss, st = call.fn(objective_inputs(mb, logp, ent, anchors, scope, call.needs), **call.hyper)
+            loss.backward()
+            step_loss = step_loss + loss.detach()
+            stats.add_micro(st, mb.mask, ent)
+        return step_loss
+
+    def optimizer_step(self) -> Tensor:
+        """Sum the gradients over ranks, clip their global norm to `grad_clip` (≤ 0: measure only), step the
+        optimizer and the scheduler, zero the gradients; returns the norm before clipping (0-d float32)."""
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        dist.all_reduce_grads_(params)
+        grad_clip = self.settings.grad_clip
+        max_norm = grad_clip if grad_clip and grad_clip > 0 else math.inf  # inf: measure, don't clip
+        gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return gn.detach().float()
+
+
+# -- the objective, resolved once ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ObjectiveCall:
+    """The objective as the update calls it, `fn(inputs, **hyper)`, resolved once per update.
+
+    `needs`: the optional `ObjectiveInputs` to compute. `correction`: the rollout correction whose anchor the
+    pre-passes and counts use (None: none, or a plain function). `tau`: M2PO's τ for the step-level threshold.
+    """
+
+    fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]
+    hyper: Mapping[str, Any]
+    needs: frozenset[str]
+    correction: Correction | None = None
+    tau: float | None = None
+
+
+def resolve_objective(
+    objective_fn: Objective | BoundObjective | Callable[..., tuple[Tensor, dict[str, Tensor]]],
+    hyper: Mapping[str, Any],
+    needs: frozenset[str] | set[str] | None,
+) -> ObjectiveCall:
+    """Bind a record to `hyper` (once for the update, not per micro-batch); take `needs` from the bound record
+    when None (a plain function: none); read the correction and M2PO's τ off the bound record's hyper."""
     if isinstance(objective_fn, Objective):
-        objective_fn = objective_fn.bind(hyper)  # resolved once for this update, not per micro-batch
+        objective_fn = objective_fn.bind(dict(hyper))
     elif isinstance(objective_fn, BoundObjective) and hyper:
         raise ValueError(f"update: objective {objective_fn.name!r} is bound; pass hyper={{}}, got {sorted(hyper)}")
-    is_record = isinstance(objective_fn, BoundObjective)
-    call_hyper: dict[str, Any] = {} if is_record else hyper
-    if needs is None:
-        needs = objective_fn.needs if is_record else frozenset()
-    if "m2po_threshold" in needs:
-        if not is_record:
+    if not isinstance(objective_fn, BoundObjective):
+        needs = frozenset() if needs is None else frozenset(needs)
+        if "m2po_threshold" in needs:
             raise ValueError("update: the m2po_threshold pre-pass needs an objective record (for its tau)")
-        tau = float(objective_fn.hyper["tau"])
-    if batch.advantages is None:
-        raise ValueError("update: batch.advantages is None (compute advantages before the update)")
-    if num_mini_batches < 1 or micro_batch_size < 1 or epochs < 1:
-        raise ConfigError(
-            f"update: num_mini_batches, micro_batch_size and epochs must be >= 1, got "
-            f"{num_mini_batches}, {micro_batch_size}, {epochs}"
-        )
-    if "ref_logp" in needs and ref_model is None:
-        raise ValueError("update: the objective needs ref_logp (ref_kl_coef != 0) but no ref_model was given")
-    device = next(policy.parameters()).device
-    batch = batch.to(device)
-    n, t = batch.mask.shape
-    adv = batch.advantages.float()
-    params = [p for p in policy.parameters() if p.requires_grad]
-    minis = _split(n, num_mini_batches)
-    # the micro-batches of each mini-batch (fixed for the whole update)
-    plan = [[_micro(batch, adv, rows) for rows in mini.split(micro_batch_size)] for mini in minis]
-    all_micros = [mb for mbs in plan for mb in mbs]
-    # same number of optimizer steps / micro-batches on every rank, or the collectives would deadlock
-    if dist.world_size() > 1:
-        shape = torch.tensor([len(plan)] + [len(mbs) for mbs in plan], dtype=torch.long)
-        lens = dist.all_gather_object(shape.tolist())
-        if any(x != lens[0] for x in lens):
-            raise ValueError(f"update: ranks disagree on the mini/micro-batch plan: {lens}")
-
-    old_logp = None
-    if "old_logp" in needs or "prox_logp" in needs:
-        old_logp = _snapshot(policy, all_micros, n, t, temperature, chunk_size)
-    # the objective's ratio anchor and mask: π_b, or π_θold with a rollout correction (less the rows it rejects)
-    anchor, eff_mask = batch.rollout_logp, batch.mask
-    if is_record and "old_logp" in needs:
-        rc = objective_fn.hyper
+        return ObjectiveCall(objective_fn, hyper, needs)
+    needs = objective_fn.needs if needs is None else frozenset(needs)
+    rc = objective_fn.hyper
+    correction = tau = None
+    if "old_logp" in needs:
         keys = ("rollout_correction", "rollout_correction_cap", "rollout_correction_low")
-        corr = Correction(*(rc.get(k, d) for k, d in zip(keys, ("none", Correction.cap, Correction.low))))
-        anchor, eff_mask = correction_anchor(batch.rollout_logp, batch.mask, old_logp, corr)
-    rejected = (batch.mask & ~eff_mask).any(-1)  # (N,) rows a row-rejecting correction removes
-    ref_logp = None
-    if "ref_logp" in needs:
-        assert ref_model is not None
-        ref_logp = _snapshot(ref_model, all_micros, n, t, temperature, chunk_size)
-
-    stat_sums: dict[str, Tensor] = {}
-    stat_max: dict[str, Tensor] = {}
-    stat_min: dict[str, Tensor] = {}
-    # every accumulator lives on the device of what is added to it (the batch's, i.e. the policy's device)
-    dev = batch.mask.device
-    weight_sum = torch.zeros((), dtype=torch.float64, device=dev)
-    ent_sum = torch.zeros((), dtype=torch.float64, device=dev)
-    ent_count = torch.zeros((), dtype=torch.float64, device=dev)
-    losses: list[Tensor] = []
-    grad_norms: list[Tensor] = []
-    for epoch in range(epochs):
-        prox_logp = None
-        if "prox_logp" in needs:  # π_prox: a snapshot at the start of each epoch (= old_logp for epoch 0)
-            prox_logp = old_logp if epoch == 0 else _snapshot(policy, all_micros, n, t, temperature, chunk_size)
-        for mini, micros in zip(minis, plan):
-            num_tokens = dist.all_reduce_sum(eff_mask[mini].sum().to(torch.float32))
-            num_seqs = dist.all_reduce_sum((len(mini) - rejected[mini].sum()).to(torch.float32))
-            step_ess = thr = None
-            if "step_ess" in needs or "m2po_threshold" in needs:
-                with torch.no_grad():
-                    lrs = []
-                    for mb in micros:
-                        lp, _ = _logprobs(policy, mb, temperature, chunk_size, False)
-                        m = eff_mask[mb.rows, : mb.mask.shape[1]]
-                        lrs.append(((lp - anchor[mb.rows, : mb.mask.shape[1]]) * m, m))
-                    if "step_ess" in needs:
-                        step_ess = ess_from_parts([ess_parts(lr, m) for lr, m in lrs], group)
-                    if "m2po_threshold" in needs:
-                        flat = torch.cat([lr[m] for lr, m in lrs])[None]  # (1, K) this rank's step tokens
-                        thr = m2po_threshold(flat, torch.ones_like(flat, dtype=torch.bool), tau)
-            step_loss = torch.zeros((), device=dev)
-            for mb in micros:
-                tt = mb.mask.shape[1]
-                logp, ent = _logprobs(policy, mb, temperature, chunk_size, True)
-                if monitor is not None and epoch == 0:
-                    versions = batch.policy_version[mb.rows, :tt]
-                    monitor.observe(logp.detach(), mb.rollout_logp, mb.mask, versions, version=version)
-                inputs = ObjectiveInputs(
-                    logp=logp,
-                    rollout_logp=mb.rollout_logp,
-                    mask=mb.mask,
-                    advantages=mb.advantages,
-                    old_logp=None if "old_logp" not in needs else old_logp[mb.rows, :tt],
-                    prox_logp=None if prox_logp is None else prox_logp[mb.rows, :tt],
-                    ref_logp=None if ref_logp is None else ref_logp[mb.rows, :tt],
-                    entropy=ent if "entropy" in needs else None,
-                    num_tokens=num_tokens,
-                    num_seqs=num_seqs,
-                    group=group,
-                    step_ess=step_ess,
-                    m2po_threshold=thr,
-                )
-                loss, st = objective_fn(inputs, **call_hyper)
-                loss.backward()
-                step_loss = step_loss + loss.detach()
-                w = mb.mask.sum().to(torch.float64)
-                weight_sum += w
-                for k, v in st.items():
-                    v = v.detach().reshape(()).to(torch.float64)
-                    if k in _MAX_KEYS:
-                        stat_max[k] = v if k not in stat_max else torch.maximum(stat_max[k], v)
-                    elif k in _MIN_KEYS:
-                        stat_min[k] = v if k not in stat_min else torch.minimum(stat_min[k], v)
-                    else:
-                        stat_sums[k] = stat_sums.get(k, torch.zeros((), dtype=torch.float64, device=dev)) + v * w
-                if ent is not None:
-                    ent_sum += ent.detach().to(torch.float64)[mb.mask].sum()
-                    ent_count += w
-            dist.all_reduce_grads_(params)
-            max_norm = grad_clip if grad_clip and grad_clip > 0 else math.inf  # inf: measure, don't clip
-            gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(dist.all_reduce_sum(step_loss))
-            grad_norms.append(gn.detach().float())
-
-    # one sync for all stats: [means..., maxes..., mins...]
-    mean_keys = sorted(stat_sums)
-    means = [stat_sums[k] / weight_sum.clamp(min=1) for k in mean_keys]
-    means += [ent_sum / ent_count.clamp(min=1)]
-    vec = dist.all_reduce_mean(torch.stack(means).float()) if means else torch.zeros(0, device=dev)
-    empty = torch.zeros(0, device=dev)  # an objective may report no max / min stat at all
-    maxes = [stat_max[k] for k in _MAX_KEYS if k in stat_max]
-    mins = [stat_min[k] for k in _MIN_KEYS if k in stat_min]
-    maxes = dist.all_reduce_max(torch.stack(maxes).float().reshape(-1)) if maxes else empty
-    mins = dist.all_reduce_min(torch.stack(mins).float().reshape(-1)) if mins else empty
-    tail = torch.stack([torch.stack(losses).mean(), torch.stack(grad_norms).mean()])
-    values = torch.cat([vec, maxes, mins, tail]).tolist()
-    keys = [*mean_keys, "entropy"]
-    keys += [k for k in _MAX_KEYS if k in stat_max] + [k for k in _MIN_KEYS if k in stat_min]
-    keys += ["loss", "grad_norm"]
-    out = dict(zip(keys, values))
-    out["lr"] = float(optimizer.param_groups[0]["lr"])
-    out["optimizer_steps"] = float(len(losses))
-    return out
+        correction = Correction(*(rc.get(k, d) for k, d in zip(keys, ("none", Correction.cap, Correction.low))))
+    if "m2po_threshold" in needs:
+        tau = float(rc["tau"])
+    return ObjectiveCall(objective_fn, {}, needs, correction, tau)
 
 
-__all__ = ["SCHEDULES", "lr_factor", "make_optimizer", "make_scheduler", "update"]
+# -- the phases' records ---------------------------------------------------------------------------------------------
+@dataclass
+class MicroBatch:
+    """The tensors of one micro-batch, trimmed to its own padding. Shapes (n, p) prompt and (n, t) response."""
+
+    rows: Tensor  # (n,) indices into the update's batch
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    mask: Tensor
+    rollout_logp: Tensor
+    advantages: Tensor
+    t_full: int  # response width before trimming (side log-probs are stored at that width)
+
+
+@dataclass
+class UpdatePlan:
+    """Which rows each optimizer step (`minis[k]`) and each forward/backward (`micros[k][j]`) takes, fixed for the
+    whole update; `batch` is on the policy's device."""
+
+    batch: Rollouts
+    minis: list[Tensor]
+    micros: list[list[MicroBatch]]
+
+    @property
+    def all_micros(self) -> list[MicroBatch]:
+        """Every micro-batch, in order (the snapshot passes go over these)."""
+        return [mb for mbs in self.micros for mb in mbs]
+
+    @property
+    def device(self) -> torch.device:
+        """The batch's (= the policy's) device, where every accumulator lives."""
+        return self.batch.mask.device
+
+
+def _split(n: int, parts: int) -> list[Tensor]:
+    """`parts` contiguous, near-equal index chunks of range(n) (empty chunks dropped)."""
+    return [c for c in torch.arange(n).chunk(parts) if c.numel()]
+
+
+def _micro(batch: Rollouts, adv: Tensor, rows: Tensor) -> MicroBatch:
+    """Rows `rows` of `batch`, with all-pad prompt columns (left) and all-pad response columns (right) dropped."""
+    pm = batch.prompt_mask[rows]
+    m = batch.mask[rows]
+    p_keep = int(pm.any(0).nonzero().min()) if pm.any() else pm.shape[1] - 1
+    t_keep = int(m.any(0).nonzero().max()) + 1 if m.any() else 1
+    return MicroBatch(
+        rows=rows,
+        prompt_ids=batch.prompt_ids[rows][:, p_keep:],
+        prompt_mask=pm[:, p_keep:],
+        response_ids=batch.response_ids[rows][:, :t_keep],
+        mask=m[:, :t_keep],
+        rollout_logp=batch.rollout_logp[rows][:, :t_keep],
+        advantages=adv[rows],
+        t_full=batch.mask.shape[1],
+    )
+
+
+@dataclass
+class Anchors:
+    """The no-grad inputs fixed for the whole update, all (N, T) but `rejected` (N,).
+
+    `old_logp`: π_θold, the policy before this update (when old_logp or prox_logp is needed). `ref_logp`: π_ref.
+    `anchor` / `mask`: the objective's ratio anchor and mask: π_b and the batch's mask, or π_θold with a rollout
+    correction, less the rows it rejects (`rejected`).
+    """
+
+    old_logp: Tensor | None
+    ref_logp: Tensor | None
+    anchor: Tensor
+    mask: Tensor
+    rejected: Tensor
+
+
+@dataclass(frozen=True)
+class StepScope:
+    """What every micro-batch of one optimizer step shares: π_prox (N, T) or None, the global normalisers
+    `num_tokens` / `num_seqs` (0-d, summed over ranks), the step ESS and M2PO's threshold (0-d or None), the group."""
+
+    prox_logp: Tensor | None
+    num_tokens: Tensor
+    num_seqs: Tensor
+    step_ess: Tensor | None
+    m2po_threshold: Tensor | None
+    group: Any
+
+
+Observe = Callable[[MicroBatch, Tensor], None]
+
+
+def objective_inputs(
+    mb: MicroBatch, logp: Tensor, entropy: Tensor | None, anchors: Anchors, scope: StepScope, needs: frozenset[str]
+) -> ObjectiveInputs:
+    """The objective's inputs for micro-batch `mb`: its rows of every side input, trimmed to its width."""
+    rows, tt = mb.rows, mb.mask.shape[1]
+    return ObjectiveInputs(
+        logp=logp,
+        rollout_logp=mb.rollout_logp,
+        mask=mb.mask,
+        advantages=mb.advantages,
+        old_logp=None if "old_logp" not in needs or anchors.old_logp is None else anchors.old_logp[rows, :tt],
+        prox_logp=None if scope.prox_logp is None else scope.prox_logp[rows, :tt],
+        ref_logp=None if anchors.ref_logp is None else anchors.ref_logp[rows, :tt],
+        entropy=entropy if "entropy" in needs else None,
+        num_tokens=scope.num_tokens,
+        num_seqs=scope.num_seqs,
+        group=scope.group,
+        step_ess=scope.step_ess,
+        m2po_threshold=scope.m2po_threshold,
+    )
+
+
+# -- 4. the statistics, reduced once -------------------------------------------------------------------------------
+_MAX_KEYS = ("ratio_max",)
+_MIN_KEYS = ("ratio_min",)
+
+
+@dataclass
+class UpdateStats:
+    """One update's statistics as float64 tensors on `device` until the single sync of `reduce`.
+
+    Per micro-batch (`add_micro`): the objective's stats weighted by its valid tokens w (`ratio_max` a max,
+    `ratio_min` a min) and the entropy's token sum; per optimizer step (`add_step`): the loss and the grad norm.
+    """
+
+    device: torch.device
+    sums: dict[str, Tensor] = field(default_factory=dict)
+    maxes: dict[str, Tensor] = field(default_factory=dict)
+    mins: dict[str, Tensor] = field(default_factory=dict)
+    losses: list[Tensor] = field(default_factory=list)
+    grad_norms: list[Tensor] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.weight = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.ent_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.ent_count = torch.zeros((), dtype=torch.float64, device=self.device)
+
+    def add_micro(self, st: Mapping[str, Tensor], mask: Tensor, entropy: Tensor | None) -> None:
+        """Add one micro-batch's objective stats (0-d each) and its token entropies (n, t) under `mask`."""
+        w = mask.sum().to(torch.float64)
+        self.weight += w
+        for k, v in st.items():
+            v = v.detach().reshape(()).to(torch.float64)
+            if k in _MAX_KEYS:
+                self.maxes[k] = v if k not in self.maxes else torch.maximum(self.maxes[k], v)
+            elif k in _MIN_KEYS:
+                self.mins[k] = v if k not in self.mins else torch.minimum(self.mins[k], v)
+            else:
+                self.sums[k] = self.sums.get(k, torch.zeros((), dtype=torch.float64, device=self.device)) + v * w
+        if entropy is not None:
+            self.ent_sum += entropy.detach().to(torch.float64)[mask].sum()
+            self.ent_count += w
+
+    def add_step(self, loss: Tensor, grad_norm: Tensor) -> None:
+        """Add one optimizer step's loss (summed over ranks) and gradient norm."""
+        self.losses.append(loss)
+        self.grad_norms.append(grad_norm)
+
+    def reduce(self, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """Means (token-weighted, averaged over ranks), maxes and mins over ranks, the mean loss and grad norm, in
+        one sync: `{stat: float, "entropy", "loss", "grad_norm", "lr", "optimizer_steps"}`."""
+        dev = self.device
+        mean_keys = sorted(self.sums)
+        means = [self.sums[k] / self.weight.clamp(min=1) for k in mean_keys]
+        means += [self.ent_sum / self.ent_count.clamp(min=1)]
+        vec = dist.all_reduce_mean(torch.stack(means).float()) if means else torch.zeros(0, device=dev)
+        empty = torch.zeros(0, device=dev)  # an objective may report no max / min stat at all
+        maxes = [self.maxes[k] for k in _MAX_KEYS if k in self.maxes]
+        mins = [self.mins[k] for k in _MIN_KEYS if k in self.mins]
+        maxes_t = dist.all_reduce_max(torch.stack(maxes).float().reshape(-1)) if maxes else empty
+        mins_t = dist.all_reduce_min(torch.stack(mins).float().reshape(-1)) if mins else empty
+        tail = torch.stack([torch.stack(self.losses).mean(), torch.stack(self.grad_norms).mean()])
+        values = torch.cat([vec, maxes_t, mins_t, tail]).tolist()
+        keys = [*mean_keys, "entropy"]
+        keys += [k for k in _MAX_KEYS if k in self.maxes] + [k for k in _MIN_KEYS if k in self.mins]
+        keys += ["loss", "grad_norm"]
+        out = dict(zip(keys, values))
+        out["lr"] = float(optimizer.param_groups[0]["lr"])
+        out["optimizer_steps"] = float(len(self.losses))
+        return out
+
+
+__all__ = [
+    "SCHEDULES",
+    "Anchors",
+    "MicroBatch",
+    "ObjectiveCall",
+    "StepScope",
+    "UpdatePlan",
+    "UpdateSettings",
+    "UpdateStats",
+    "UpdateStep",
+    "lr_factor",
+    "make_optimizer",
+    "make_scheduler",
+    "objective_inputs",
+    "resolve_objective",
+    "update",
+]
