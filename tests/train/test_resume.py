@@ -4,6 +4,7 @@ of not-yet-trained batches must survive the restart too."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -107,3 +108,92 @@ def test_killed_while_writing_checkpoint_resumes_from_previous(tmp_path, referen
     train_fakes.main([str(tmp_path), *ARGS, "--resume"])
     assert resumed_from == [2]
     _assert_identical(_final(tmp_path), reference)
+
+
+# ------------------------------------------------------------------------ the real command line (issue 32, 30.7)
+
+FAKE_CLI = Path(__file__).with_name("fake_cli.py")
+CLI_ARGS = [
+    "--steps",
+    "4",
+    "--rollout.prompts_per_step",
+    "2",
+    "--rollout.group_size",
+    "4",
+    "--rollout.max_new_tokens",
+    "6",
+    "--update.micro_batch_size",
+    "8",
+    "--optim.lr",
+    "1e-2",
+    "--log.progress",
+    "false",
+    "--log.plot",
+    "false",
+    "--log.tensorboard",
+    "false",
+    "--log.wandb",
+    "false",
+    "--task.n_eval",
+    "0",
+    "--ckpt.every",
+    "1",
+    "--loop.mode",
+    "async",
+    "--loop.max_lag",
+    "1",
+    "--optim.schedule",
+    "constant",
+]  # fmt: skip  (not the defaults: a resume that fell back to them would train another run)
+
+
+def _fake_cli(run_dir: Path, *args: str, opts: tuple[str, ...] = (), wait: bool = True):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    cmd = [sys.executable, str(FAKE_CLI), *opts, "--", "--run_dir", str(run_dir), *args]
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "final" / "model.safetensors"))
+
+
+def test_cli_resume_without_flags_after_sigkill_equals_an_uninterrupted_run(tmp_path):
+    ref = _fake_cli(tmp_path / "ref", *CLI_ARGS)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    run_dir = tmp_path / "killed"
+    proc = _fake_cli(run_dir, *CLI_ARGS, wait=False)
+    deadline = time.monotonic() + 300
+    while _lines(run_dir / "metrics.jsonl") < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert not (run_dir / "final").exists() and latest_checkpoint(run_dir) is not None
+    resumed = _fake_cli(run_dir, "--resume")  # no other flag: the run's own settings from its config.yaml
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming" not in resumed.stderr  # nothing changed, nothing noted
+    a, b = _final_weights(tmp_path / "ref"), _final_weights(run_dir)
+    _assert_identical(a, b)
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_a_save_that_fails_midway_keeps_the_previous_checkpoints(tmp_path):
+    run_dir = tmp_path / "full"
+    out = _fake_cli(run_dir, *CLI_ARGS, "--ckpt.every", "2", opts=("--fsize-after", "2:40000"))  # the disk fills
+    err = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(err) == 1, out.stderr[-3000:]
+    assert "checkpoint step_000004 could not be written (File too large)" in err[0]
+    assert "step_000002 is intact" in err[0] and "--resume" in err[0]
+    root = run_dir / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000002"]  # no debris
+    from p3o.train.checkpoint import intact_checkpoint
+
+    assert intact_checkpoint(run_dir) == (root / "step_000002", [])
+    resumed = _fake_cli(run_dir, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert latest_checkpoint(run_dir).name == "step_000004"

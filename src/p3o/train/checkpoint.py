@@ -45,6 +45,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import time
 import warnings
@@ -424,7 +425,8 @@ def save_checkpoint(
         _atomic_write_text(root / LATEST, name + "\n")
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, OSError | RuntimeError) and not isinstance(err, P3OError):
+        # a full disk or a file-size limit: OSError from Python's writes, SafetensorError from safetensors' (Rust)
+        if isinstance(err, OSError | RuntimeError) or type(err).__name__ == "SafetensorError":
             raise _write_error(run_dir, name, err) from None
         raise
     _prune(root, keep_last, keep=final)
@@ -433,7 +435,9 @@ def save_checkpoint(
 
 def _write_error(run_dir: str | Path, name: str, err: BaseException) -> CheckpointWriteError:
     """The one line for a save that failed: what failed, and the intact checkpoint a resume would take."""
-    why = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    io = re.search(r"I/O error: (.*?) \(os error \d+\)", text)  # safetensors' wording of an OSError
+    why = getattr(err, "strerror", None) or (io.group(1) if io else text[:160])
     intact, _ = intact_checkpoint(run_dir)
     kept = (
         f"the previous checkpoint {intact.name} is intact; `p3o train --run_dir {run_dir} --resume` continues from it"
