@@ -181,6 +181,10 @@ def main(argv: list[str]) -> int:
     from p3o.tasks.sources import eval_source
 
     policy_dir, run_dir = find_run(args.model)
+    if run_dir is None:  # a model name or path, not a run: refused in one line before anything loads
+        from p3o.models.hub import check_model_name
+
+        check_model_name(args.model, key="--model")
     run_cfg = _run_config(run_dir) if run_dir is not None else None
     task = task_settings(args, run_cfg)
     data_seed = run_cfg.seed if run_cfg is not None else 0

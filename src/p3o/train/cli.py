@@ -13,6 +13,7 @@ disk) is one line and exit 1; the previous checkpoints stay intact.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -172,6 +173,11 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
 
         # a name, or a setting this machine's rollout backend cannot run, stops here, before any model loads
         check_model_name(cfg.model.name)
+        if cfg.rollout.engine == "vllm" and not cfg.rollout.workers and importlib.util.find_spec("vllm") is None:
+            raise ConfigError(  # the workers' interpreter is checked by the Ray preflight (ray.worker_python)
+                "rollout.engine: 'vllm' needs vLLM in this interpreter: on a GPU `pip install \"p3o[vllm]\"`; on a "
+                "CPU build .venv-vllm with `bash scripts/vllm_env.sh` and run p3o from it (docs/vllm.md)"
+            )
         check_rollout_backend(
             engine=cfg.rollout.engine,
             kv_cache_dtype=cfg.rollout.kv_cache_dtype,
