@@ -87,3 +87,18 @@ def test_p3o_warns_when_micro_batch_is_smaller_than_the_step(capsys, monkeypatch
     assert p3o_main(["train", "--run_dir", str(tmp_path / "r"), *small]) == 0
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "update.micro_batch_size is part of the objective" in err
+
+
+def test_train_summary_gives_held_out_pass1_and_repeats_the_findings(tmp_path):
+    from p3o.train.cli import _summary
+
+    rows = [
+        {"step": 0, "eval_accuracy": 0.5},
+        {"step": 1, "reward_mean": 0.2, "offpolicy/finding_ratio_tails": 1, "offpolicy/cause_ratio_tails": 2},
+        {"step": 2, "reward_mean": 0.4, "offpolicy/finding_ratio_tails": 1, "offpolicy/cause_ratio_tails": 2},
+        {"step": 3, "reward_mean": 0.6, "offpolicy/finding_ratio_tails": 0, "eval_accuracy": 0.75},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = _summary(str(tmp_path), 1.0)
+    assert "held-out pass@1: 0.500 at step 0 -> 0.750 at step 3 (2 evaluations)" in text
+    assert "finding ratio_tails: first at step 1, on 2 steps (cause: engine mismatch)" in text

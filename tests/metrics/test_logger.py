@@ -211,6 +211,60 @@ def test_progress_bar_disabled_off_terminal_and_live_on_one():
     assert "reward 0.500" in text and "ESS 0.875" in text and "2/4" in text
 
 
+def test_progress_without_a_terminal_prints_a_line_every_few_steps():
+    out = io.StringIO()
+    bar = ProgressBar(20, description="p3o", every=5, stream=out)
+    assert not bar.enabled and bar.lines
+    evaluate = bar.wrap_evaluation(lambda version: {"eval_accuracy": 0.75, "eval_score": 0.8})
+    assert evaluate(0)["eval_accuracy"] == 0.75
+    for step in range(1, 21):
+        row = {"reward_mean": 0.5, "ess": 0.9, "lag_mean": 1.0}
+        if step == 10:
+            row["eval_accuracy"] = 0.8
+        bar.update(step, row)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "p3o: held-out pass@1 0.750 before training"
+    steps = [int(ln.split()[2].split("/")[0]) for ln in lines[1:]]
+    assert steps == [1, 5, 10, 15, 20]  # the first step, every 5th, the last
+    assert "reward 0.500  ESS 0.900  lag 1.00  pass@1 0.750" in lines[1] and "steps/s" in lines[1]
+    assert "left" in lines[1] and "left" not in lines[-1]
+    assert "pass@1 0.800" in lines[3] and "pass@1 0.800" in lines[-1]
+    assert all(not ln.startswith("p3o p3o") for ln in lines)
+
+
+def test_progress_prints_each_finding_once_with_its_cause():
+    out = io.StringIO()
+    bar = ProgressBar(5, description="p3o", every=100, stream=out)
+    fire = {"offpolicy/finding_ratio_tails": 1.0, "offpolicy/cause_ratio_tails": 2.0, "offpolicy/finding_low_ess": 0.0}
+    for step in (1, 2, 3):
+        bar.update(step, fire)
+    findings = [ln for ln in out.getvalue().splitlines() if "finding" in ln]
+    assert len(findings) == 1
+    assert findings[0].startswith("p3o: finding at step 1: ratio_tails (cause: engine mismatch): ")
+    assert bar.findings == {"ratio_tails": 1}
+
+
+def test_progress_bar_on_a_terminal_has_one_label_and_the_evaluation_phase():
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=160)
+    with ProgressBar(4, console=console, description="p3o") as bar:
+        seen = []
+
+        def evaluate(version):
+            seen.append(bar._progress.tasks[0].fields["phase"])  # what the bar shows while it runs
+            return {"eval_accuracy": 0.625}
+
+        bar.wrap_evaluation(evaluate)(2)
+        bar.update(2, {"reward_mean": 0.5})
+        assert bar._progress.tasks[0].fields["phase"] == ""
+    assert seen == ["evaluating held-out"]
+    text = buf.getvalue()
+    assert "p3o p3o" not in text and "pass@1 0.625" in text
+
+
 def test_format_metrics():
     line = format_metrics(3, {"reward_mean": 0.41234, "n": 2, "name": "x"}, keys=["reward_mean", "n", "missing"])
     assert line == "step 3 reward_mean=0.4123 n=2"
