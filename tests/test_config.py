@@ -303,13 +303,36 @@ def test_rollout_worker_and_lag_keys_and_their_cross_checks():
         (["--ray.num_cpus", "0"], "ray.num_cpus: must be >= 1, got 0"),
         (["--loop.lag_policy", "skip"], "loop.lag_policy: expected one of wait, drop, got 'skip'"),
         (["--loop.schedule", "loose"], "loop.schedule: expected one of fixed, free, got 'loose'"),
-        (
-            ["--rollout.engine", "vllm", "--rollout.inflight_updates"],
-            "rollout.inflight_updates needs the hf engine: vLLM has no pause/resume around a weight swap here",
-        ),
         (["--rollout.workers", "1", "--loop.mode", "stale"], "rollout.workers: Ray rollout workers run with"),
     ]:
         with pytest.raises(ConfigError) as err:
             load_config(argv)
         assert message in str(err.value) and "\n" not in str(err.value), (argv, str(err.value))
     assert load_config(["--rollout.workers", "1", "--loop.mode", "sync"]).rollout.workers == 1
+
+
+def _offpolicy_sources(cfg) -> set[str]:
+    """Which off-policy sources a config's settings exercise (issue 32: a preset's header must name exactly these)."""
+    found = set()
+    loop = cfg.loop
+    if (loop.mode == "async" and loop.max_lag > 0) or (loop.mode == "stale" and loop.staleness > 0):
+        found.add("lag")
+    if loop.mode == "reuse":
+        found.add("lag")
+    if cfg.update.num_mini_batches > 1 or cfg.update.epochs > 1:
+        found.add("mini-batches")
+    engine_dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[cfg.model.dtype]
+    temperature_gap = cfg.rollout.logprob_mode == "processed" and cfg.rollout.temperature != cfg.train.temperature
+    if cfg.rollout.precision != engine_dtype or cfg.rollout.kv_cache_dtype != "auto" or temperature_gap:
+        found.add("engine")
+    return found
+
+
+@pytest.mark.parametrize("name", list_presets())
+def test_each_preset_header_names_the_offpolicy_source_its_settings_exercise(name):
+    header = [ln for ln in preset_path(name).read_text().splitlines() if ln.startswith("# Off-policy source:")]
+    assert len(header) == 1, f"configs/{name}.yaml: one '# Off-policy source: ...' header line"
+    declared_text = header[0].removeprefix("# Off-policy source:").split("(")[0]
+    declared = {w.strip() for w in declared_text.replace("+", ",").split(",")} - {"", "none"}
+    declared = {w.split()[0] for w in declared}  # "engine alone" -> "engine"
+    assert declared == _offpolicy_sources(load_config(["--config", name])), header[0]

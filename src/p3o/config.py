@@ -475,6 +475,7 @@ def default_preset_text() -> str:
         "# p3o train --config default\n"
         "# The embedded default job (= `p3o train` with no arguments): P3O on the built-in arithmetic task with the\n"
         "# built-in tiny model. Every key is listed; a preset only needs the keys it changes.\n"
+        "# Off-policy source: lag (loop.mode async, max_lag 2: a batch is up to 2 policy versions old).\n"
     )
     return header + yaml.safe_dump(to_dict(TrainConfig()), sort_keys=False, default_flow_style=False)
 
