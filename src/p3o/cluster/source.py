@@ -45,17 +45,28 @@ from typing import Any
 
 import torch
 
+from p3o import dist
 from p3o.cluster.runtime import connect, gpus_per_worker, import_ray, preflight
 from p3o.cluster.weights import make_channel
 from p3o.errors import P3OError
-from p3o.train.sources import Batch, _batch_from_state, _batch_state, rollouts_from_state
+from p3o.train.sources import Batch, _batch_from_state, _batch_state, rollouts_from_state, rollouts_to_state
 
 MAX_RESTARTS = 8
 """Restarts Ray grants each worker before a death becomes fatal for the run."""
 
 
 class RaySource:
-    """A `p3o.train.sources.BatchSource` over N Ray rollout workers (see the module docstring for the schedules)."""
+    """A `p3o.train.sources.BatchSource` over N Ray rollout workers (see the module docstring for the schedules).
+
+    Built on every trainer rank: rank 0 gets the source proper (it joins Ray, owns the workers, publishes the
+    versions); any other rank gets a `RankShare`, which receives its share of each batch from rank 0.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if dist.rank() != 0:
+            cfg = args[0] if args else kwargs["cfg"]
+            return RankShare(overlaps_generation=cfg.loop.mode != "sync")
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -85,9 +96,10 @@ class RaySource:
         self.restarts = 0
         self.sync_bytes = 0
         self.weight_sync = ro.weight_sync
+        self.world = dist.world_size()  # trainer ranks: every batch index is produced once per rank
         st = state or {}
         self.floor = start_step
-        self.done: dict[int, Batch] = dict(_batch_from_state(item) for item in st.get("queue", []))
+        self.done: dict[int, list[Batch]] = dict(_parts_from_state(item) for item in st.get("queue", []))
         self.consume_index = int(st.get("consume_index", start_step))
         self.next_index = int(st.get("next_index", max([start_step, *[i + 1 for i in self.done]])))
         self.skipped = int(st.get("skipped", 0))
@@ -112,12 +124,14 @@ class RaySource:
                 runtime_env=runtime_env,
             )
             cfg_dict = to_dict(cfg)
-            self.actors = [remote.remote(cfg_dict, i, threads) for i in range(n)]
+            self.actors = [remote.remote(cfg_dict, i, threads, self.world) for i in range(n)]
             self.infos = ray.get([a.info.remote() for a in self.actors])
             for info in self.infos:
                 info["restarts"] = 0
             self._write_workers()
-            self.channel = make_channel(ro.weight_sync, ray, self.actors, on_dead=self._mark_restarted)
+            self.channel = make_channel(
+                ro.weight_sync, ray, self.actors, on_dead=self._mark_restarted, colocate=ro.colocate
+            )
             self._put(weights, start_step)
         except BaseException:
             self.close()
@@ -172,7 +186,7 @@ class RaySource:
             self.next_index += 1
 
     def _dispatch(self, w: int, index: int, version: int) -> None:
-        ref = self.actors[w].produce.remote(index, version, self.channel.box(version))
+        ref = self.actors[w].produce_parts.remote(index, version, self.channel.box(version))
         self.running[ref] = (w, index, version)
         self.busy.add(w)
 
@@ -182,20 +196,20 @@ class RaySource:
         for ref in ready:
             w, index, version = self.running.pop(ref)
             try:
-                rollouts, info, pid = ray.get(ref)
+                parts, pid = ray.get(ref)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
                 self._restarted(w, type(err).__name__)
                 self._dispatch(w, index, version)  # the same request again: same batch, same version
                 continue
             if pid != self.infos[w]["pid"]:  # restarted while idle: the request reached the new process
                 self._restarted(w, "restarted while idle")
-            elif rollouts is None:
+            elif parts is None:
                 raise P3OError(f"RaySource: worker {w} holds no version {version} though it never restarted")
-            if rollouts is None:  # it lacked the version (collective sync): the group was formed again, re-issue
+            if parts is None:  # it lacked the version (collective sync): the group was formed again, re-issue
                 self._dispatch(w, index, version)
                 continue
             self.busy.discard(w)
-            self.done[index] = (rollouts_from_state(rollouts), info)
+            self.done[index] = [(rollouts_from_state(r), info) for r, info in parts]
 
     def _restarted(self, w: int, why: str) -> None:
         """Worker `w` died: wait for Ray's restart, record its new pid, and (collective sync) form the weight group
@@ -205,9 +219,11 @@ class RaySource:
 
     def _mark_restarted(self, w: int, why: str) -> None:
         """Worker `w` died: wait for Ray's restart, record its new pid in rollout_workers.json."""
-        self.restarts += 1
         old = self.infos[w]["pid"]
         info = self._wait_alive(w)
+        if info["pid"] == old:  # this death was recorded already (another call of the dead process failed first)
+            return
+        self.restarts += 1
         info["restarts"] = self.infos[w]["restarts"] + 1
         self.infos[w] = info
         self._write_workers()
@@ -240,16 +256,19 @@ class RaySource:
         while True:
             self._pump()
             if self.consume_index in self.done:
-                batch, info = self.done.pop(self.consume_index)
+                parts = self.done.pop(self.consume_index)
                 self.consume_index += 1
                 self._pump()
-                lag = step - batch.policy_version[batch.mask]
-                if lag.numel() and int(lag.max()) > self.max_lag:  # a token too old: never trained on
+                lags = [step - b.policy_version[b.mask] for b, _ in parts]
+                if any(lag.numel() and int(lag.max()) > self.max_lag for lag in lags):  # too old: never trained on
                     self.dropped_batches += 1
-                    self.dropped_rows += len(batch)
+                    self.dropped_rows += len(parts[0][0])
                     self.skipped += 1
                     continue
-                return batch, info
+                if self.world > 1:  # every other rank takes its share (RankShare.get), with this step's counters
+                    shares = [(rollouts_to_state(b), info) for b, info in parts]
+                    dist.broadcast_object((shares, self.metrics(), self.dropped_rows))
+                return parts[0]
             if not self.running:
                 raise P3OError(f"RaySource: nothing is generating batch {self.consume_index} (version {self.version})")
             self._collect(timeout=1.0)
@@ -283,7 +302,7 @@ class RaySource:
                 break
             self._collect(timeout=1.0)
         return {
-            "queue": [_batch_state((i, self.done[i])) for i in sorted(self.done)],
+            "queue": [_parts_state(i, self.done[i]) for i in sorted(self.done)],
             "consume_index": self.consume_index,
             "next_index": self.next_index,
             "skipped": self.skipped,
@@ -304,4 +323,52 @@ class RaySource:
         self.started = False
 
 
-__all__ = ["MAX_RESTARTS", "RaySource"]
+def _parts_state(index: int, parts: list[Batch]) -> Any:
+    """A queued batch index in a checkpoint: one trainer rank's share as `_batch_state` wrote it; several ranks' as
+    (index, [state per rank], [info per rank])."""
+    if len(parts) == 1:
+        return _batch_state((index, parts[0]))
+    return index, [rollouts_to_state(b) for b, _ in parts], [dict(info) for _, info in parts]
+
+
+def _parts_from_state(item: Any) -> tuple[int, list[Batch]]:
+    idx, r, info = item
+    if isinstance(r, list):
+        return int(idx), [(rollouts_from_state(x), dict(i)) for x, i in zip(r, info)]
+    i, batch = _batch_from_state(item)
+    return i, [batch]
+
+
+class RankShare:
+    """The batch source of trainer rank r > 0 when rollouts come from Ray workers: rank 0's `RaySource` produces every
+    rank's share of each batch and broadcasts them over the data-parallel group in `get`; this rank keeps its own.
+    Versions are published by rank 0 only (every rank holds the same weights after the all-reduced update), and the
+    held-out evaluation runs on rank 0."""
+
+    def __init__(self, *, overlaps_generation: bool) -> None:
+        self.overlaps_generation = overlaps_generation
+        self.dropped_rows = 0
+        self._metrics: dict[str, float] = {}
+
+    def get(self, step: int) -> Batch:
+        shares, self._metrics, self.dropped_rows = dist.broadcast_object(None)
+        state, info = shares[dist.rank()]
+        return rollouts_from_state(state), info
+
+    def push_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Rank 0 publishes the versions."""
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def evaluate(self, version: int) -> dict[str, float]:
+        raise P3OError("RankShare.evaluate: the held-out evaluation runs on trainer rank 0")
+
+    def state(self) -> dict[str, Any]:
+        return {}  # rank 0's checkpoint holds every rank's queued shares
+
+    def close(self) -> None:
+        """Nothing to stop: rank 0 owns the workers."""
+
+
+__all__ = ["MAX_RESTARTS", "RankShare", "RaySource"]

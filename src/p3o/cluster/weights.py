@@ -8,13 +8,14 @@ group of its own between the trainer's rank 0 and every worker.
 
 * ``object_store``: ONE ``ray.put`` per version, shared by every worker; a worker fetches it when a request names it.
 * ``collective``: a process group of N + 1 members (the trainer's rank 0 is rank 0, worker i is rank i + 1) formed
-  over a TCP store the trainer hosts, apart from the trainer's data-parallel group: gloo on CPU, NCCL on GPU
-  (`p3o.dist.group_backend`). A version is broadcast in buckets of at most `BUCKET_BYTES` (tensors of one dtype
-  flattened into one buffer, in the state dict's order); every worker unpacks it and keeps it until the trainer says
-  no request needs it; the engine then loads it in place (HF: a copy into its live parameters, vLLM: its
-  ``reload_weights`` path). With LoRA the trainer sends the merged adapted layers only (`sync_weights`). A restarted
-  worker makes the trainer form the group again (a new generation, every member joins) and resend the versions still
-  needed before any request reaches it.
+  over a TCP store the trainer hosts, apart from the trainer's data-parallel group: gloo on CPU, NCCL on GPUs when
+  every member has a GPU of its own (`collective_backend`; gloo through host memory when a worker shares the
+  trainer's GPU, since NCCL refuses two members on one device). A version is broadcast in buckets of at most
+  `BUCKET_BYTES` (tensors of one dtype flattened into one buffer, in the state dict's order); every worker unpacks it
+  and keeps it until the trainer says no request needs it; the engine then loads it in place (HF: a copy into its
+  live parameters, vLLM: its ``reload_weights`` path). With LoRA the trainer sends the merged adapted layers only
+  (`sync_weights`). A restarted worker makes the trainer form the group again (a new generation, every member joins)
+  and resend the versions still needed before any request reaches it.
 
 Both log ``sync_bytes`` (bytes of one version, tied tensors once); the loop logs ``time_sync_s``.
 """
@@ -214,7 +215,8 @@ class CollectiveChannel:
     def _broadcast(self, weights: dict[str, Tensor], version: int) -> None:
         specs = specs_of(weights)
         keep = sorted(self.kept)
-        refs = [a.receive_weights.remote(version, specs, keep, self.bucket_bytes) for a in self.actors]
+        gen = self.generation
+        refs = [a.receive_weights.remote(version, specs, keep, self.bucket_bytes, gen) for a in self.actors]
         try:
             broadcast_state(self.group, specs, weights, device=self.device, bucket_bytes=self.bucket_bytes)
             failed = None
@@ -223,7 +225,8 @@ class CollectiveChannel:
         dead = []
         for w, ref in enumerate(refs):
             try:
-                self.ray.get(ref)
+                if not self.ray.get(ref):  # the worker is not in this generation (restarted): form the group again
+                    failed = failed or RuntimeError(f"worker {w} is not in generation {gen}")
             except (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnavailableError) as err:
                 dead.append((w, type(err).__name__))
             except self.ray.exceptions.RayTaskError:  # a survivor whose broadcast broke with the dead member's
@@ -251,10 +254,21 @@ class CollectiveChannel:
         self.group = None
 
 
-def make_channel(kind: str, ray: Any, actors: list[Any], *, on_dead: Callable[[int, str], None]) -> Any:
+def collective_backend(ray: Any, workers: int, colocate: bool) -> str:
+    """nccl when every member can have a GPU of its own (CUDA here, workers not colocated, the cluster holding
+    workers + 1 GPUs); gloo otherwise: NCCL cannot form a group whose members share one device (a worker colocated
+    with the trainer), so the weights then go over gloo through host memory. Unverified on GPUs."""
+    if not torch.cuda.is_available() or colocate:
+        return "gloo"
+    return "nccl" if float(ray.cluster_resources().get("GPU", 0.0)) >= workers + 1 else "gloo"
+
+
+def make_channel(
+    kind: str, ray: Any, actors: list[Any], *, on_dead: Callable[[int, str], None], colocate: bool = False
+) -> Any:
     """The weight channel named by `rollout.weight_sync`."""
     if kind == "collective":
-        return CollectiveChannel(ray, actors, on_dead=on_dead)
+        return CollectiveChannel(ray, actors, on_dead=on_dead, backend=collective_backend(ray, len(actors), colocate))
     return ObjectStoreChannel(ray, actors)
 
 
@@ -263,20 +277,34 @@ class HeldVersions:
 
     def __init__(self) -> None:
         self.group: Any = None
+        self.generation = -1
+        self.backend = "gloo"
         self.versions: dict[int, dict[str, Tensor]] = {}
 
     def join(self, host: str, port: int, generation: int, rank: int, size: int, backend: str) -> None:
+        """Join generation `generation` of the group; a call of an older generation (delivered late, e.g. queued
+        for this process while it restarted) is ignored."""
+        if generation <= self.generation:
+            return
         self.group = join_group(host, port, generation, rank, size, backend)
+        self.generation, self.backend = generation, backend
 
-    def receive(self, version: int, specs: list[TensorSpec], keep: list[int], bucket_bytes: int) -> None:
-        device = (
-            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        )
+    def receive(
+        self, version: int, specs: list[TensorSpec], keep: list[int], bucket_bytes: int, generation: int
+    ) -> bool:
+        """Take part in the broadcast of `version` over generation `generation` of the group; False (and nothing
+        received) when that is not the generation this process joined: a late call must never consume the buckets of
+        another broadcast."""
+        if generation != self.generation:
+            return False
+        nccl = self.backend == "nccl"  # NCCL moves device tensors; gloo host memory
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         if self.group is None:
             raise RuntimeError("receive_weights: this worker has not joined the weight group")
         self.versions[version] = broadcast_state(self.group, specs, None, device=device, bucket_bytes=bucket_bytes)
         for v in [v for v in self.versions if v not in keep and v != version]:
             del self.versions[v]
+        return True
 
     def get(self, version: int) -> dict[str, Tensor]:
         if version not in self.versions:
@@ -294,6 +322,7 @@ __all__ = [
     "ObjectStoreChannel",
     "TensorSpec",
     "broadcast_state",
+    "collective_backend",
     "join_group",
     "make_channel",
     "plan_buckets",

