@@ -17,9 +17,12 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("p3o.train.cli", "train a policy (no arguments: the embedded default, P3O on the built-in task)"),
     "eval": ("p3o.eval.cli", "pass@k of a checkpoint on a task"),
-    "compare": ("p3o.experiments.cli", "run a grid of objectives × regimes × seeds and write a report"),
-    "probe": ("p3o.experiments.probe", "gradient probe: each objective's stale-batch gradient vs the on-policy one"),
-    "synthetic": ("p3o.experiments.synthetic_study", "paired multi-seed runs on a tabular toy policy (exact J)"),
+    "compare": ("p3o.experiments.grid.compare", "run a grid of objectives × regimes × seeds and write a report"),
+    "probe": (
+        "p3o.experiments.probe.cli",
+        "gradient probe: each objective's stale-batch gradient vs the on-policy one",
+    ),
+    "synthetic": ("p3o.experiments.synthetic.cli", "paired multi-seed runs on a tabular toy policy (exact J)"),
     "plot": ("p3o.metrics.plot", "draw reward / ESS / lag curves of a run directory to PNG"),
     "sft": ("p3o.train.sft", "supervised warm start of the built-in tiny model"),
     "mismatch": ("p3o.eval.mismatch", "how far a rollout engine's log-probs are from the fp32 trainer's"),

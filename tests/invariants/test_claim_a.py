@@ -11,7 +11,7 @@ import json
 import torch
 from train_fakes import fake_components, fake_config, params_of
 
-from p3o.experiments.regimes import OBJECTIVE_PRESETS
+from p3o.experiments.grid.regimes import OBJECTIVE_PRESETS
 from p3o.train.loop import run
 
 

@@ -539,7 +539,7 @@ def sync_run_has_the_lag0_invariants() -> None:
         assert any(not torch.equal(sync[k], stale[k]) for k in sync), "off-policy data must change the result"
         # claim (a), as tests/invariants/test_claim_a.py: on fresh data P3O is token-mean GRPO (the same rewards at
         # every step, the same parameters up to the rounding of ratios that are 1 to ~1e-6)
-        from p3o.experiments.regimes import OBJECTIVE_PRESETS
+        from p3o.experiments.grid.regimes import OBJECTIVE_PRESETS
 
         assert OBJECTIVE_PRESETS["p3o"] == {"objective.name": "p3o"}  # the sync run above is the P3O run
         p3o, r_p3o = sync, rows

@@ -1,0 +1,168 @@
+"""A finished (or partly finished) grid read back into numbers: each run's curves, config, evaluation and summary
+metrics (final / peak reward, collapse, ESS statistics, pass@1), by (regime, objective, seed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from p3o.errors import DataError
+from p3o.experiments.grid.analysis import (
+    CollapseInfo,
+    Curves,
+    detect_collapse,
+    final_value,
+    mean_std,
+    read_curves,
+    smooth,
+)
+from p3o.experiments.grid.spec import Experiment, RunSpec, expand, flatten
+
+REWARD_KEY = "reward_mean"
+METRIC_LABELS = {
+    "final_reward": "final reward",
+    "peak_reward": "peak reward",
+    "pass@1": "final pass@1",
+    "final_accuracy": "final accuracy",
+    "collapsed": "collapse rate",
+    "late_eval": "held-out accuracy over the last third",
+}
+
+
+@dataclass
+class RunSummary:
+    """The numbers of one finished (or partly finished) run."""
+
+    spec: RunSpec
+    curves: Curves
+    config: dict[str, Any]
+    eval: dict[str, Any] | None
+    collapse: CollapseInfo | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = math.nan
+
+
+@dataclass
+class GridSummary:
+    """All runs of an experiment, by (regime, objective)."""
+
+    exp: Experiment
+    runs: list[RunSummary]
+
+    def cell(self, regime: str, objective: str) -> list[RunSummary]:
+        """The test seeds of one (regime, objective) that have metrics (selection runs of baseline families are not
+        test runs: see :meth:`selection`)."""
+        seeds = set(self.exp.seeds)
+        return [
+            r
+            for r in self.runs
+            if r.spec.regime == regime and r.spec.objective == objective and r.curves and r.spec.seed in seeds
+        ]
+
+    def selection(self, regime: str, objective: str, metric: str) -> list[float]:
+        """`metric` of the runs of `objective` in `regime` on the selection seeds of the baseline families."""
+        seeds = {s for f in self.exp.baselines.values() for s in f.selection_seeds} - set(self.exp.seeds)
+        return [
+            r.metrics.get(metric, math.nan)
+            for r in self.runs
+            if r.spec.regime == regime and r.spec.objective == objective and r.curves and r.spec.seed in seeds
+        ]
+
+    def stat(self, regime: str, objective: str, metric: str) -> tuple[float, float, int]:
+        """Mean, sample std and count over seeds of a per-run metric."""
+        return mean_std([r.metrics.get(metric, math.nan) for r in self.cell(regime, objective)])
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (yaml.YAMLError, OSError):
+        raw = None
+    return flatten(raw) if isinstance(raw, dict) else {}
+
+
+def load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        raw = json.loads(path.read_text()) if path.is_file() else None
+    except (json.JSONDecodeError, OSError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
+    """Read one run directory (metrics.jsonl, config.yaml, eval.json, DONE) and compute its summary numbers."""
+    a = exp.analysis
+    try:
+        curves = read_curves(spec.run_dir / "metrics.jsonl")
+    except DataError as err:  # a corrupt file (not a torn last line): this run is left out, loudly, not the report
+        print(f"p3o compare: warning: {err}; run left out of the report", file=sys.stderr)
+        curves = {}
+    config = _load_yaml(spec.run_dir / "config.yaml")
+    ev = load_json(spec.run_dir / "eval.json")
+    done = load_json(spec.run_dir / "DONE") or {}
+    summary = RunSummary(spec, curves, config, ev, None)
+    seconds = done.get("seconds")
+    if isinstance(seconds, (int, float)):
+        summary.seconds = float(seconds)
+    elif "time_s" in curves and np.isfinite(curves["time_s"]).any():
+        summary.seconds = float(np.nanmax(curves["time_s"]))
+    if not curves:
+        return summary
+    m = summary.metrics
+    m["steps"] = float(curves["step"].size)
+    if REWARD_KEY in curves:
+        reward = curves[REWARD_KEY]
+        summary.collapse = detect_collapse(
+            reward, drop=a.collapse_drop, window=a.smooth, min_peak=a.min_peak, noise_z=a.noise_z
+        )
+        m["final_reward"] = final_value(reward, a.final_frac)
+        m["first_reward"] = float(smooth(reward, a.smooth)[min(a.smooth, reward.size) - 1])
+        m["peak_reward"] = summary.collapse.peak
+        m["collapsed"] = float(summary.collapse.collapsed)
+    if "accuracy" in curves:
+        m["final_accuracy"] = final_value(curves["accuracy"], a.final_frac)
+    if "eval_accuracy" in curves:
+        ev_curve = curves["eval_accuracy"]
+        ok = np.isfinite(ev_curve)
+        if ok.any():
+            steps = curves["step"][ok]
+            late = steps >= steps.max() * 2.0 / 3.0
+            m["late_eval"] = float(ev_curve[ok][late].mean())
+            m["first_eval"] = float(ev_curve[ok][0])
+            m["delta_eval"] = float(ev_curve[ok][-1] - ev_curve[ok][0])
+    for key in (
+        "ess",
+        "kl_weight",
+        "capped_frac",
+        "band_frac",
+        "clipfrac",
+        "trunc_frac",
+        "approx_kl",
+        "ratio_max",
+        "lag_mean",
+        "m_mean",
+        "m_frac_above_0_5",
+        "m_frac_below_0_1",
+    ):
+        if key in curves and np.isfinite(curves[key]).any():
+            m[key] = float(np.nanmean(curves[key]))
+            m[f"min_{key}"] = float(np.nanmin(curves[key]))
+            m[f"max_{key}"] = float(np.nanmax(curves[key]))
+            m[f"p10_{key}"] = float(np.nanpercentile(curves[key], 10))
+    if ev is not None:
+        passk = ev.get("pass_at_k", {})
+        if isinstance(passk, dict) and "1" in {str(k) for k in passk}:
+            m["pass@1"] = float({str(k): v for k, v in passk.items()}["1"])
+    return summary
+
+
+def collect(exp: Experiment) -> GridSummary:
+    """Summaries of every run of the grid (runs without metrics yet are kept, with empty curves)."""
+    return GridSummary(exp, [summarize_run(spec, exp) for spec in expand(exp)])

@@ -1,0 +1,224 @@
+"""Verdicts of decisive claims: one claim type (:class:`p3o.experiments.grid.spec.Claim`), one ``decide`` for every
+instrument, one verdict record and one verdict table.
+
+An instrument supplies the per-seed values of a metric for two objectives in a regime (``values(regime, a, b,
+metric) -> (xa, xb)``, aligned by seed); :func:`decide` pairs them (:func:`p3o.experiments.stats.paired.paired`),
+applies Holm's correction over the family of primary verdicts (every decisive claim × regime on its metric) and
+labels each (see :mod:`p3o.experiments.stats.paired`: supported, contradicted, negligible, inconclusive). Each
+metric of the primary block's ``secondary`` list gets its verdict beside the primary one, labelled ``secondary``, in
+a Holm family of its own. A claim whose B names a baseline family (:class:`p3o.experiments.grid.spec.BaselineFamily`)
+is tested against each member (``rule: each``) or against the member that scored best on the family's selection
+seeds (``rule: best``):
+
+    decisions = decide(exp.claims, exp.primary, values, families=exp.baselines, selection=sel)
+    records = [d.to_dict() for d in decisions]      # the "verdicts" of *.verdicts.json
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from p3o.errors import ConfigError
+from p3o.experiments.grid.spec import DECISIVE_KINDS, BaselineFamily, Claim, PrimarySpec
+from p3o.experiments.stats.paired import KIND_TEXT, VERDICTS, PairedResult, decide_family, paired
+
+#: ``values(regime, a, b, metric)`` -> per-seed values of A and B, aligned by seed.
+PairedValues = Callable[[str, str, str, str], tuple[Sequence[float], Sequence[float]]]
+#: ``selection(regime, objective, metric)`` -> the objective's values on its family's selection seeds.
+SelectionValues = Callable[[str, str, str], Sequence[float]]
+
+
+@dataclass
+class Decision:
+    """The verdict of one decisive claim in one regime (A vs B paired by seed on `metric`)."""
+
+    claim: Claim
+    regime: str
+    metric: str
+    result: PairedResult
+    p_adj: float = math.nan
+    verdict: str = "inconclusive"
+    role: str = "primary"
+    """"primary" (the claim's metric: the verdict that counts) or "secondary" (a metric reported beside it)."""
+    exploratory: bool = False
+    alpha: float = 0.05
+    b: str | None = None
+    """B when the claim names a baseline family: the member compared (None: the claim's own B)."""
+    baseline: dict[str, Any] | None = None
+    """The family, its rule and, for ``best``, each member's mean on the selection seeds."""
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        """(A, B) as compared."""
+        a, b = self.claim.objectives
+        return a, self.b or b
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict record of ``*.verdicts.json``: the claim, the regime, the verdict and the paired result."""
+        a, b = self.pair
+        out = {
+            "claim": self.claim.id,
+            "title": self.claim.title,
+            "kind": self.claim.kind,
+            "regime": self.regime,
+            "a": a,
+            "b": b,
+            "metric": self.metric,
+            "role": self.role,
+            "p_adj": self.p_adj,
+            "verdict": self.verdict,
+            "exploratory": self.exploratory,
+            "alpha": self.alpha,
+        }
+        if self.baseline is not None:
+            out["baseline"] = self.baseline
+        return {**out, **self.result.to_dict()}
+
+
+def _select(
+    family: BaselineFamily, regime: str, metric: str, selection: SelectionValues | None
+) -> tuple[list[str], dict[str, Any]]:
+    """The members a claim against ``family`` compares with in ``regime``, and the record of how they were chosen."""
+    if family.rule == "each":
+        return list(family.members), {"family": family.name, "rule": "each"}
+    if selection is None:
+        raise ConfigError(f"baselines '{family.name}': rule 'best' needs runs on its selection seeds")
+    means = {}
+    for member in family.members:
+        vals = [float(v) for v in selection(regime, member, metric) if v is not None and math.isfinite(float(v))]
+        means[member] = sum(vals) / len(vals) if vals else math.nan
+    ranked = [m for m in family.members if math.isfinite(means[m])]
+    if not ranked:
+        raise ConfigError(f"baselines '{family.name}': no finished selection runs in regime '{regime}'")
+    best = max(ranked, key=lambda m: means[m])  # ties: the first declared
+    record = {
+        "family": family.name,
+        "rule": "best",
+        "selected": best,
+        "selection_seeds": list(family.selection_seeds),
+        "selection_means": means,
+    }
+    return [best], record
+
+
+def decide(
+    claims: Sequence[Claim],
+    primary: PrimarySpec,
+    values: PairedValues,
+    *,
+    families: dict[str, BaselineFamily] | None = None,
+    selection: SelectionValues | None = None,
+    exploratory: bool = False,
+) -> list[Decision]:
+    """Every decisive claim × regime (× baseline member): paired-t result (2000-resample paired bootstrap beside
+    it), Holm-adjusted p over the primary family, verdict; then the secondary metrics' verdicts, each placed right
+    after its primary one, Holm-adjusted over the secondary family. Descriptive claims are skipped."""
+    families = families or {}
+    primaries: list[Decision] = []
+    secondaries: dict[int, list[Decision]] = {}
+    second: list[Decision] = []
+    for claim in claims:
+        if claim.kind not in DECISIVE_KINDS:
+            continue
+        a, b = claim.objectives
+        margin = claim.margin if claim.margin is not None else primary.margin
+        for regime in claim.regimes:
+            members, how = ([b], None) if b not in families else _select(families[b], regime, claim.metric, selection)
+            for member in members:
+                shared = {"exploratory": exploratory, "alpha": primary.alpha, "baseline": how}
+                shared["b"] = member if how is not None else None
+                xa, xb = values(regime, a, member, claim.metric)
+                res = paired(xa, xb, margin=margin, alpha=primary.alpha, bootstrap=2000)
+                primaries.append(Decision(claim, regime, claim.metric, res, **shared))
+                if claim.kind == "identical":
+                    continue
+                for metric in primary.secondary:
+                    if metric == claim.metric:
+                        continue
+                    xa, xb = values(regime, a, member, metric)
+                    res = paired(xa, xb, margin=margin, alpha=primary.alpha, bootstrap=2000)
+                    d = Decision(claim, regime, metric, res, role="secondary", **shared)
+                    secondaries.setdefault(len(primaries) - 1, []).append(d)
+                    second.append(d)
+    for family in (primaries, second):
+        decided = decide_family([d.claim.kind for d in family], [d.result for d in family], alpha=primary.alpha)
+        for d, (p_adj, v) in zip(family, decided):
+            d.p_adj, d.verdict = p_adj, v
+    out: list[Decision] = []
+    for i, d in enumerate(primaries):
+        out += [d, *secondaries.get(i, [])]
+    return out
+
+
+def tested_count(decisions: Sequence[Decision]) -> int:
+    """How many primary verdicts are in the Holm family (every decisive kind but the exact ``identical`` check)."""
+    return sum(1 for d in decisions if d.claim.kind != "identical" and d.role == "primary")
+
+
+def format_p(p: float) -> str:
+    """A Holm-adjusted p-value as the tables print it ("—" when the claim is outside the family)."""
+    return "—" if math.isnan(p) else ("< 1e-4" if p < 1e-4 else f"{p:.3g}")
+
+
+def verdict_label(verdict: str, role: str = "primary", exploratory: bool = False) -> str:
+    """A verdict as the tables print it: bold for a primary verdict, labelled secondary / exploratory."""
+    text = f"**{verdict}**" if role == "primary" else f"{verdict} (secondary)"
+    return text + (" (exploratory)" if exploratory else "")
+
+
+def decisions_table(decisions: Sequence[Decision], digits: int = 3, *, metric_and_n: bool = True) -> str:
+    """Markdown table of the verdicts (paired by seed; 95 % paired-t CI; Holm-adjusted p).
+
+    Columns: claim, regime, A, B, test, [metric, n,] mean A, mean B, A − B [CI], p (Holm), verdict; numbers with
+    ``digits`` decimals; a secondary verdict follows its primary one.
+    """
+    extra_head, extra_rule = ("| metric | n ", "|---|---:") if metric_and_n else ("", "")
+    rows = [
+        f"| claim | regime | A | B | test {extra_head}| mean A | mean B | A − B [95% CI] | p (Holm) | verdict |\n"
+        f"|---|---|---|---|---{extra_rule}|---:|---:|---|---:|---|"
+    ]
+    for d in decisions:
+        r, (a, b) = d.result, d.pair
+        margin = f", δ = {r.margin:g}" if r.margin is not None and d.claim.kind != "identical" else ""
+        test = KIND_TEXT[d.claim.kind] + margin
+        ci = (
+            "exactly 0 on every seed"
+            if r.identical
+            else f"{r.diff:+.{digits}f} [{r.ci[0]:+.{digits}f}, {r.ci[1]:+.{digits}f}]"
+        )
+        extra = f" {d.metric} | {r.n} |" if metric_and_n else ""
+        rows.append(
+            f"| {d.claim.id} | {d.regime} | {a} | {b} | {test} |{extra} {r.mean_a:.{digits}f} | "
+            f"{r.mean_b:.{digits}f} | {ci} | {format_p(d.p_adj)} | {verdict_label(d.verdict, d.role, d.exploratory)} |"
+        )
+    return "\n".join(rows)
+
+
+def verdict_counts(decisions: Sequence[Decision]) -> str:
+    """One line: how many primary verdicts of each kind ("3 supported, 0 contradicted, 1 negligible, ...")."""
+    prim = [d for d in decisions if d.role == "primary"]
+    return ", ".join(f"{sum(1 for d in prim if d.verdict == v)} {v}" for v in VERDICTS)
+
+
+@dataclass
+class FamilyNote:
+    """Baseline families of a report, for its text: which member each ``best`` claim was tested against."""
+
+    lines: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, decisions: Sequence[Decision]) -> FamilyNote:
+        seen: dict[tuple[str, str], str] = {}
+        for d in decisions:
+            if d.role != "primary" or d.baseline is None or d.baseline.get("rule") != "best":
+                continue
+            means = ", ".join(f"{m} {v:.3f}" for m, v in d.baseline["selection_means"].items())
+            seeds = ", ".join(map(str, d.baseline["selection_seeds"]))
+            seen[(d.claim.id, d.regime)] = (
+                f"- ({d.claim.id}) {d.regime}: best of `{d.baseline['family']}` on selection seeds {seeds} (mean "
+                f"{d.metric}): **{d.baseline['selected']}** ({means})"
+            )
+        return cls(list(seen.values()))

@@ -1,0 +1,33 @@
+"""Generated blocks inside hand-written pages: the text between two marker lines is replaced in place and the rest
+of the file is kept byte for byte (``<!-- NAME:begin -->`` … ``<!-- NAME:end -->`` for doc pages,
+``<!-- verdicts:start -->`` … ``<!-- verdicts:end -->`` for the README's block)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from p3o.errors import ConfigError
+
+START, END = "<!-- verdicts:start -->", "<!-- verdicts:end -->"
+
+
+def write_block(path: str | Path, block: str, body: str) -> None:
+    """Replace the text between ``<!-- {block}:begin -->`` and ``<!-- {block}:end -->`` lines of ``path`` with
+    ``body`` (the markers are appended first when missing; the rest of the file is kept byte for byte)."""
+    p = Path(path)
+    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
+    text = p.read_text() if p.is_file() else ""
+    if begin not in text or end not in text:
+        text += f"\n{begin}\n{end}\n"
+    pre, rest = text.split(begin, 1)
+    p.write_text(f"{pre}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}")
+
+
+def update_readme(readme: Path, block: str) -> None:
+    """Replace the text between the markers in `readme` (ConfigError naming the file when they are absent)."""
+    text = readme.read_text()
+    if START not in text or END not in text:
+        raise ConfigError(f"{readme}: no '{START}' … '{END}' block to update")
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    readme.write_text(head + block + tail)
