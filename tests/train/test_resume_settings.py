@@ -197,3 +197,15 @@ def test_ray_settings_need_workers():
 
     with pytest.raises(ConfigError, match=r"^ray.address: a Ray setting; it needs rollout.workers > 0"):
         load_config(["--ray.address", "auto"])
+
+
+def test_a_run_that_died_while_finishing_gets_its_final_policy(tmp_path, built, capsys):
+    import shutil
+
+    run_dir = tmp_path / "done"
+    assert _train(run_dir, "--steps", "2", "--ckpt.every", "1", "--loop.mode", "sync") == 0
+    shutil.rmtree(run_dir / "final")  # killed after its last checkpoint, before final/ was written
+    rows = _rows(run_dir)
+    assert p3o_main(["train", "--run_dir", str(run_dir), "--resume"]) == 0
+    assert (run_dir / "final" / "model.safetensors").is_file() and _rows(run_dir) == rows
+    assert "reached its" not in capsys.readouterr().out

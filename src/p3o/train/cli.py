@@ -133,7 +133,7 @@ def prepare_resume(
     for path, why in damaged:
         _say(f"p3o train: warning: skipping damaged checkpoint {path} ({why}); resuming from {intact.name}")
     step = checkpoint_step(intact) or 0
-    if step >= cfg.steps:
+    if step >= cfg.steps and (run_dir / "final").is_dir():  # without final/ (a crash while finishing) run() writes it
         extend = f"p3o train --run_dir {run_dir} --resume --steps {max(step, cfg.steps) * 2}"
         if cfg.optim.schedule != "constant":
             extend += " --allow-changes (under the cosine schedule every later learning rate changes)"

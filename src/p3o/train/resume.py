@@ -34,6 +34,7 @@ __all__ = [
     "CONFIG_FILE",
     "HISTORY_FILE",
     "change_kind",
+    "describe_changes",
     "read_history",
     "record_changes",
     "resume_config",
