@@ -1,5 +1,5 @@
-"""The results front page and the README verdict block are rendered from verdict files, never typed; the README
-shows the confirmatory verdicts of every study in one Holm family."""
+"""The results pages (every verdict, the index) and the README's short block are rendered from verdict files, never
+typed; the confirmatory verdicts of every study are decided in one Holm family."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from p3o.experiments.summary.blocks import END, START
-from p3o.experiments.summary.pages import load, main, pool
+from p3o.experiments.summary.cli import main
+from p3o.experiments.summary.pages import load, pool
 
 
 def _record(claim: str, p_diff: float, **over: object) -> dict:
@@ -63,19 +64,27 @@ def test_one_holm_family_across_the_confirmatory_studies(tmp_path: Path) -> None
     assert [r["verdict_pool"] for _, r in family] == ["supported", "supported"]
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{START}\nold text\n{END}\noutro\n")
-    out = tmp_path / "results.md"
+    out, index = tmp_path / "results" / "verdicts.md", tmp_path / "results" / "README.md"
     argv = [str(p) for p in (lm, syn, draft, legacy)]
-    assert main([*argv, "--out", str(out), "--readme", str(readme), "--block", str(tmp_path / "block.md")]) == 0
+    block = tmp_path / "block.md"
+    assert main([*argv, "--out", str(out), "--index", str(index), "--readme", str(readme), "--block", str(block)]) == 0
     text = readme.read_text()
     assert text.startswith("intro\n" + START) and text.endswith(END + "\noutro\n") and "old text" not in text
-    assert "2 confirmatory verdicts from 2 pre-registered studies, one Holm family" in text
-    assert "- supported: P3O beats GRPO (a) — stale-4, p3o − grpo on final_reward = +0.042 [+0.010, +0.074]" in text
-    assert "(c)" not in text and "(d)" not in text and "(s)" not in text
-    assert "results-draft, results-old" in text
-    assert (tmp_path / "block.md").read_text().startswith(START)
+    assert "2 confirmatory verdicts from 2 pre-registered studies, one Holm family across them: 2 supported" in text
+    assert "[results](results/README.md), [every verdict](results/verdicts.md)" in text
+    assert block.read_text().startswith(START)
     page = out.read_text()
     assert "[results-lm](results-lm.md)" in page and "**exploratory**" in page and "no pre-registration" in page
     assert "**supported** (exploratory)" in page and "| secondary |" in page
+    assert "| p3o | grpo | final_reward | 6 | +0.042 [+0.010, +0.074] | 0.024 | **supported** |" in page
+    rows = [line for line in index.read_text().splitlines() if line.startswith("| results-")]
+    assert [r.split(" | ")[2] for r in rows] == [
+        "confirmatory",
+        "confirmatory",
+        "exploratory",
+        "exploratory (no pre-registration record)",
+    ]
+    assert "[results-lm.md](../results-lm.md)" in rows[0] and "10–15" in rows[0]
 
 
 def test_a_significant_pooled_family_can_undo_a_per_study_verdict(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 Usage:
 
     p3o compare configs/experiments/lm.yaml --jobs 2
-    p3o compare configs/experiments/synthetic.yaml --report docs/results-synthetic.md
+    p3o compare configs/experiments/synthetic.yaml --report docs/results/synthetic.md
     p3o compare configs/experiments/lm.yaml --report-only           # re-aggregate finished runs only
     p3o compare my-draft.yaml --exploratory                          # not pre-registered: marked, kept out of README
 

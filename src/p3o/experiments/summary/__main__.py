@@ -2,6 +2,6 @@
 
 import sys
 
-from p3o.experiments.summary.pages import main
+from p3o.experiments.summary.cli import main
 
 sys.exit(main())

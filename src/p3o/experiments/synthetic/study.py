@@ -6,7 +6,7 @@ metric and margins, and the claims (the same claim schema as ``p3o compare``: ``
 / ``identical`` between two objectives in one or more regimes). ``p3o compare`` dispatches here when the file
 says ``instrument: synthetic``:
 
-    p3o compare configs/experiments/synthetic.yaml --report docs/results-synthetic.md --figures docs/figures
+    p3o compare configs/experiments/synthetic.yaml --report docs/results/synthetic.md --figures docs/results/figures
 
 Each cell's result is cached as JSON under ``out_dir/cells/`` (resumable: a rerun only computes missing cells).
 Seed k of every cell shares the task, the initial table and the noise streams, so cells are paired by seed.
