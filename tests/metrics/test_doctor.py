@@ -1,15 +1,20 @@
 """``p3o doctor PATH``: exit 0 on a healthy run, 1 when a finding fires, 2 on bad input; p3o run dirs, TRL
-trainer_state.json and plain JSONL are read and their off-policy keys mapped onto the monitor's names."""
+trainer_state.json and plain JSONL are read and their off-policy keys mapped onto the monitor's names; on real p3o
+runs of the tiny model: an engine that ignores the weight sync, a one-step ESS collapse named by its step, and the
+default job's settings staying healthy (the TRL runs: tests/integrations/test_trl_doctor.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from p3o.cli import main as p3o_main
 from p3o.metrics.doctor import diagnose, load_rows, main
+from p3o.metrics.monitor import OffPolicyMonitor
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:
@@ -86,3 +91,96 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys, name: str, cont
 
 def test_bad_window_exits_2(tmp_path: Path) -> None:
     assert main([str(_jsonl(tmp_path / "m.jsonl", _healthy())), "--window", "0"]) == 2
+
+
+# ------------------------------------------------------------------------------------- real p3o training runs
+
+
+def _even_tokens(ro) -> torch.Tensor:
+    """Reward: the share of even token ids in a response. The random tiny model earns about half and the policy
+    climbs it steadily, so its weights keep moving one way (the task's own verifier gives a random model 0)."""
+    even = ((ro.response_ids % 2) == 0) & ro.mask
+    return (even.sum(1) / ro.mask.sum(1).clamp(min=1)).float()
+
+
+def _train(tmp_path: Path, name: str, *overrides: str, config: str = "quick") -> Path:
+    """A real p3o run of the built-in tiny model (random init: no warm-start to build) with the even-token reward."""
+    from p3o.config import load_config
+    from p3o.train.loop import run
+    from p3o.train.wiring import build_components
+
+    torch.set_num_threads(1)
+    args = ["--config", config, "--run_dir", str(tmp_path / name), "--model.name", "tiny-random"]
+    args += ["--log.eval_every", "0", "--log.plot", "false", "--log.progress", "false", "--ckpt.every", "0"]
+    cfg = load_config([*args, "--rollout.prompts_per_step", "8", "--update.micro_batch_size", "32", *overrides])
+    comps = dataclasses.replace(build_components(cfg), reward_fn=_even_tokens)
+    return run(cfg, components=comps)
+
+
+def test_engine_that_ignores_the_weight_sync_is_reported(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The engine's weight copy is disabled by a test hook (the version still advances, as when LoRA adapters or a
+    repacked layer silently miss the sync): fresh tokens' mismatch grows step by step -> weights not reaching the
+    engine."""
+    import p3o.rollout.hf as hf
+
+    def version_only(self, state_dict, version) -> None:
+        self.version = int(version)
+
+    monkeypatch.setattr(hf.HFEngine, "load_weights", version_only)
+    run = _train(tmp_path, "nosync", "--steps", "8", "--loop.mode", "sync", "--optim.lr", "1e-4",
+                 "--optim.schedule", "constant")  # fmt: skip
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    fresh = [r["offpolicy/dlogp_mean_lag_0"] for r in rows]
+    assert fresh[0] < 1e-5 < 0.02 < fresh[-1]  # the engine starts with the trainer's weights, then stays behind
+    assert (
+        rows[-1]["offpolicy/finding_weights_not_synced"] == 1.0 and rows[-1]["offpolicy/cause_weights_not_synced"] == 4
+    )
+    assert main([str(run), "--no-plot"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("unhealthy: weights not reaching the engine (weights_not_synced")
+    assert "8 steps, shorter than the 20-step window" in out and "load_weights" in out
+
+
+def test_one_step_ess_collapse_is_named_by_its_step(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A 12-step run whose engine glitches once (step 7's recorded log-probs off by N(0, 1.8²): an ESS near 0.05) fires
+    the collapse rule at once, naming step 7, although the window rule (ESS < 0.9 on more than half the steps) stays
+    silent; the tokens are fresh (sync mode), so the cause is the engine."""
+    import p3o.rollout.hf as hf
+
+    generate, calls = hf.HFEngine.generate, []
+
+    def glitch_once(self, *args, **kwargs):
+        ro = generate(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 7:  # sync mode, no evaluation: the 7th generation is step 7's batch
+            noise = 1.8 * torch.randn(ro.rollout_logp.shape, generator=torch.Generator().manual_seed(0))
+            ro = dataclasses.replace(ro, rollout_logp=ro.rollout_logp + noise.to(ro.rollout_logp) * ro.mask)
+        return ro
+
+    monkeypatch.setattr(hf.HFEngine, "generate", glitch_once)
+    run = _train(tmp_path, "glitch", "--steps", "12", "--loop.mode", "sync")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    ess = {int(r["step"]): r["offpolicy/ess"] for r in rows}
+    assert ess[7] < 0.2 and min(v for s, v in ess.items() if s != 7) > 0.9, ess
+    assert rows[6]["offpolicy/finding_ess_collapse"] == 1.0 and rows[6]["offpolicy/cause_ess_collapse"] == 2  # live
+    d = diagnose(run)
+    names = [f.name for f, _, _ in d.findings]
+    assert names[0] == "ess_collapse" and "low_ess" not in names  # ratio_tails: that one step's tails, 1 % over 12
+    assert {f.cause for f, _, _ in d.findings} == {"engine"}  # sync mode: every token fresh
+    (f, _, _) = d.findings[0]
+    assert "step 7 " in f.message and f"ESS {ess[7]:.3f}" in f.evidence and f.cause == "engine"
+    assert main([str(run), "--no-plot"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"unhealthy: engine mismatch ({', '.join(names)})"
+    assert "12 steps, shorter than the 20-step window: judged on its own 12 steps" in out
+
+
+def test_the_default_run_stays_healthy(tmp_path: Path, capsys) -> None:
+    """The default job's settings (async, loop.max_lag 2, P3O, fp32 engine, lr 2e-4) on a 12-step run: healthy."""
+    run = _train(tmp_path, "default", "--steps", "12", "--rollout.max_new_tokens", "16", config="default")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["lag_max"] for r in rows) == 2 and min(r["offpolicy/ess"] for r in rows) < 0.999  # off-policy
+    assert main([str(run), "--out", str(tmp_path / "d.png")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "healthy" and "12 steps" in out
+    assert all(r[f"offpolicy/cause_{n}"] == 0 for r in rows for n in OffPolicyMonitor.FINDINGS)

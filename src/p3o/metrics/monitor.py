@@ -33,7 +33,7 @@ Empty sets give NaN (an ESS of an empty lag bucket, a decile no response reached
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import logging
 import math
 from collections import deque
@@ -144,10 +144,11 @@ RULES: dict[str, float] = {
     "drift_support": 0.5,  # ... over the deciles that at least this share of the window's steps reached
     "tail_share": 0.01,  # ratio_tails: share of tokens with ρ > 2 or ρ < 0.5 above this (window mean)
     "m_floor": 0.5,  # prefix_decay: window mean of MinPRO's m_t below this
+    "fresh_dlogp": 5e-4,  # engine_mismatch: median over the window's steps of the fresh tokens' mean |Δlogp| (nats)
     "stale_margin": 2.0,  # attribution: stale tokens carry a finding when their excess is ≥ this × the fresh ones'
     "sync_min_steps": 4,  # weights_not_synced: at least this many steps with fresh (lag-0) tokens ...
-    "sync_rising": 0.7,  # ... the fresh tokens' |Δlogp| rises from one such step to the next in this share ...
-    "sync_factor": 3.0,  # ... its last third's mean is ≥ this × its first third's ...
+    "sync_trend": 0.5,  # ... the fresh tokens' |Δlogp| trends up with the step: Kendall's τ at least this ...
+    "sync_factor": 2.0,  # ... its last third's mean is ≥ this × its first third's ...
     "sync_floor": 0.02,  # ... and ≥ this (nats)
 }
 
@@ -296,8 +297,7 @@ def _low_ess(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Find
     cause, why = _attribute(rows, f_bad, s_bad, why)
     return Finding(
         "low_ess",
-        f"ESS below {th['ess_threshold']} on {low} of {len(ess)} steps (threshold: more than "
-        f"{th['ess_share']:.0%}): {CAUSE_TEXT[cause]}",
+        f"ESS below {th['ess_threshold']} on {low} of {len(ess)} steps (threshold: more than {th['ess_share']:.0%})",
         f"ess min {min(ess):.3f}, mean {_mean(ess):.3f}; {why}",
         "",
         cause,
@@ -357,7 +357,7 @@ def _ess_collapse(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) ->
     return Finding(
         "ess_collapse",
         f"ESS collapsed at step {steps} (any single step with ESS < {th['ess_floor']:g} or a ratio > "
-        f"{th['ratio_ceiling']:g}): {CAUSE_TEXT[cause]}",
+        f"{th['ratio_ceiling']:g})",
         "; ".join(shown[:8]) + f"; {why}",
         "",
         cause,
@@ -398,7 +398,7 @@ def _position_drift(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) 
     return Finding(
         "position_drift",
         f"mismatch grows with position: mean |Δlogp| ×{factor:.1f} from the early to the late deciles "
-        f"(threshold ×{th['drift_factor']:g} and ≥ {th['drift_floor']:g} nats): {CAUSE_TEXT[cause]}",
+        f"(threshold ×{th['drift_factor']:g} and ≥ {th['drift_floor']:g} nats)",
         f"{desc}; {why}",
         "",
         cause,
@@ -424,8 +424,7 @@ def _ratio_tails(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> 
     cause, why = _attribute(rows, f_bad, s_bad, why)
     return Finding(
         "ratio_tails",
-        f"heavy ratio tails: {tails:.2%} of tokens have ρ > 2 or ρ < 0.5 (threshold {th['tail_share']:.0%}): "
-        f"{CAUSE_TEXT[cause]}",
+        f"heavy ratio tails: {tails:.2%} of tokens have ρ > 2 or ρ < 0.5 (threshold {th['tail_share']:.0%})",
         f"ρ > 2: {_mean(above or [0.0]):.2%}, ρ < 0.5: {_mean(below or [0.0]):.2%}; {why}",
         "",
         cause,
@@ -459,10 +458,35 @@ def _prefix_decay(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) ->
     return Finding(
         "prefix_decay",
         f"MinPRO's prefix factor m_t averages {_mean(m):.3f} (threshold {th['m_floor']}): later tokens of long "
-        f"responses carry little weight: {CAUSE_TEXT[cause]}",
+        f"responses carry little weight",
         f"m_mean min {min(m):.3f}, mean {_mean(m):.3f}; {why}",
         "",
         cause,
+    )
+
+
+def _engine_mismatch(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    """Fresh (lag-0) tokens whose engine log-probs differ from the trainer's: a lower-precision engine, a sampling
+    setting its log-probs do not reflect. An fp32 engine at the trainer's temperature sits near 1e-7 nats."""
+    fresh = [
+        float(r["dlogp_mean_lag_0"])
+        for r in rows
+        if isinstance(r.get("dlogp_mean_lag_0"), int | float)
+        and math.isfinite(r["dlogp_mean_lag_0"])
+        and isinstance(r.get("tokens_lag_0"), int | float)
+        and r["tokens_lag_0"] > 0
+    ]
+    if not fresh or _median(fresh) < th["fresh_dlogp"]:
+        return None
+    kl = _vals([r for r in rows if isinstance(r.get("tokens_lag_0"), int | float) and r["tokens_lag_0"] > 0], "kl_k3")
+    return Finding(
+        "engine_mismatch",
+        f"the engine and the trainer disagree on fresh (lag-0) tokens: median mean |Δlogp| {_median(fresh):.3g} nats "
+        f"over {len(fresh)} steps (threshold {th['fresh_dlogp']:g}; an fp32 engine sits near 1e-7)",
+        f"fresh tokens' mean |Δlogp| min {min(fresh):.3g}, max {max(fresh):.3g}"
+        + (f"; k3 KL of those steps up to {max(kl):.2g}" if kl else ""),
+        "",
+        "engine",
     )
 
 
@@ -479,24 +503,34 @@ def _weights_not_synced(rows: Sequence[Mapping[str, Any]], th: Mapping[str, floa
     if len(pts) < th["sync_min_steps"]:
         return None
     d = [v for _, _, v in pts]
-    rising = sum(b > a for a, b in itertools.pairwise(d)) / (len(d) - 1)
+    tau = _kendall_tau(d)
     third = max(1, len(d) // 3)
     first, last = _mean(d[:third]), _mean(d[-third:])
-    if rising < th["sync_rising"] or last < th["sync_floor"] or last < th["sync_factor"] * first:
+    if tau < th["sync_trend"] or last < th["sync_floor"] or last < th["sync_factor"] * first:
         return None
     a, b = pts[0], pts[-1]
     trail = " → ".join(f"{v:.3g}" for v in d[:: max(1, len(d) // 8)])
     return Finding(
         "weights_not_synced",
         f"weights not reaching the engine: the fresh (lag-0) tokens' mean |Δlogp| grows step by step, "
-        f"{first:.3g} → {last:.3g} nats from steps {_step_of(a[1], a[0])} to {_step_of(b[1], b[0])} (rule: rising in "
-        f"≥ {th['sync_rising']:.0%} of steps, last third ≥ ×{th['sync_factor']:g} the first and ≥ "
-        f"{th['sync_floor']:g} nats)",
-        f"lag-0 |Δlogp| by step: {trail}; rising in {rising:.0%} of {len(d) - 1} steps. A synced engine samples "
-        "fresh tokens with the trainer's weights: their mismatch stays flat",
+        f"{first:.3g} → {last:.3g} nats (first vs last third of steps {_step_of(a[1], a[0])}–{_step_of(b[1], b[0])}; "
+        f"rule: Kendall's τ with the step ≥ {th['sync_trend']:g}, last third ≥ ×{th['sync_factor']:g} the first "
+        f"and ≥ {th['sync_floor']:g} nats)",
+        f"lag-0 |Δlogp| by step: {trail}; τ = {tau:.2f} over {len(d)} steps. A synced engine samples fresh tokens "
+        "with the trainer's weights, so their mismatch stays flat",
         "",
         "sync",
     )
+
+
+def _kendall_tau(xs: Sequence[float]) -> float:
+    """Kendall's τ_a of ``xs`` against its index: (concordant − discordant pairs) / all pairs, ∈ [−1, 1]."""
+    n = len(xs)
+    pairs = n * (n - 1) // 2
+    if pairs == 0:
+        return 0.0
+    s = sum((xs[j] > xs[i]) - (xs[j] < xs[i]) for i in range(n) for j in range(i + 1, n))
+    return s / pairs
 
 
 def _any_positive(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> list[Finding]:
@@ -522,7 +556,7 @@ def _any_positive(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) ->
 
 
 #: The rules that judge a window as a whole (the doctor slides them over a long run).
-WINDOW_RULES = ("low_ess", "position_drift", "ratio_tails", "prefix_decay")
+WINDOW_RULES = ("low_ess", "engine_mismatch", "position_drift", "ratio_tails", "prefix_decay")
 #: The rules that fire on a single step or on the run's trend (the doctor applies them to the whole run).
 RUN_RULES = ("ess_collapse", "weights_not_synced", "nonfinite", "kl_clamped", "ess_degenerate")
 
@@ -544,8 +578,9 @@ def find(
       half of the rows reached, the later half's mean ≥ 3 × the earlier half's and ≥ 0.03 nats.
     * ``ratio_tails``: mean of ``ratio_frac_above_2`` + ``ratio_frac_below_0_5`` > 0.01.
     * ``prefix_decay``: mean ``m_mean`` < 0.5.
-    * ``weights_not_synced``: over ≥ 4 rows with fresh tokens, ``dlogp_mean_lag_0`` rises from row to row in ≥ 70 %
-      of them, and the last third's mean is ≥ 3 × the first third's and ≥ 0.02 nats.
+    * ``engine_mismatch``: the median over the rows of the fresh tokens' ``dlogp_mean_lag_0`` ≥ 5e-4 nats.
+    * ``weights_not_synced``: over ≥ 4 rows with fresh tokens, ``dlogp_mean_lag_0`` trends up with the step
+      (Kendall's τ ≥ 0.5), and the last third's mean is ≥ 2 × the first third's and ≥ 0.02 nats.
     * ``nonfinite``: any ``nonfinite_frac`` > 0. ``kl_clamped``, ``ess_degenerate``: any > 0 (p3o's trainer).
 
     Attribution (``Finding.cause``): each rule is re-applied to the fresh tokens (lag 0: ``ess_lag_0``,
@@ -553,7 +588,8 @@ def find(
     (lag ≥ 1: the ``_stale`` keys); the stale tokens carry it only when their excess over the ideal (1 − ESS, the
     tail share, 1 − m) is also ≥ 2 × the fresh tokens' (the engine's mismatch is in stale tokens too). Fresh tokens
     carry it -> ``engine``; stale ones only -> ``staleness``; both -> ``both``; no lags -> ``undetermined``.
-    ``weights_not_synced`` is ``sync``; ``nonfinite`` / ``kl_clamped`` / ``ess_degenerate`` are ``engine``.
+    ``engine_mismatch`` and ``nonfinite`` / ``kl_clamped`` / ``ess_degenerate`` are ``engine``;
+    ``weights_not_synced`` is ``sync``, and while it fires the findings the fresh tokens carry are ``sync`` too.
     Suggestions name the settings of ``source`` (``p3o``, ``trl``, ``verl``; None: generic).
     """
     th = {**RULES, **(rules or {})}
@@ -563,6 +599,7 @@ def find(
         ("ess_collapse", _ess_collapse),
         ("weights_not_synced", _weights_not_synced),
         ("low_ess", _low_ess),
+        ("engine_mismatch", _engine_mismatch),
         ("position_drift", _position_drift),
         ("ratio_tails", _ratio_tails),
         ("prefix_decay", _prefix_decay),
@@ -573,7 +610,19 @@ def find(
             if f is not None:
                 out.append(f)
     out += [f for f in _any_positive(rows, th) if want is None or f.name in want]
-    return [Finding(f.name, f.message, f.evidence, suggest(f.name, f.cause, source), f.cause) for f in out]
+    if any(f.cause == "sync" for f in out) or _weights_not_synced(rows, th) is not None:
+        # the fresh tokens' mismatch is the stale engine's: name the sync, not the engine's precision
+        out = [dataclasses.replace(f, cause="sync") if f.cause == "engine" else f for f in out]
+    return [
+        Finding(
+            f.name,
+            f.message if f.name == "weights_not_synced" else f"{f.message}: {CAUSE_TEXT[f.cause]}",
+            f.evidence,
+            suggest(f.name, f.cause, source),
+            f.cause,
+        )
+        for f in out
+    ]
 
 
 # ------------------------------------------------------------------------------------------------------ monitor
@@ -601,6 +650,7 @@ class OffPolicyMonitor:
 
     FINDINGS = (
         "low_ess",
+        "engine_mismatch",
         "ess_collapse",
         "weights_not_synced",
         "position_drift",
