@@ -79,7 +79,7 @@ def stop_after(monkeypatch, updates: int) -> None:
     """Make the (updates + 1)-th call of the loop's update raise _Stop: the run dies after `updates` steps."""
     import p3o.train.loop as loop_mod
 
-    real, calls = loop_mod.update, {"n": 0}
+    real, calls = loop_mod.UpdateStep.run, {"n": 0}
 
     def stopping(*a, **kw):
         calls["n"] += 1
@@ -87,7 +87,7 @@ def stop_after(monkeypatch, updates: int) -> None:
             raise _Stop
         return real(*a, **kw)
 
-    monkeypatch.setattr(loop_mod, "update", stopping)
+    monkeypatch.setattr(loop_mod.UpdateStep, "run", stopping)
 
 
 def test_fixed_async_resumed_equals_uninterrupted(tmp_path, monkeypatch):

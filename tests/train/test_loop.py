@@ -11,10 +11,11 @@ import torch
 import yaml
 from train_fakes import fake_components, fake_config
 
-import p3o.train.loop as loop_mod
+from p3o.objectives.registry import Objective
 from p3o.train.checkpoint import latest_checkpoint, load_checkpoint
 from p3o.train.loop import run
 from p3o.train.sources import GeneratorCrashed
+from p3o.train.step import UpdateStep
 from p3o.train.stream import PromptStream
 
 CONTRACT_KEYS = [
@@ -90,17 +91,17 @@ def test_async_random_delays_never_exceed_max_lag(tmp_path, monkeypatch):
 
     comps.make_engine = slow_engine
     consumed = []
-    real_update = loop_mod.update
+    real_run = UpdateStep.run
 
-    def checking_update(policy, optimizer, scheduler, batch, *a, **kw):
+    def checking_run(self, batch, version=0):
         version = len(consumed)  # the trainer's version = updates done so far
         tokens = batch.policy_version[batch.mask]
         assert tokens.numel() > 0 and bool((tokens >= version - max_lag).all()), (version, tokens.min())
         consumed.append(int(version - tokens.min()))
         time.sleep(rng.uniform(0.0, 0.1))  # a slow, jittery trainer lets the generator run ahead
-        return real_update(policy, optimizer, scheduler, batch, *a, **kw)
+        return real_run(self, batch, version)
 
-    monkeypatch.setattr(loop_mod, "update", checking_update)
+    monkeypatch.setattr(UpdateStep, "run", checking_run)
     cfg = fake_config(tmp_path / "async", steps=10, **{"loop.mode": "async", "loop.max_lag": max_lag})
     rows = _metrics(run(cfg, components=comps))
     assert len(consumed) == 10 and max(consumed) <= max_lag
@@ -144,13 +145,13 @@ def test_dynamic_sampling_keeps_only_informative_groups(tmp_path, monkeypatch):
 
     comps.reward_fn = reward
     seen = []
-    real_update = loop_mod.update
+    real_run = UpdateStep.run
 
-    def recording_update(policy, optimizer, scheduler, batch, *a, **kw):
+    def recording_run(self, batch, version=0):
         seen.append(batch)
-        return real_update(policy, optimizer, scheduler, batch, *a, **kw)
+        return real_run(self, batch, version)
 
-    monkeypatch.setattr(loop_mod, "update", recording_update)
+    monkeypatch.setattr(UpdateStep, "run", recording_run)
     cfg = fake_config(
         tmp_path / "dyn", steps=4, **{"loop.dynamic_sampling": True, "loop.dynamic_sampling_max_tries": 4}
     )
@@ -200,8 +201,6 @@ def test_prompt_stream_is_a_function_of_the_index():
 def test_objective_hyper_parameters_are_resolved_once_per_run(tmp_path, monkeypatch):
     # resolving (defaults, spellings, checks) happens at setup, not per step or per micro-batch: the count of
     # resolutions does not grow with the number of steps
-    from p3o.objectives.registry import Objective
-
     real = Objective.resolve
     counts = []
     for steps in (1, 4):

@@ -33,6 +33,8 @@ The data stream and producer are `p3o.train.stream`; turning the config into obj
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import random
 import sys
 import time
@@ -43,11 +45,16 @@ import numpy as np
 import torch
 
 from p3o import dist
+from p3o.config import objective_hyper, save_config, to_dict
 from p3o.errors import ConfigError
+from p3o.metrics import MetricsLogger, ProgressBar, plot_run
 from p3o.metrics.monitor import OffPolicyMonitor
+from p3o.models.lora import AdaptersOff, apply_lora, is_lora
+from p3o.objectives import get_objective
+from p3o.train import checkpoint  # called through the module: tests patch its functions
 from p3o.train.evaluation import Evaluator
 from p3o.train.sources import BatchSource, RemoteSource, make_source, token_lag
-from p3o.train.step import update
+from p3o.train.step import UpdateSettings, UpdateStep, resolve_objective
 from p3o.train.stream import PromptStream, make_producer, stream_seed
 from p3o.train.wiring import (
     Components,
@@ -141,13 +148,6 @@ class Trainer:
     # -- setup ---------------------------------------------------------------------------------------
     def setup(self) -> int:
         """Build everything the steps need; returns the first step to run (0, or the resumed checkpoint's)."""
-        import dataclasses
-
-        from p3o.config import objective_hyper, save_config, to_dict
-        from p3o.metrics import MetricsLogger, ProgressBar
-        from p3o.objectives import get_objective
-        from p3o.train.checkpoint import clear_run_outputs, load_checkpoint, run_outputs
-
         cfg, run_dir = self.cfg, self.run_dir
         # 1. the run directory and the components
         dist.init_from_env()
@@ -163,30 +163,42 @@ class Trainer:
         comps = self.comps if self.comps is not None else build_components(cfg)
         self.comps = comps
         # the objective with its hyper-parameters, resolved once for the run (defaults, spellings, types)
-        self.objective = get_objective(cfg.objective.name).bind(objective_hyper(cfg.objective))
-        self.needs = self.objective.needs
+        objective = get_objective(cfg.objective.name).bind(objective_hyper(cfg.objective))
         # the off-policy monitor (p3o.metrics.monitor): the same statistics any other trainer gets, as offpolicy/*. Its
         # findings are left to `p3o doctor` (warn=False): its position-drift rule does not yet separate staleness
         # from engine drift, and under the default lag of 2 it would print a KV-cache suggestion that does not apply
         self.monitor = OffPolicyMonitor(max_len=cfg.rollout.max_new_tokens, group=dist.group(), warn=False)
-        _attach_adapters_and_reference(cfg, comps, self.needs)
+        _attach_adapters_and_reference(cfg, comps, objective.needs)
         policy = comps.policy
         self.optimizer, self.scheduler = build_optimizer(policy, cfg.optim, cfg.update, cfg.steps)
+        # the update step with its own settings, resolved once for the run (p3o.train.step)
+        self.update_step = UpdateStep(
+            policy,
+            self.optimizer,
+            self.scheduler,
+            resolve_objective(objective, {}, None),
+            UpdateSettings.of(cfg),
+            ref_model=comps.ref_model,
+            group=dist.group(),
+            monitor=self.monitor,
+        )
 
         # 2. resume (model, optimizer, scheduler, this rank's own RNG states and batch source)
         start, loop_state = 0, {}
         if cfg.ckpt.resume:
-            found = load_checkpoint(run_dir, model=policy, optimizer=self.optimizer, scheduler=self.scheduler)
+            found = checkpoint.load_checkpoint(
+                run_dir, model=policy, optimizer=self.optimizer, scheduler=self.scheduler
+            )
             if found is not None:
                 start, loop_state = found["step"], found["loop_state"] or {}
                 rng = (loop_state.get("rank_rng") or {}).get(dist.rank())  # a checkpoint of the previous format
                 if rng is not None:
                     torch.set_rng_state(rng)
         if dist.is_main():
-            if start == 0 and run_outputs(run_dir):
+            if start == 0 and checkpoint.run_outputs(run_dir):
                 # --overwrite, or --resume with no checkpoint yet: the earlier outputs would mix with this run's (and
                 # its checkpoints would be picked up by a later --resume)
-                removed = clear_run_outputs(run_dir)
+                removed = checkpoint.clear_run_outputs(run_dir)
                 print(f"p3o train: starting fresh in {run_dir}: removed {', '.join(removed)}", file=sys.stderr)
             # `overwrite` is an action, not a setting: rerunning the saved config must not delete this run. A resumed
             # run keeps its first config.yaml (its changes: config_history.jsonl, p3o.train.resume)
@@ -262,26 +274,7 @@ class Trainer:
             batch = _trim_to_common(batch, info, cfg.rollout.group_size)
         lag = _lag_stats(batch, step)
         t1 = time.perf_counter()
-        up = cfg.update
-        stats = update(
-            comps.policy,
-            self.optimizer,
-            self.scheduler,
-            batch,
-            self.objective,
-            {},
-            needs=self.needs,
-            num_mini_batches=up.num_mini_batches,
-            micro_batch_size=up.micro_batch_size,
-            epochs=up.epochs,
-            grad_clip=cfg.optim.grad_clip,
-            temperature=cfg.train.temperature,
-            ref_model=comps.ref_model,
-            group=dist.group(),
-            chunk_size=cfg.train.chunk_size,
-            monitor=self.monitor,
-            version=step,
-        )
+        stats = self.update_step.run(batch, version=step)
         offpolicy = self.monitor.update(step=step + 1)  # every rank: it reduces over the data-parallel group
         t_sync = time.perf_counter()
         source.push_weights(sync_weights(comps.policy), step + 1)
@@ -356,14 +349,10 @@ class Trainer:
 
     def finish(self) -> None:
         """final/ (LoRA: merged, plain HF) and plot.png on rank 0, then a barrier."""
-        from p3o.train.checkpoint import save_policy
-
         assert self.comps is not None
         if dist.is_main():
-            save_policy(self.run_dir / "final", engine_model(self.comps.policy), self.comps.tokenizer)
+            checkpoint.save_policy(self.run_dir / "final", engine_model(self.comps.policy), self.comps.tokenizer)
             if self.cfg.log.plot:
-                from p3o.metrics import plot_run
-
                 with contextlib.suppress(Exception):  # a plot must never fail a finished run
                     plot_run(self.run_dir)
         dist.barrier()
@@ -399,11 +388,7 @@ def run(cfg: Any, *, components: Components | None = None, remote_source: Remote
 
 def _attach_adapters_and_reference(cfg: Any, comps: Components, needs: frozenset[str]) -> None:
     """LoRA adapters on the policy (`model.lora.r` > 0) and the frozen reference the objective may need."""
-    import copy
-
     if cfg.model.lora.r:
-        from p3o.models.lora import AdaptersOff, apply_lora, is_lora
-
         if not is_lora(comps.policy):  # same seed on every rank: identical adapters
             comps.policy = apply_lora(comps.policy, cfg.model.lora, seed=cfg.seed)
         if comps.ref_model is None and ("ref_logp" in needs or cfg.train.ref_model):
