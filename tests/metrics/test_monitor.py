@@ -288,3 +288,59 @@ def test_state_round_trip_continues_the_window_exactly() -> None:
     rows_resumed = [resumed.update(*b, step=i + 3) for i, b in enumerate(batches[3:])]
     assert rows_resumed == rows_full[3:]
     assert any(v > 0 for k, v in rows_full[-1].items() if k.startswith("finding_"))  # the window matters here
+
+
+def _row(step: int, **kw: float) -> dict[str, float]:
+    return {"step": float(step), **kw}
+
+
+def test_collapse_fires_on_one_step_and_names_it() -> None:
+    rows = [_row(s, ess=0.99, ratio_max=1.5) for s in range(1, 13)]
+    assert find(rows) == []
+    rows[3] = _row(4, ess=0.05, ratio_max=1.5, ess_lag_0=1.0, tokens_lag_0=0.0, ess_stale=0.05, tokens_stale=64.0,
+                   lag_mean=3.0)  # fmt: skip
+    (f,) = find(rows, source="trl")
+    assert f.name == "ess_collapse" and "step 4 " in f.message and "ESS 0.050" in f.evidence
+    assert f.cause == "staleness" and "steps_per_generation" in f.suggestion  # only stale tokens at that step
+    rows[3] = _row(4, ess=0.9, ratio_max=5e3, ratio_max_lag_0=5e3, tokens_lag_0=64.0, ess_lag_0=0.9, lag_mean=0.0)
+    (f,) = find(rows, source="p3o")
+    assert f.cause == "engine" and "max ratio 5e+03" in f.evidence and "rollout.precision" in f.suggestion
+
+
+def test_engine_mismatch_needs_fresh_tokens_above_the_floor() -> None:
+    fresh = [_row(s, ess=1.0, dlogp_mean_lag_0=1.3e-3, tokens_lag_0=64.0, lag_mean=0.0) for s in range(1, 5)]
+    (f,) = find(fresh, source="verl")
+    assert f.name == "engine_mismatch" and f.cause == "engine" and "actor_rollout_ref.rollout.dtype" in f.suggestion
+    fp32 = [{**r, "dlogp_mean_lag_0": 2e-7} for r in fresh]
+    assert find(fp32) == []
+
+
+def test_weights_not_synced_needs_a_rising_fresh_mismatch() -> None:
+    rising = [0.0, 0.06, 0.09, 0.1, 0.12, 0.12, 0.14, 0.14]
+    rows = [_row(s + 1, dlogp_mean_lag_0=v, tokens_lag_0=64.0, lag_mean=0.0) for s, v in enumerate(rising)]
+    got = {f.name: f.cause for f in find(rows)}
+    assert got == {"weights_not_synced": "sync", "engine_mismatch": "sync"}  # the fresh mismatch is the sync's
+    flat = [{**r, "dlogp_mean_lag_0": 0.05 + 0.01 * (s % 2)} for s, r in enumerate(rows)]  # a bf16-like engine
+    assert {f.name for f in find(flat)} == {"engine_mismatch"}
+
+
+def test_both_when_fresh_and_stale_tokens_carry_it() -> None:
+    base = {"lag_mean": 1.0, "tokens_lag_0": 100.0, "tokens_stale": 100.0}
+    rows = [_row(s, ratio_frac_above_2=0.05, ratio_tails_lag_0=0.02, ratio_tails_stale=0.08, **base) for s in range(5)]
+    assert {f.name: f.cause for f in find(rows)} == {"ratio_tails": "both"}
+    rows = [{**r, "ratio_tails_stale": 0.03} for r in rows]  # stale no worse than the engine explains
+    assert {f.name: f.cause for f in find(rows)} == {"ratio_tails": "engine"}
+    rows = [{**r, "ratio_tails_lag_0": 0.0, "ratio_tails_stale": 0.1} for r in rows]
+    assert {f.name: f.cause for f in find(rows)} == {"ratio_tails": "staleness"}
+
+
+def test_monitor_source_and_cause_keys() -> None:
+    with pytest.raises(ValueError, match="source"):
+        OffPolicyMonitor(source="deepspeed")
+    mon = OffPolicyMonitor(max_len=4, group=False, warn=False, source="trl")
+    logp = torch.zeros(2, 4)
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    row = mon.update(logp, logp - 3.0, mask, versions=torch.zeros(2, 4), step=1, version=0)  # lag 0, ρ = e³
+    assert row["finding_ratio_tails"] == 1.0 and row["cause_ratio_tails"] == 2.0  # the engine's tails
+    assert row["finding_engine_mismatch"] == 1.0 and row["cause_low_ess"] == 0.0  # equal ratios: ESS 1
+    assert "vllm_importance_sampling_correction" in next(f for f in mon.findings if f.name == "ratio_tails").suggestion

@@ -166,8 +166,9 @@ _FIX: dict[str, dict[str, str]] = {
         "p3o": "record rollout log-probs in fp32 (rollout.precision fp32, rollout.kv_cache_dtype auto), "
         "rollout.logprob_mode processed with top-p/top-k, train.temperature equal to rollout.temperature",
         "trl": "keep the ratio against vLLM's own log-probs (P3OGRPOTrainer does; a plain GRPOTrainer: "
-        "vllm_importance_sampling_correction=True), cast_lm_head_to_fp32=True, a float32 checkpoint for vLLM "
-        "(its dtype 'auto' follows the checkpoint), no top_p / top_k without processed log-probs",
+        "vllm_importance_sampling_correction=True, its default); colocated vLLM runs in bf16 whatever the "
+        "checkpoint (TRL passes it no dtype): for fp32 log-probs serve it with `trl vllm-serve --dtype float32` "
+        "(vllm_mode='server', with --kv-cache-dtype auto)",
         "verl": "actor_rollout_ref.rollout.dtype float32 (or bfloat16 on both sides), and "
         "algorithm.rollout_correction (rollout_is=token, rollout_is_threshold=inf) so the ratio sees the mismatch",
         "generic": "record the engine's log-probs in fp32, with the trainer's temperature and processed log-probs "
