@@ -269,6 +269,7 @@ def main(argv: list[str]) -> int:
         list(dict.fromkeys([*exp.seeds, *selection])),
         exploratory=args.exploratory,
         runs_exist=runs_dir.is_dir() and any(runs_dir.iterdir()),
+        report=_path(args.report) or exp.out_dir / "report.md",
     )
     start = time.perf_counter()
     failed: list[RunOutcome] = []

@@ -34,6 +34,7 @@ from p3o.logprobs import token_logprobs
 from p3o.models.checkpoints import checkpoint_step, list_checkpoints
 from p3o.objectives import ObjectiveInputs, effective_sample_size, get_objective, objective_defaults, reduce_tokens
 from p3o.rollout.factory import make_engine
+from p3o.rollout.settings import EngineSettings
 from p3o.train.checkpoint import load_policy_weights
 from p3o.train.stream import PromptStream, make_producer, stream_seed
 from p3o.train.wiring import build_components
@@ -160,17 +161,8 @@ def reference_gradients(
 ) -> tuple[dict[str, Tensor], float, float]:
     """g_ref at θ_k (already loaded) for each aggregation: the mean over ``ref_batches`` on-policy batches (fp32
     engine, T = 1) of the group policy gradient; also the mean cosine between its two halves and the mean reward."""
-    ro = run.cfg.rollout
-    ref_engine = make_engine(
-        "hf",
-        run.comps.policy,
-        run.comps.tokenizer,
-        precision="fp32",
-        temperature=1.0,
-        max_new_tokens=ro.max_new_tokens,
-        logprob_mode="processed",
-        seed=seed,
-    )
+    on_policy = EngineSettings(max_new_tokens=run.cfg.rollout.max_new_tokens, seed=seed)  # hf, fp32, T = 1, processed
+    ref_engine = make_engine(on_policy, run.comps.policy, run.comps.tokenizer)
     size = sum(p.numel() for p in run.params)
     sums = {a: [torch.zeros(size) for _ in range(2)] for a in aggregations}
     rewards = []

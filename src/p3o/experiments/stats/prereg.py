@@ -12,7 +12,11 @@ A confirmatory report (no ``--exploratory``) is refused, with one line naming th
 - the experiment file has uncommitted changes (``git status`` of that path), or is not in a git repository;
 - the out_dir holds runs made from another version of the decision rule (a ledger line with another digest), or
   runs with no ledger at all;
-- its seeds overlap the seeds of an exploratory run of the same study that the out_dir has seen.
+- its seeds overlap the seeds of an exploratory run of the same study that the out_dir has seen;
+- a seed was used by another study with an overlapping comparison (the one seed ledger across studies,
+  :mod:`p3o.experiments.stats.ledger`), unless recorded as a look at this study;
+- the file changed after its confirmatory results without a recorded amendment chain (the amendments that apply are
+  kept in the record's ``amendments`` and listed in the report).
 
     pre = preregister(exp.source, exp.out_dir, exp.name, digest, exp.seeds, exploratory=False, runs_exist=True)
     record(exp.out_dir, exp.name, digest, pre)       # before training: the out_dir remembers what made its runs
@@ -25,11 +29,12 @@ import hashlib
 import json
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
+from p3o.experiments.stats.ledger import check_amendments, check_seeds, results_of
 
 LEDGER = "preregistration.jsonl"
 
@@ -46,10 +51,15 @@ class Preregistration:
     """That commit's time (ISO 8601, committer date)."""
     seeds: list[int]
     exploratory: bool
+    amendments: list[dict[str, Any]] = field(default_factory=list)
+    """Recorded amendments of the file since its earlier confirmatory results (what, when, why)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON record (the field order above)."""
-        return dataclasses.asdict(self)
+        """The JSON record (the field order above; ``amendments`` only when there are some)."""
+        out = dataclasses.asdict(self)
+        if not self.amendments:
+            out.pop("amendments")
+        return out
 
     def lines(self, path: str | Path | None) -> list[str]:
         """The report's "Pre-registration" section (markdown lines)."""
@@ -71,6 +81,11 @@ class Preregistration:
             f"- Experiment file {where}: sha256 `{self.sha256}`, {when}",
             f"- Seeds: {', '.join(map(str, self.seeds))}",
             f"- Mode: {mode}",
+            *[
+                f"- Amendment ({a.get('date')}, commit `{str(a.get('commit'))[:12]}`): {a.get('what')} "
+                f"— {a.get('why')}"
+                for a in self.amendments
+            ],
             "",
         ]
 
@@ -138,9 +153,11 @@ def preregister(
     *,
     exploratory: bool,
     runs_exist: bool,
+    report: Path | None = None,
 ) -> Preregistration:
     """Check that a confirmatory study may report from ``out_dir`` (ConfigError, one line, otherwise) and return
-    its :class:`Preregistration`. ``runs_exist``: the out_dir already holds runs (or cells) of the study."""
+    its :class:`Preregistration`. ``runs_exist``: the out_dir already holds runs (or cells) of the study;
+    ``report``: the report to write (its verdict file, if any, holds earlier results)."""
     sha, commit, when, problem = file_state(path)
     pre = Preregistration(sha, commit, when, [int(s) for s in seeds], exploratory)
     if exploratory:
@@ -164,6 +181,8 @@ def preregister(
             f"seeds {used} were used by an exploratory run of study '{name}' in {out_dir}: a confirmatory run "
             "needs fresh seeds"
         )
+    check_seeds(path, name, pre.seeds)
+    pre.amendments = check_amendments(path, name, sha, results_of(path, name, report))
     return pre
 
 

@@ -372,6 +372,7 @@ def run_and_report(
         study.seeds,
         exploratory=exploratory,
         runs_exist=cached.is_dir() and any(cached.glob("*.json")),
+        report=report or study.out_dir / "report.md",
     )
     record(study.out_dir, study.name, digest, pre)
     t0 = time.perf_counter()

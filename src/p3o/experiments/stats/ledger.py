@@ -1,0 +1,233 @@
+"""One seed ledger across studies, and amendments: what makes a confirmatory study's seeds fresh and its file its own.
+
+The ledger is every seed any run of any study used, on one instrument (``lm`` or ``synthetic``), with the objectives
+it compared:
+
+- every study file under the studies root (``configs/experiments/**``, ``records/`` excluded): its ``seeds`` (a list,
+  or a count from ``base.seed_offset``) and its baseline families' ``selection_seeds``;
+- the by-hand entries of the record file ``<root>/records/ledger.yaml`` (``seeds:``): runs made outside a study file
+  (an earlier run, a rerun on other seeds, an exploratory look from the command line).
+
+A confirmatory study may not use a seed that another study used with an overlapping comparison — the two share a
+compared objective (the objectives of its claims, baseline families expanded; all its objectives when it has no
+claims) — unless the record file lists that use as a ``look`` at this study (a look at a running confirmatory study
+is legitimate only when recorded as such):
+
+    check_seeds(study_path, "stale", [300, 301, 302])   # ConfigError naming the other study, or None
+
+A study file whose bytes changed after its confirmatory results (the sha256 its verdict file recorded) needs recorded
+amendments, each ``{study, from, to, date, commit, what, why}`` with sha256s ``from`` → ``to``, chaining the recorded
+bytes to the current ones; otherwise ``p3o compare`` exits 2 with one line (:func:`check_amendments`).
+
+Record file (``configs/experiments/records/ledger.yaml``)::
+
+    seeds:       [{study, instrument, seeds, objectives | like, note}]    # objectives ["*"]: any comparison
+    amendments:  [{study, file, from, to, date, commit, what, why}]
+    looks:       [{study, look, file, seeds, date, commit, what, why}]
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from p3o.errors import ConfigError
+
+RECORDS = Path("records") / "ledger.yaml"
+
+
+@dataclass
+class SeedUse:
+    """Seeds one study (or one by-hand run) used on one instrument, and the objectives it compared."""
+
+    study: str
+    instrument: str
+    seeds: set[int]
+    objectives: set[str]
+    """Compared objective labels; ``{"*"}`` overlaps any comparison."""
+    source: str
+    """Where the use is declared (the study file, or the record file)."""
+
+    def overlaps(self, objectives: set[str]) -> set[str]:
+        """The compared objectives both share (every one of ``objectives`` when this use is ``*``)."""
+        return set(objectives) if "*" in self.objectives else self.objectives & set(objectives)
+
+
+@dataclass
+class Records:
+    """The record file: by-hand seed uses, amendments of study files, recorded looks."""
+
+    seeds: list[dict[str, Any]] = field(default_factory=list)
+    amendments: list[dict[str, Any]] = field(default_factory=list)
+    looks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def shown(path: Path, root: Path) -> str:
+    """``path`` as messages print it: relative to the repository when ``root`` is its configs/experiments."""
+    base = root.parent.parent if root.name == "experiments" and root.parent.name == "configs" else root
+    try:
+        return str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def studies_root(path: str | Path) -> Path:
+    """The studies root of a study file: its nearest ancestor ``configs/experiments``, else its own directory."""
+    path = Path(path).resolve()
+    return next((p for p in path.parents if p.name == "experiments" and p.parent.name == "configs"), path.parent)
+
+
+def load_records(root: Path) -> Records:
+    """The record file under ``root`` (empty when absent; ConfigError naming it when malformed)."""
+    path = root / RECORDS
+    if not path.is_file():
+        return Records()
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(raw, dict) or set(raw) - {"seeds", "amendments", "looks"}:
+        raise ConfigError(f"{path}: expected the keys seeds, amendments, looks")
+    return Records(**{k: list(raw.get(k) or []) for k in ("seeds", "amendments", "looks")})
+
+
+def _seed_list(raw: dict[str, Any]) -> list[int]:
+    seeds = raw.get("seeds", [])
+    if isinstance(seeds, int):
+        offset = int((raw.get("base") or {}).get("seed_offset", 0)) if raw.get("instrument") == "synthetic" else 0
+        return list(range(offset, offset + seeds))
+    return [int(s) for s in seeds or []]
+
+
+def _label(entry: Any) -> str:
+    return str(entry.get("label", entry.get("preset", ""))) if isinstance(entry, dict) else str(entry)
+
+
+def study_use(path: Path, root: Path) -> SeedUse | None:
+    """The seeds a study file declares and the objectives it compares (None: not a study file)."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(raw, dict) or "name" not in raw or "seeds" not in raw:
+        return None
+    families = {k: v for k, v in (raw.get("baselines") or {}).items() if isinstance(v, dict)}
+    seeds = _seed_list(raw) + [int(s) for f in families.values() for s in f.get("selection_seeds") or []]
+    compared = {
+        m
+        for claim in raw.get("claims") or []
+        for o in claim.get("objectives") or []
+        for m in (families[o].get("members", []) if o in families else [o])
+    }
+    if not compared:
+        cells = [o for c in raw.get("cells") or [] for o in c.get("objectives") or []]
+        compared = {_label(o) for o in [*(raw.get("objectives") or []), *cells]}
+    instrument = str(raw.get("instrument", "lm"))
+    return SeedUse(str(raw["name"]), instrument, set(seeds), {str(o) for o in compared}, shown(path, root))
+
+
+def ledger(root: Path, records: Records | None = None) -> list[SeedUse]:
+    """Every seed use: the study files under ``root`` (sorted by path) and the record file's by-hand entries."""
+    records = load_records(root) if records is None else records
+    files = sorted(p for p in root.rglob("*.yaml") if RECORDS.parts[0] not in p.relative_to(root).parts)
+    uses = [u for u in (study_use(p, root) for p in files) if u is not None]
+    by_name = {u.study: u for u in uses}
+    for entry in records.seeds:
+        like = by_name.get(str(entry.get("like", "")))
+        objectives = set(map(str, entry.get("objectives") or [])) or (like.objectives if like else {"*"})
+        uses.append(
+            SeedUse(
+                str(entry["study"]),
+                str(entry.get("instrument", like.instrument if like else "lm")),
+                {int(s) for s in entry.get("seeds", [])},
+                objectives,
+                shown(root / RECORDS, root),
+            )
+        )
+    return uses
+
+
+def check_seeds(path: str | Path, name: str, seeds: list[int]) -> None:
+    """ConfigError (one line naming the other study) when a seed of confirmatory study ``name`` (file ``path``) was
+    used by another study with an overlapping comparison and no recorded look at ``name`` covers it."""
+    root = studies_root(path)
+    records = load_records(root)
+    uses = ledger(root, records)
+    mine = next((u for u in uses if u.study == name and u.source != shown(root / RECORDS, root)), None)
+    if mine is None:
+        mine = study_use(Path(path).resolve(), root) or SeedUse(name, "lm", set(seeds), {"*"}, str(path))
+    looked = {
+        (str(k.get("look")), int(s)) for k in records.looks if k.get("study") == name for s in k.get("seeds", [])
+    }
+    for use in uses:
+        if use.study == name or use.instrument != mine.instrument:
+            continue
+        clash = sorted(s for s in use.seeds & set(seeds) if (use.study, s) not in looked)
+        shared = use.overlaps(mine.objectives)
+        if clash and shared:
+            raise ConfigError(
+                f"seeds {clash} were used by study '{use.study}' ({use.source}) comparing "
+                f"{', '.join(sorted(shared))}: a confirmatory run needs fresh seeds (or a look recorded in "
+                f"{shown(root / RECORDS, root)})"
+            )
+
+
+def _sha_of(verdicts: Path) -> tuple[str | None, bool]:
+    """(sha256 the verdict file's pre-registration recorded, whether it was confirmatory)."""
+    try:
+        doc = json.loads(verdicts.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None, False
+    pre = doc.get("preregistration") if isinstance(doc, dict) else None
+    if not isinstance(pre, dict):
+        return None, False
+    return pre.get("sha256"), not pre.get("exploratory", True)
+
+
+def amendment_chain(records: Records, name: str, start: str, end: str) -> list[dict[str, Any]] | None:
+    """The recorded amendments of study ``name`` leading from sha256 ``start`` to ``end`` ([] when equal; None when
+    the chain breaks)."""
+    chain: list[dict[str, Any]] = []
+    here = start
+    steps = [a for a in records.amendments if a.get("study") == name]
+    for _ in range(len(steps) + 1):  # each amendment is used once at most
+        if here == end:
+            return chain
+        nxt = next((a for a in steps if a.get("from") == here and a not in chain), None)
+        if nxt is None:
+            return None
+        chain.append(nxt)
+        here = str(nxt.get("to"))
+    return None
+
+
+def check_amendments(path: str | Path, name: str, sha256: str, results: list[Path]) -> list[dict[str, Any]]:
+    """The amendments that bring the confirmatory results of ``name`` (the first of ``results`` that exists) to the
+    file's current bytes; ConfigError (one line) when the file changed after them and no amendment chain is
+    recorded."""
+    root = studies_root(path)
+    for verdicts in results:
+        recorded, confirmatory = _sha_of(verdicts)
+        if recorded is None or not confirmatory:
+            continue
+        chain = amendment_chain(load_records(root), name, recorded, sha256)
+        if chain is None:
+            raise ConfigError(
+                f"{path} changed after its results ({verdicts} records sha256 {recorded[:12]}…): record an amendment "
+                f"(what changed, when, why; sha256 from → to) in {shown(root / RECORDS, root)}"
+            )
+        return chain
+    return []
+
+
+def results_of(path: str | Path, name: str, report: Path | None = None) -> list[Path]:
+    """Where a study's results may be: next to ``report`` and ``<repo>/docs/results/<name>.verdicts.json``."""
+    root = studies_root(path)
+    found = [report.with_suffix(".verdicts.json")] if report is not None else []
+    if root.name == "experiments" and root.parent.name == "configs":
+        found.append(root.parent.parent / "docs" / "results" / f"{name}.verdicts.json")
+    return found
