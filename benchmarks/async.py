@@ -4,11 +4,12 @@
     .venv/bin/python benchmarks/async.py --model tiny --steps 6   # quick, on the 1M base
 
 Pipelines: in-process sync; in-process async (fixed schedule, max_lag 2); Ray async with 1 and 2 rollout workers;
-Ray async with 2 workers and in-flight weight updates (free schedule). One local Ray instance with `--ray-cpus`
-logical CPUs is started for all of them; the trainer and every worker run single-threaded torch (the workers take
-the trainer's thread count), so on a 2-core machine the cores are shared by the processes, not oversubscribed per
-process. Weights are random (`tiny-5m-random`): throughput does not depend on them, and the sampled responses run to
-`--max-new-tokens`, so every pipeline generates the same amount of text.
+Ray async with 2 workers and in-flight weight updates (free schedule); Ray async with 1 worker and the collective
+weight sync; Ray async with 1 worker feeding 2 trainer ranks (torchrun, gloo; rank 0 joins the same Ray instance).
+One local Ray instance with `--ray-cpus` logical CPUs is started for all of them; the trainer and every worker run
+single-threaded torch (the workers take the trainer's thread count), so on a 2-core machine the cores are shared by
+the processes, not oversubscribed per process. Weights are random (`tiny-5m-random`): throughput does not depend on
+them, and the sampled responses run to `--max-new-tokens`, so every pipeline generates the same amount of text.
 
 Measured over the steps after `--warmup` (setup and actor start-up excluded):
     completions/s = Σ completions / Σ time_step_s
@@ -37,7 +38,23 @@ def _run(name: str, argv: list[str], warmup: int) -> dict[str, float]:
 
     t0 = time.perf_counter()
     run_dir = run(load_config(argv), remote_source=RaySource)
-    wall = time.perf_counter() - t0
+    return _rates(name, run_dir, warmup, time.perf_counter() - t0)
+
+
+def _run_ranks(name: str, argv: list[str], warmup: int, ranks: int, ray_address: str) -> dict[str, float]:
+    """The same run as `ranks` trainer processes (torchrun, gloo), rank 0 joining this benchmark's Ray instance."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "-m", "p3o", "train"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    subprocess.run([*cmd, *argv, "--ray.address", ray_address], check=True, env=env, capture_output=True)
+    run_dir = Path(argv[argv.index("--run_dir") + 1])
+    return _rates(name, run_dir, warmup, time.perf_counter() - t0)
+
+
+def _rates(name: str, run_dir: Path, warmup: int, wall: float) -> dict[str, float]:
+    """A pipeline's rates from its metrics.jsonl (rank 0's rows: counts summed over ranks)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][warmup:]
     step_s = sum(r["time_step_s"] for r in rows)
     completions = sum(r["generated"] for r in rows)
@@ -96,13 +113,26 @@ def print_projection(table: list[dict], *, cores: int, max_lag: int) -> None:
         p = project(one, workers=n, ranks=m, cores=c, max_lag=max_lag)
         row = [n, m, c, f"{p['step_s']:.2f}", f"{p['completions_per_s']:.1f}", f"{p['idle']:.2f}", p["bound"]]
         print("| " + " | ".join(str(x) for x in row) + " |")
-    p2 = project(one, workers=2, ranks=1, cores=cores, max_lag=max_lag)
-    ratio = two["completions_per_s"] / p2["completions_per_s"]
-    print(
-        f"\ncheck, 2 workers on {cores} cores: projected {p2['completions_per_s']:.1f} completions/s (trainer idle "
-        f"{p2['idle']:.2f}), measured {two['completions_per_s']:.1f} (idle {two['idle']:.2f}): measured/projected "
-        f"{ratio:.2f}"
-    )
+    checks = [(two, 2, 1)]
+    ranks2 = next((r for r in table if r["pipeline"] == "Ray async, 1 worker, 2 ranks"), None)
+    if ranks2 is not None:
+        checks.append((ranks2, 1, 2))
+    for measured, n, m in checks:
+        p = project(one, workers=n, ranks=m, cores=cores, max_lag=max_lag)
+        ratio = measured["completions_per_s"] / p["completions_per_s"]
+        print(
+            f"check, {n} worker(s) x {m} rank(s) on {cores} cores: projected {p['completions_per_s']:.1f} "
+            f"completions/s (trainer idle {p['idle']:.2f}), measured {measured['completions_per_s']:.1f} (idle "
+            f"{measured['idle']:.2f}): measured/projected {ratio:.2f}"
+        )
+    coll = next((r for r in table if r["pipeline"] == "Ray async, 1 worker, collective"), None)
+    if coll is not None:
+        p = project({**one, "sync_s": coll["sync_s"]}, workers=1, ranks=1, cores=cores, max_lag=max_lag)
+        print(
+            f"collective sync: {coll['sync_s'] * 1e3:.0f} ms per version against {one['sync_s'] * 1e3:.0f} ms through "
+            f"the object store; projected with it {p['completions_per_s']:.1f} completions/s, measured "
+            f"{coll['completions_per_s']:.1f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    ray.init(num_cpus=args.ray_cpus, object_store_memory=200 * 1024**2, include_dashboard=False, logging_level="ERROR")
+    ray.init(
+        address="local",
+        num_cpus=args.ray_cpus,
+        object_store_memory=200 * 1024**2,
+        include_dashboard=False,
+        logging_level="ERROR",
+    )
     out = Path(tempfile.mkdtemp(prefix="p3o-async-bench-"))
     base = [
         "--model.name", args.model, "--steps", str(args.steps), "--task.n_train", "256", "--task.n_eval", "0",
@@ -136,17 +172,25 @@ def main(argv: list[str] | None = None) -> int:
         "--log.eval_every", "0", "--loop.max_lag", "2",
     ]  # fmt: skip
     inflight = ["--rollout.inflight_updates", "true", "--loop.schedule", "free"]
+    collective = ["--rollout.weight_sync", "collective"]
     pipelines = [
         ("in-process sync", ["--loop.mode", "sync", "--rollout.workers", "0"]),
         ("in-process async", ["--loop.mode", "async", "--rollout.workers", "0"]),
         ("Ray async, 1 worker", ["--loop.mode", "async", "--rollout.workers", "1"]),
         ("Ray async, 2 workers", ["--loop.mode", "async", "--rollout.workers", "2"]),
         ("Ray async, 2 workers, in-flight", ["--loop.mode", "async", "--rollout.workers", "2", *inflight]),
+        ("Ray async, 1 worker, collective", ["--loop.mode", "async", "--rollout.workers", "1", *collective]),
+        ("Ray async, 1 worker, 2 ranks", ["--loop.mode", "async", "--rollout.workers", "1"]),
     ]
     table = []
+    address = ray.get_runtime_context().gcs_address
     try:
         for i, (name, extra) in enumerate(pipelines):
-            table.append(_run(name, [*base, *extra, "--run_dir", str(out / f"p{i}")], args.warmup))
+            argv = [*base, *extra, "--run_dir", str(out / f"p{i}")]
+            if name.endswith("2 ranks"):
+                table.append(_run_ranks(name, argv, args.warmup, 2, address))
+            else:
+                table.append(_run(name, argv, args.warmup))
             print(f"  {name}: done ({table[-1]['wall_s']:.0f} s)", file=sys.stderr, flush=True)
     finally:
         ray.shutdown()

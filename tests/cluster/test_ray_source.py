@@ -99,8 +99,16 @@ def test_drop_policy_never_trains_on_a_token_too_old(ray_cluster, tmp_path):
 def test_resumed_lora_trainer_with_workers_ends_as_an_uninterrupted_run(ray_cluster, tmp_path, monkeypatch):
     from test_determinism import _Stop, stop_after
 
-    # with LoRA: the workers receive only the merged adapted layers (sync_bytes below the full model's)
-    fixed = {"rollout.workers": 1, "loop.mode": "async", "loop.max_lag": 1, "ckpt.every": 1, "model.lora.r": 4}
+    # with LoRA: the workers receive only the merged adapted layers (sync_bytes below the full model's), here over
+    # the collective weight group; the resumed trainer forms a new group with a new worker
+    fixed = {
+        "rollout.workers": 1,
+        "loop.mode": "async",
+        "loop.max_lag": 1,
+        "ckpt.every": 1,
+        "model.lora.r": 4,
+        "rollout.weight_sync": "collective",
+    }
     with monkeypatch.context() as m:
         stop_after(m, 2)  # the trainer dies after step 2 (its checkpoint holds the queued batches)
         with pytest.raises(_Stop):

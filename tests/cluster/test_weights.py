@@ -12,7 +12,7 @@ import torch
 
 from p3o import dist
 from p3o.cluster.runtime import check_resources, check_weight_sync, check_worker_python
-from p3o.cluster.weights import HeldVersions, broadcast_state, plan_buckets, specs_of, unique_bytes
+from p3o.cluster.weights import HeldVersions, broadcast_state, plan_buckets, snapshot, specs_of, unique_bytes
 from p3o.errors import ConfigError
 
 
@@ -31,17 +31,18 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
 def test_buckets_group_one_dtype_up_to_the_size():
     specs = specs_of(_state(0))
     buckets = plan_buckets(specs, bucket_bytes=1700)  # room for 425 float32 values
-    assert sorted(i for b in buckets for i in b) == list(range(len(specs)))  # every tensor once, in order
+    assert sorted(i for b in buckets for i in b) == list(range(len(specs) - 1))  # every tensor once, in order
     for b in buckets:
         assert len({specs[i].dtype for i in b}) == 1
         assert b == list(range(b[0], b[-1] + 1))
-    # the 400-value embedding fills a bucket alone; the bf16 norm sits apart from the float32 neighbours
+    # the 400-value embedding fills a bucket alone; the bf16 norm sits apart from the float32 neighbours; the tied
+    # head is an alias of the embedding, never sent
     assert [[specs[i].name for i in b] for b in buckets] == [
         ["embed.weight"],
         ["layer.weight", "layer.bias"],
         ["norm.weight"],
-        ["head.weight"],
     ]
+    assert [s.alias_of for s in specs] == [None, None, None, None, "embed.weight"]
     assert unique_bytes(_state(0)) == (50 * 8 + 64 + 8) * 4 + 8 * 2  # the tied head counted once
 
 
@@ -54,7 +55,10 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:
     assert held.receive(7, specs, keep=[7], bucket_bytes=1024, generation=0)
     assert held.receive(8, specs, keep=[8], bucket_bytes=1024, generation=0)
     total = dist.all_reduce_sum(torch.tensor([float(rank)]), group=held.group)
-    out.put((rank, sorted(held.versions), {k: v.clone() for k, v in held.get(8).items()}, float(total)))
+    got = held.get(8)
+    tied = got["head.weight"] is got["embed.weight"]  # tied on arrival too
+    values = {k: (v.float().tolist(), str(v.dtype)) for k, v in got.items()}  # plain data: no shared memory
+    out.put((rank, sorted(held.versions), values, float(total), tied))
 
 
 def test_a_gloo_group_of_its_own_broadcasts_a_version_in_buckets():
@@ -79,10 +83,21 @@ def test_a_gloo_group_of_its_own_broadcasts_a_version_in_buckets():
         for p in procs:
             p.join(timeout=60)
     want = _state(2)
-    for rank, versions, got, total in results:
+    for rank, versions, got, total, tied in results:
         assert versions == [8]  # version 7 dropped: not in `keep`
-        assert total == 3.0
-        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), rank
+        assert total == 3.0 and tied
+        assert got.keys() == want.keys(), rank
+        for k, v in want.items():
+            assert got[k][1] == str(v.dtype) and torch.equal(torch.tensor(got[k][0]).to(v.dtype), v), (rank, k)
+
+
+def test_a_kept_version_does_not_follow_the_live_tensors():
+    live = _state(0)
+    kept = snapshot(live)
+    assert kept["head.weight"] is kept["embed.weight"]  # tied tensors stay one
+    with torch.no_grad():
+        live["layer.weight"].add_(1.0)  # the trainer's next update
+    assert not torch.equal(kept["layer.weight"], live["layer.weight"])
 
 
 def test_collective_without_a_backend_is_one_line():

@@ -41,11 +41,13 @@ GROUP_TIMEOUT_S = 300.0
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, shape and dtype of one tensor of a version (what a receiver allocates)."""
+    """Name, shape and dtype of one tensor of a version (what a receiver allocates); `alias_of` names an earlier
+    tensor of the same storage (tied embeddings): not sent, the receiver reuses that one."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    alias_of: str | None = None
 
     @property
     def numel(self) -> int:
@@ -62,15 +64,37 @@ def unique_bytes(weights: dict[str, Tensor]) -> int:
 
 
 def specs_of(weights: dict[str, Tensor]) -> list[TensorSpec]:
-    """The `TensorSpec` of every tensor, in the state dict's order."""
-    return [TensorSpec(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in weights.items()]
+    """The `TensorSpec` of every tensor, in the state dict's order; a tensor that is another one (same storage, offset,
+    shape and strides: tied weights) is marked as its alias."""
+    seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
+    specs = []
+    for k, v in weights.items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        specs.append(TensorSpec(k, tuple(v.shape), str(v.dtype).removeprefix("torch."), seen.get(key)))
+        seen.setdefault(key, k)
+    return specs
+
+
+def snapshot(weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A CPU copy of a state dict that later updates of the live tensors do not reach; tied tensors stay tied."""
+    copies: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], Tensor] = {}
+    out = {}
+    for k, v in weights.items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        if key not in copies:
+            copies[key] = v.detach().to("cpu", copy=True)
+        out[k] = copies[key]
+    return out
 
 
 def plan_buckets(specs: list[TensorSpec], bucket_bytes: int = BUCKET_BYTES) -> list[list[int]]:
-    """Consecutive tensors of one dtype grouped into buckets of at most `bucket_bytes` (indices into `specs`)."""
+    """Consecutive tensors of one dtype grouped into buckets of at most `bucket_bytes` (indices into `specs`; aliases
+    are not sent and belong to no bucket)."""
     buckets: list[list[int]] = []
     size, dtype = 0, None
     for i, s in enumerate(specs):
+        if s.alias_of is not None:
+            continue
         nbytes = s.numel * torch.empty(0, dtype=getattr(torch, s.dtype)).element_size()
         if not buckets or s.dtype != dtype or size + nbytes > bucket_bytes:
             buckets.append([])
@@ -106,7 +130,10 @@ def broadcast_state(
             s = specs[i]
             out[s.name] = flat[offset : offset + s.numel].view(s.shape)
             offset += s.numel
-    return out
+    for s in specs:
+        if s.alias_of is not None:
+            out[s.name] = out[s.alias_of]
+    return {s.name: out[s.name] for s in specs}
 
 
 def node_address() -> str:
@@ -237,7 +264,7 @@ class CollectiveChannel:
             self.rejoin()  # resends every kept version, this one included
 
     def send(self, weights: dict[str, Tensor], version: int) -> int:
-        cpu = {k: v.detach().to("cpu") for k, v in weights.items()}
+        cpu = snapshot(weights)  # kept for a restarted worker: the trainer's live tensors move on
         self.kept[version] = cpu
         self._broadcast(cpu, version)
         return unique_bytes(cpu)
@@ -326,6 +353,7 @@ __all__ = [
     "join_group",
     "make_channel",
     "plan_buckets",
+    "snapshot",
     "specs_of",
     "unique_bytes",
 ]
