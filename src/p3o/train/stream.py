@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from p3o import dist
+from p3o.advantages import group_advantages, overlong_penalty
 from p3o.errors import ConfigError
 from p3o.train.sources import Batch
 from p3o.types import Rollouts
@@ -85,66 +86,41 @@ def make_producer(
     stream: PromptStream,
     rank: int | None = None,
 ) -> Callable[[int, Any], Batch]:
-    """`produce(b, engine) -> (Rollouts with rewards and advantages, info)` for batch index b.
+    """`produce(b, engine) -> (Rollouts with rewards and advantages, info)` for batch index b (a `Producer`).
 
     G = `ro.group_size` completions per prompt of `stream.indices(b)`; DAPO's overlong penalty and dynamic
     sampling (`lp`); advantages by `p3o.advantages.group_advantages` with `adv_cfg`; sampling seeds from
     (seed, b, round, rank). `rank`: the trainer rank the batches are for (None: this process's; a rollout worker
     produces every rank's share).
     """
-    from p3o.advantages import group_advantages, overlong_penalty
+    return Producer(ro, lp, adv_cfg, seed, comps, stream, dist.rank() if rank is None else rank)
 
-    g = ro.group_size
-    rank = dist.rank() if rank is None else rank
-    tries = lp.dynamic_sampling_max_tries if lp.dynamic_sampling else 1
 
-    def generate(b: int, round_: int, engine: Any) -> tuple[Rollouts, Tensor]:
-        idx, offset = stream.indices(b, round_)
-        r = engine.generate(
-            [comps.prompts[i] for i in idx],
-            g,
-            seed=stream_seed(seed, b, round_, rank),
-            answers=[comps.answers[i] for i in idx],
-        )
-        # group ids unique within the batch across ranks and rounds: (round, global prompt position)
-        r.group_ids = (round_ * stream.p + offset + torch.arange(len(idx)).repeat_interleave(g)).to(r.group_ids)
-        score = comps.reward_fn(r).float().to(r.rewards.device)
-        reward = score.clone()
-        if lp.overlong_penalty:
-            lengths = r.mask.sum(-1)
-            reward = reward + overlong_penalty(lengths, ro.max_new_tokens, lp.overlong_buffer, lp.overlong_factor)
-        r.rewards = reward
-        return r, score
+class Producer:
+    """The b-th batch of the data stream: generate (one round, or refill rounds under dynamic sampling) → verify →
+    overlong penalty → group-relative advantages. Built by `make_producer`; called as `produce(b, engine)`."""
 
-    def produce(b: int, engine: Any) -> Batch:
+    def __init__(
+        self,
+        ro: RolloutConfig,
+        lp: LoopConfig,
+        adv_cfg: AdvantageConfig,
+        seed: int,
+        comps: Components | RolloutSide,
+        stream: PromptStream,
+        rank: int,
+    ) -> None:
+        self.ro, self.lp, self.adv_cfg, self.seed = ro, lp, adv_cfg, seed
+        self.comps, self.stream, self.rank = comps, stream, rank
+        self.g = ro.group_size
+        self.tries = lp.dynamic_sampling_max_tries if lp.dynamic_sampling else 1
+
+    def __call__(self, b: int, engine: Any) -> Batch:
+        """(Rollouts of batch b with rewards and advantages, info: accuracy, score and advantage statistics, rows
+        generated, generation rounds, time_gen_s)."""
         t0 = time.perf_counter()
-        parts: list[Rollouts] = []
-        scores: list[Tensor] = []
-        kept_groups = 0
-        first: tuple[Rollouts, Tensor] | None = None
-        generated = 0
-        for round_ in range(tries):
-            r, score = generate(b, round_, engine)
-            generated += len(r)
-            scores.append(score)
-            if first is None:
-                first = (r, score)
-            if not lp.dynamic_sampling:
-                parts.append(r)
-                break
-            rows = _informative_rows(r.rewards, r.group_ids)
-            if rows:
-                parts.append(r.select(rows))
-                kept_groups += len(rows) // g
-            if kept_groups >= len(r) // g:
-                break
-        assert first is not None
-        if not parts:  # dynamic sampling found nothing informative: train on the first round (zero advantages)
-            parts = [first[0]]
-        batch = Rollouts.cat(parts, pad_id=comps.pad_id) if len(parts) > 1 else parts[0]
-        per_rank_groups = len(first[0]) // g
-        if len(batch) > per_rank_groups * g:  # refills overshoot: keep the first P/world groups
-            batch = batch.select(list(range(per_rank_groups * g)))
+        batch, scores = self.sample(b, engine)
+        adv_cfg = self.adv_cfg
         adv, adv_stats = group_advantages(
             batch.rewards,
             batch.group_ids,
@@ -166,12 +142,63 @@ def make_producer(
             "num_groups": adv_stats["num_groups"],
         }
         info = {k: float(v) for k, v in info_t.items()}
-        info["generated"] = float(generated)
+        info["generated"] = float(all_scores.numel())
         info["gen_rounds"] = float(len(scores))
         info["time_gen_s"] = time.perf_counter() - t0
         return batch, info
 
-    return produce
+    def sample(self, b: int, engine: Any) -> tuple[Rollouts, list[Tensor]]:
+        """(the rows of batch b, the verifier scores of every round). Without dynamic sampling one round; with it,
+        refill rounds keep only groups whose rewards differ until P/world groups are kept or the tries run out (none
+        kept: the first round, zero advantages)."""
+        g, lp = self.g, self.lp
+        parts: list[Rollouts] = []
+        scores: list[Tensor] = []
+        kept_groups = 0
+        first: Rollouts | None = None
+        for round_ in range(self.tries):
+            r, score = self.generate(b, round_, engine)
+            scores.append(score)
+            if first is None:
+                first = r
+            if not lp.dynamic_sampling:
+                parts.append(r)
+                break
+            rows = _informative_rows(r.rewards, r.group_ids)
+            if rows:
+                parts.append(r.select(rows))
+                kept_groups += len(rows) // g
+            if kept_groups >= len(r) // g:
+                break
+        assert first is not None
+        if not parts:  # dynamic sampling found nothing informative: train on the first round (zero advantages)
+            parts = [first]
+        batch = Rollouts.cat(parts, pad_id=self.comps.pad_id) if len(parts) > 1 else parts[0]
+        per_rank_groups = len(first) // g
+        if len(batch) > per_rank_groups * g:  # refills overshoot: keep the first P/world groups
+            batch = batch.select(list(range(per_rank_groups * g)))
+        return batch, scores
+
+    def generate(self, b: int, round_: int, engine: Any) -> tuple[Rollouts, Tensor]:
+        """One round: G completions per prompt of `stream.indices(b, round_)`, (rollouts with rewards = score +
+        overlong penalty, (n,) verifier scores)."""
+        comps, lp, g = self.comps, self.lp, self.g
+        idx, offset = self.stream.indices(b, round_)
+        r = engine.generate(
+            [comps.prompts[i] for i in idx],
+            g,
+            seed=stream_seed(self.seed, b, round_, self.rank),
+            answers=[comps.answers[i] for i in idx],
+        )
+        # group ids unique within the batch across ranks and rounds: (round, global prompt position)
+        r.group_ids = (round_ * self.stream.p + offset + torch.arange(len(idx)).repeat_interleave(g)).to(r.group_ids)
+        score = comps.reward_fn(r).float().to(r.rewards.device)
+        reward = score.clone()
+        if lp.overlong_penalty:
+            lengths = r.mask.sum(-1)
+            reward = reward + overlong_penalty(lengths, self.ro.max_new_tokens, lp.overlong_buffer, lp.overlong_factor)
+        r.rewards = reward
+        return r, score
 
 
 def _informative_rows(rewards: Tensor, group_ids: Tensor) -> list[int]:
@@ -185,4 +212,4 @@ def _informative_rows(rewards: Tensor, group_ids: Tensor) -> list[int]:
     return sorted(keep)
 
 
-__all__ = ["PromptStream", "make_producer", "stream_seed"]
+__all__ = ["Producer", "PromptStream", "make_producer", "stream_seed"]
