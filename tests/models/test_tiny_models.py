@@ -12,8 +12,8 @@ from p3o.errors import ConfigError
 from p3o.models import SIZES, load_policy, qwen3_config
 from p3o.models.tiny import base_key
 from p3o.models.tokenizer import EOS, train_tokenizer
-from p3o.tasks import Problem, format_prompt
 from p3o.models.warmstart import SFTConfig, ensure_base
+from p3o.tasks import Problem, format_prompt
 
 QUICK = SFTConfig(size="1m", steps=4, batch_size=4, warmup_steps=2, eval_n=2, max_new_tokens=4)
 

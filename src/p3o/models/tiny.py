@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_SIZE",
     "LIBRARIES",
     "TESTBEDS",
+    "TESTBED_SOURCES",
     "TOKENIZER_SOURCES",
     "base_dir",
     "base_key",
@@ -50,7 +51,15 @@ TESTBEDS: dict[str, dict] = {
         "size": "1m",
         "task": "arithmetic",
         "difficulty": "pad",
-        "sft": {"train_levels": "pad", "steps": 400, "batch_size": 32, "max_new_tokens": 200},
+        "sft": {
+            "init": "tiny",
+            "train_levels": "pad-1,pad",
+            "steps": 150,
+            "batch_size": 16,
+            "lr": 2e-3,
+            "warmup_steps": 10,
+            "max_new_tokens": 200,
+        },
     },
 }
 DEFAULT_SIZE = "1m"  # the size whose warm start fits the ~2 min / 2-core budget (5m needs ~4x the compute)
@@ -65,10 +74,12 @@ TOKENIZER_SOURCES: tuple[str, ...] = (
 )
 BASE_SOURCES: tuple[str, ...] = (
     *TOKENIZER_SOURCES,
-    "tasks/scratchpad.py",
     "models/configs.py",
     "models/warmstart.py",
 )
+# What a testbed's base (a difficulty of TESTBEDS) is built from besides BASE_SOURCES: its task generator. Kept out
+# of BASE_SOURCES so that a change to a testbed does not rebuild the main job's base.
+TESTBED_SOURCES: tuple[str, ...] = ("tasks/scratchpad.py",)
 LIBRARIES: tuple[str, ...] = ("torch", "transformers", "tokenizers")
 _PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -125,10 +136,14 @@ def code_version(sources: tuple[str, ...] = BASE_SOURCES, root: str | None = Non
 def base_key(size: str, task: str, difficulty: object, seed: int, recipe: str | None = None) -> str:
     """Cache key of a warm-started base: ``tiny-<size>-<task>-d<difficulty>-s<seed>-c<code_version>[-<recipe>]``.
 
+    A testbed's difficulty (TESTBEDS) is keyed by the code version of BASE_SOURCES + TESTBED_SOURCES.
+
     `recipe` is the hash of a non-default warm-start recipe (`p3o.models.warmstart.recipe_hash`), None for the
     default.
     """
-    key = f"tiny-{size}-{task}-d{difficulty}-s{seed}-c{code_version()}"
+    testbed = any(bed["difficulty"] == difficulty for bed in TESTBEDS.values())
+    version = code_version((*BASE_SOURCES, *TESTBED_SOURCES)) if testbed else code_version()
+    key = f"tiny-{size}-{task}-d{difficulty}-s{seed}-c{version}"
     return f"{key}-{recipe}" if recipe else key
 
 

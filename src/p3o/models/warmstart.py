@@ -78,6 +78,9 @@ class SFTConfig:
     eval_temperature: float = _f(1.0, "sampling temperature of that report", gt=0)
     max_new_tokens: int = _f(48, "generation budget of that report (also the saved generation config's)", ge=1)
     threads: int = _f(0, "torch CPU threads (0: leave as is)", ge=0)
+    init: Literal["", "tiny"] = _f(
+        "", "starting weights: '' random, 'tiny' the default base of this size and seed (built first if needed)"
+    )
 
     def _cross_check(self) -> None:
         for part in self.train_levels.split(","):
@@ -127,8 +130,12 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_factor: float 
     return min_factor + (1 - min_factor) * 0.5 * (1 + math.cos(math.pi * p))
 
 
-def warm_start(cfg: SFTConfig, out_dir: str | Path, log: bool = True) -> dict[str, Any]:
+def warm_start(
+    cfg: SFTConfig, out_dir: str | Path, log: bool = True, init_dir: str | Path | None = None
+) -> dict[str, Any]:
     """Train the built-in model per `cfg`, save it to `out_dir` (safetensors + tokenizer + sft.json), return stats.
+
+    `init_dir`: a saved base to start from (same size and tokenizer; `cfg.init == "tiny"`), else a random init.
 
     Stats: params, steps, final_loss, train_s / train_cpu_s (wall / CPU time of tokenizer + data + training),
     threads. (``p3o sft`` adds its pass@1 report; the weights do not depend on it.)
@@ -141,7 +148,11 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, log: bool = True) -> dict[st
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     tok = build_tokenizer(cfg.task, vocab_size=cfg.vocab_size, seed=cfg.seed)
-    model = Qwen3ForCausalLM(qwen3_config(cfg.size, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id))
+    if init_dir is not None:
+        model = Qwen3ForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+    else:
+        config = qwen3_config(cfg.size, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+        model = Qwen3ForCausalLM(config)
     model.train()
     n_train = cfg.steps * cfg.batch_size
     levels = [_level(x) for x in cfg.train_levels.split(",") if x.strip()] or [cfg.difficulty]
@@ -240,7 +251,8 @@ def ensure_base(
     base = sft or testbed_recipe(difficulty, size, seed)
     cfg = replace(base, size=size, task=task, difficulty=difficulty, seed=seed)
     target = base_dir(size, cache_dir, task=task, difficulty=difficulty, seed=seed, recipe=recipe_hash(cfg))
-    return atomic_build(target, lambda tmp: warm_start(cfg, tmp), force=force)
+    init = ensure_base(size, cache_dir, seed=seed) if cfg.init == "tiny" else None  # the main base, first
+    return atomic_build(target, lambda tmp: warm_start(cfg, tmp, init_dir=init), force=force)
 
 
 def resolve_tiny(name: str, cache_dir: str | Path | None = None) -> Path | None:

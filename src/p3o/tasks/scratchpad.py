@@ -17,7 +17,8 @@ main task's) while its answer after `####` stays checkable by the same `exact-in
 
 (the exact wording above is one draw of many; see `step_lines`). Difficulties:
 
-* ``pad``: 2 steps of + / - on 2-digit operands (running values below 1000), about 60–140 tokens;
+* ``pad-1``: one such step (about 40–70 tokens): mixed into the warm start's data, it teaches the single step;
+* ``pad``: 2 steps of + / - on 2-digit operands (running values below 1000), about 90–170 tokens;
 * ``pad-hard``: 3 steps on 3-digit operands (running values below 10000), about 120–250 tokens.
 
 Splits are the arithmetic task's (a hash of the canonical chain), so no scratchpad test chain is trained on.
@@ -33,7 +34,7 @@ from p3o.tasks.arithmetic import LEVELS, canonical, expression, split_of
 from p3o.tasks.base import Problem
 
 VERIFIER = "exact-int"
-PAD_LEVELS: dict[str, tuple[int, int]] = {"pad": (2, 2), "pad-hard": (3, 3)}  # name -> (steps, digits)
+PAD_LEVELS: dict[str, tuple[int, int]] = {"pad-1": (1, 2), "pad": (2, 2), "pad-hard": (3, 3)}  # -> (steps, digits)
 _PLACES = ["ones", "tens", "hundreds", "thousands", "ten-thousands"]
 _WRITE = ["write {d}", "put {d}", "{d} down", "keep {d}"]
 _CARRY = ["carry 1", "1 up", "+1 next"]
