@@ -1,10 +1,12 @@
 """``python -m p3o.experiments.summary``: render the results pages from the verdict files.
 
     python -m p3o.experiments.summary docs/results/*.verdicts.json --out docs/results/verdicts.md \\
-        --index docs/results/README.md --readme README.md
+        --index docs/results/README.md --claims docs/paper-claims.md --readme README.md
 
 ``--out``: every verdict, the confirmatory ones in one Holm family; ``--index``: the index of the results pages;
-``--readme`` / ``--block``: the README's short generated block (replaced in place / also written alone).
+``--claims``: the papers' claims against our verdicts (mapping ``--claims-map``) with its forest plot
+(``--forest``); ``--readme`` / ``--block``: the README's short generated block (replaced in place / also written
+alone), the claims' statements when ``--claims`` is given.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from p3o.errors import ConfigError
 from p3o.experiments.summary.blocks import update_readme
+from p3o.experiments.summary.claims import load_mapping, plot_forest, render_claims, summary_lines
 from p3o.experiments.summary.pages import load, render_block, render_index, render_page
 
 
@@ -26,6 +29,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, required=True, help="the verdicts page to write (docs/results/verdicts.md)"
     )
     parser.add_argument("--index", type=Path, default=None, help="the results index to write (docs/results/README.md)")
+    parser.add_argument("--claims", type=Path, default=None, help="the claims page to write (docs/paper-claims.md)")
+    parser.add_argument(
+        "--claims-map",
+        type=Path,
+        default=Path("configs/experiments/records/paper-claims.yaml"),
+        help="the declared mapping of the papers' claims to verdicts",
+    )
+    parser.add_argument(
+        "--forest",
+        type=Path,
+        default=None,
+        help="the forest plot's PNG (default: docs/results/figures/paper-claims-forest.png beside --out)",
+    )
     parser.add_argument("--readme", type=Path, default=None, help="README whose verdict block to replace")
     parser.add_argument("--block", type=Path, default=None, help="also write the README block alone to this file")
     return parser
@@ -42,10 +58,19 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(render_page(studies, command))
         pages = {"every verdict": args.out}
         if args.index is not None:
-            args.index.write_text(render_index(studies, command, args.index, {"verdicts": args.out}))
+            extra = {"claims": args.claims} if args.claims is not None else {}
+            args.index.write_text(render_index(studies, command, args.index, {"verdicts": args.out, **extra}))
             pages = {"results": args.index, **pages}
         readme = args.readme or Path("README.md")
-        block = render_block(studies, readme, pages)
+        statements = None
+        if args.claims is not None:
+            claims = load_mapping(args.claims_map)
+            forest = args.forest or args.out.parent / "figures" / "paper-claims-forest.png"
+            plot_forest(claims, studies, forest)
+            args.claims.write_text(render_claims(claims, studies, args.claims, forest, command))
+            statements = summary_lines(claims, studies, readme, args.claims)
+            pages = {"the papers' claims": args.claims, **pages}
+        block = render_block(studies, readme, pages, statements)
         if args.readme is not None:
             update_readme(args.readme, block)
         if args.block is not None:

@@ -1,0 +1,234 @@
+"""The papers' claims, one by one, against our verdicts: docs/paper-claims.md, its forest plot and the README's
+statements, rendered from the verdict files through a declared mapping (configs/experiments/records/paper-claims.yaml).
+
+Each claim of either paper names the paper's number and our rows; a row is one regime of ours with the verdict keys
+that test it (``{study, claim, regime?, b?, role?}`` into the verdict files), or a ``status`` ("not yet run",
+"testbed cannot bite") with its reason when no verdict exists. A confirmatory verdict is shown as the pooled Holm
+family decides it (:func:`p3o.experiments.summary.pages.pool`), an exploratory one as its study decided it, marked.
+
+The forest plot draws every verdict of the table as its effect A − B and 95 % CI in units of its margin δ against the
+band [−1, 1] (an effect inside it is below the margin), one row per verdict, grouped by regime. It is byte-for-byte
+deterministic: fixed rcParams, the Agg backend, no Software or date metadata in the PNG.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from p3o.errors import ConfigError
+from p3o.experiments.summary.pages import Study, pool
+
+#: Verdict colours of the forest plot.
+COLORS = {"supported": "#1b7837", "contradicted": "#b2182b", "negligible": "#4d4d4d", "inconclusive": "#e08214"}
+#: Fixed matplotlib settings: the plot's bytes depend on the verdicts only.
+RC = {
+    "font.family": "DejaVu Sans",
+    "font.size": 8,
+    "figure.dpi": 100,
+    "savefig.dpi": 100,
+    "path.simplify": False,
+    "axes.unicode_minus": True,
+    "svg.hashsalt": "p3o",
+}
+
+
+@dataclass
+class Found:
+    """One verdict record a row refers to, with the study it comes from and the verdict the table shows."""
+
+    study: Study
+    record: dict[str, Any]
+    verdict: str
+    pooled: bool
+    """Decided in the pooled Holm family of the confirmatory studies (False: the study's own, exploratory)."""
+
+
+def load_mapping(path: Path) -> list[dict[str, Any]]:
+    """The claims of the mapping file (ConfigError naming the file when it is missing or malformed)."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: cannot read the claims mapping: {str(err).splitlines()[0]}") from None
+    claims = raw.get("claims") if isinstance(raw, dict) else None
+    if not isinstance(claims, list) or not all(isinstance(c, dict) and c.get("rows") for c in claims):
+        raise ConfigError(f"{path}: expected claims: [{{id, paper, claim, number, rows: [...]}}]")
+    return claims
+
+
+def _matches(study: Study, r: dict[str, Any], key: dict[str, Any]) -> bool:
+    if study.name != key["study"] or r.get("claim") != key["claim"]:
+        return False
+    if r.get("role", "primary") != key.get("role", "primary"):
+        return False
+    return all(r.get(k) == key[k] for k in ("regime", "b") if k in key)
+
+
+def _key(study: Study, r: dict[str, Any]) -> tuple[Any, ...]:
+    return (study.name, *(r.get(k) for k in ("claim", "regime", "a", "b", "metric", "role")))
+
+
+def find(studies: list[Study], key: dict[str, Any]) -> list[Found]:
+    """The verdict records a key names, in file order (ConfigError when a named study has none of them)."""
+    pooled = {_key(s, r): r for s, r in pool(studies)}
+    out = []
+    for study in studies:
+        for r in study.records:
+            if _matches(study, r, key):
+                p = pooled.get(_key(study, r))
+                out.append(Found(study, r, p["verdict_pool"] if p else r["verdict"], p is not None))
+    if not out and any(s.name == key["study"] for s in studies):
+        raise ConfigError(f"paper claims: no verdict {key} in {key['study']}.verdicts.json")
+    return out
+
+
+def _effect(f: Found) -> str:
+    r = f.record
+    if r.get("identical"):
+        return "identical on every seed"
+    lo, hi = r["ci"]
+    if any(isinstance(x, float) and math.isnan(x) for x in (r["diff"], lo, hi)):
+        return "–"
+    return f"{r['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+#: How each claim kind reads (A and B filled in).
+TESTS = {"better": "{a} > {b}", "worse": "{a} < {b}", "tracks": "{a} ≈ {b}", "identical": "{a} ≡ {b}"}
+
+
+def mark(f: Found) -> str:
+    """Empty for a verdict of the pooled family, else why not: " (secondary)" or " (exploratory)"."""
+    if f.pooled:
+        return ""
+    return " (secondary)" if f.study.confirmatory and f.record.get("role") == "secondary" else " (exploratory)"
+
+
+def test_text(f: Found, with_regime: bool = False) -> str:
+    """What the verdict tested: "p3o > grpo-tm-0.2" (with its regime when asked)."""
+    r = f.record
+    text = TESTS.get(r.get("kind", ""), "{a} vs {b}").format(a=r["a"], b=r["b"])
+    return f"{text} ({r['regime']})" if with_regime else text
+
+
+def verdict_text(f: Found) -> str:
+    """The table's cell line: verdict, test, regime, A − B [95 % CI], metric."""
+    r = f.record
+    return f"**{f.verdict}**{mark(f)} {test_text(f, True)}: {_effect(f)} ({r['metric']})"
+
+
+def rows_of(
+    claims: list[dict[str, Any]], studies: list[Study]
+) -> list[tuple[dict[str, Any], dict[str, Any], list[Found]]]:
+    """(claim, row, found verdicts) for every row of every claim, in the mapping's order."""
+    return [
+        (c, row, [f for key in row.get("verdicts", []) for f in find(studies, key)])
+        for c in claims
+        for row in c["rows"]
+    ]
+
+
+def render_claims(claims: list[dict[str, Any]], studies: list[Study], page: Path, figure: Path, command: str) -> str:
+    """docs/paper-claims.md: one row per (claim, regime of ours), the forest plot beside it."""
+
+    def rel(path: Path) -> str:
+        return os.path.relpath(path, page.parent)
+
+    lines = [
+        "# The papers' claims, one by one",
+        "",
+        f"Generated by `{command}` from the verdict files and the declared mapping of claims to verdicts "
+        "(configs/experiments/records/paper-claims.yaml). A confirmatory verdict is shown as the pooled Holm family "
+        "of every confirmatory study decides it; an exploratory one is marked. *negligible*: the effect is below the "
+        "study's margin δ; *inconclusive*: neither shown nor ruled out at this n. The papers' numbers are from "
+        "their own runs (one seed per configuration in the P3O paper) and settings that are not ours.",
+        "",
+        f"![every verdict of this table: A − B and its 95 % CI in units of the study's margin δ]({rel(figure)})",
+        "",
+        "| paper | claim | the paper's number | our regime | our verdict: A − B [95 % CI] | n | report |",
+        "|---|---|---|---|---|---:|---|",
+    ]
+    for claim, row, found in rows_of(claims, studies):
+        if found:
+            verdict = "<br>".join(verdict_text(f) for f in found)
+            n = ", ".join(sorted({str(f.record["n"]) for f in found}))
+            reports = dict.fromkeys(f.study.path.with_name(f.study.name + ".md") for f in found)
+            report = ", ".join(f"[{p.stem}]({rel(p)})" for p in reports)
+        else:
+            verdict = f"*{row.get('status', 'not yet run')}*" + (f": {row['note']}" if row.get("note") else "")
+            n, report = "–", "–"
+        lines.append(
+            f"| {claim['paper']} | {claim['claim']} | {claim.get('number', '–')} | {row['regime']} | {verdict} | "
+            f"{n} | {report} |"
+        )
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def summary_lines(claims: list[dict[str, Any]], studies: list[Study], readme: Path, page: Path) -> list[str]:
+    """The README's statements: one line per claim, for each of our regimes with verdicts the verdicts and what each
+    tested (regime included), nothing more; claims with no verdict are listed at the end."""
+    lines = [f"What the verdicts say, claim by claim ([{page.name}]({os.path.relpath(page, readme.parent)})):", ""]
+    rows = rows_of(claims, studies)
+    untested = []
+    for claim in claims:
+        parts = []
+        for _, row, found in [x for x in rows if x[0] is claim and x[2]]:
+            multi = len({f.record["regime"] for f in found}) > 1
+            groups: dict[str, list[str]] = {}
+            for f in found:
+                groups.setdefault(f.verdict + mark(f), []).append(test_text(f, multi))
+            said = "; ".join(f"{v}: {', '.join(dict.fromkeys(tests))}" for v, tests in groups.items())
+            parts.append(f"{row['regime']} — {said}")
+        if parts:
+            lines.append(f"- **{claim['claim']}** ({claim['paper']}). " + ". ".join(parts) + ".")
+        else:
+            untested.append(claim["claim"])
+    if untested:
+        lines += ["", f"No verdict yet: {'; '.join(untested)} (see the table for why)."]
+    return [*lines, ""]
+
+
+def plot_forest(claims: list[dict[str, Any]], studies: list[Study], path: Path) -> Path:
+    """Each verdict of the table: A − B with its 95 % CI in units of δ, against the band [−1, 1]; grouped by regime."""
+    import matplotlib  # heavy start-up: only when drawing
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # heavy start-up: only when drawing
+
+    points = []
+    for _, row, found in rows_of(claims, studies):
+        for f in found:
+            r = f.record
+            delta = r.get("margin") or math.nan
+            lo, hi = r["ci"]
+            scale = [x / delta if delta and math.isfinite(x) else math.nan for x in (r["diff"], lo, hi)]
+            label = f"{r['a']} − {r['b']}, {r['regime']}{mark(f)}"
+            points.append((row["regime"], label, scale, f.verdict))
+    with plt.rc_context(RC):
+        fig, ax = plt.subplots(figsize=(8.0, 0.18 * len(points) + 1.2))
+        ax.axvspan(-1, 1, color="#d9d9d9", lw=0)
+        ax.axvline(0, color="black", lw=0.6)
+        last = None
+        for i, (regime, _label, (d, lo, hi), verdict) in enumerate(points):
+            y = -i
+            ax.plot([lo, hi], [y, y], color=COLORS[verdict], lw=1.2)
+            ax.plot([d], [y], "o", color=COLORS[verdict], ms=3)
+            if regime != last:
+                ax.axhline(y + 0.5, color="#bdbdbd", lw=0.4)
+                ax.text(1.01, y, regime, transform=ax.get_yaxis_transform(), fontsize=6, va="center")
+                last = regime
+        ax.set_yticks([-i for i in range(len(points))], [p[1] for p in points], fontsize=6)
+        ax.set_xscale("symlog", linthresh=2)
+        ax.set_xlabel("A − B in units of the study's margin δ (grey band: |effect| < δ); colour: verdict")
+        handles = [plt.Line2D([], [], color=c, marker="o", lw=1.2, ms=3) for c in COLORS.values()]
+        fig.legend(handles, list(COLORS), fontsize=6, loc="lower right", ncol=4)
+        ax.set_ylim(-len(points) + 0.5, 0.5)
+        fig.tight_layout(rect=(0, 0.02, 1, 1))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", metadata={"Software": None})
+        plt.close(fig)
+    return path
