@@ -105,19 +105,22 @@ class RolloutWorker:
         return self.held.receive(version, specs, keep, bucket_bytes, generation)
 
     def info(self) -> dict[str, Any]:
-        """{"worker", "pid", "node", "host", "engine", "device"}: where this worker runs."""
-        node = ""
+        """{"worker", "pid", "node", "node_ip", "host", "engine", "device"}: where this worker runs (`node`: the Ray
+        node id)."""
+        node = node_ip = ""
         try:
             import ray
 
             if ray.is_initialized():
                 node = ray.get_runtime_context().get_node_id()
+                node_ip = str(ray.util.get_node_ip_address())
         except ImportError:  # in-process use
             pass
         return {
             "worker": self.worker_id,
             "pid": os.getpid(),
             "node": node,
+            "node_ip": node_ip,
             "host": socket.gethostname(),
             "engine": self.cfg.rollout.engine,
             "device": str(getattr(self.engine, "device", "")),
