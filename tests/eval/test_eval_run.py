@@ -121,7 +121,7 @@ def test_eval_on_a_run_uses_its_task_settings(run_dir: Path, which: str, capsys:
     even = sum(int(ROWS[q]) % 2 == 0 for q in questions)
     assert d["correct"] == [2 if int(ROWS[q]) % 2 == 0 else 0 for q in questions]
     assert d["pass_at_k"]["1"] == pytest.approx(even / len(questions))
-    assert EchoEngine.made[-1].kwargs["device"] == "cuda" and d["max_new_tokens"] == 21
+    assert EchoEngine.made[-1].kwargs["settings"].device == "cuda" and d["max_new_tokens"] == 21
     assert d["extra"]["run"] == str(run_dir) and d["split"] == d["extra"]["split"] == "test"
     assert d["extra"]["fields"] == {"question_key": "q", "answer_key": "a"}
     assert d["task"] == str(DATA) and d["extra"]["verifier"].endswith("rewards_for_eval.py:right")
@@ -136,7 +136,7 @@ def test_command_line_overrides_the_run(run_dir: Path) -> None:
     d = json.loads(out.read_text())
     assert TextTokenizer.texts[0].startswith("Be brief.\n") and "Answer with" not in TextTokenizer.texts[0]
     assert d["pass_at_k"]["1"] == 0.0  # exact-int wants "#### n": "RIGHT n" no longer scores
-    assert EchoEngine.made[-1].kwargs["device"] == "cpu" and d["max_new_tokens"] == 9
+    assert EchoEngine.made[-1].kwargs["settings"].device == "cpu" and d["max_new_tokens"] == 9
     # --task names other evaluation data; --difficulty applies to the built-in task only
     assert p3o_main([*argv, "--task", "arithmetic", "--difficulty", "3", "--n-problems", "4"]) == 0
     d = json.loads(out.read_text())

@@ -80,7 +80,7 @@ def test_evaluate_counts_per_problem_and_estimates_pass_at_k(monkeypatch: pytest
     assert res.truncation_rate == pytest.approx(0.25)
     assert res.num_params == 9
     engine = ScriptedEngine.made[-1]
-    assert engine.calls == [(2, 4), (2, 4), (1, 4)] and engine.kwargs["temperature"] == 0.7
+    assert engine.calls == [(2, 4), (2, 4), (1, 4)] and engine.kwargs["settings"].temperature == 0.7
     d = res.to_dict()
     assert d["pass_at_k"]["1"] == res.pass_at_k[1]
 

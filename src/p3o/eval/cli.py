@@ -177,6 +177,7 @@ def main(argv: list[str]) -> int:
         raise ConfigError(f"--k: {too_big} exceed --n-samples {args.n_samples}")
     from p3o.dist import resolve_device
     from p3o.eval.runner import evaluate, find_run
+    from p3o.rollout.settings import EngineSettings
     from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
     from p3o.tasks.sources import eval_source
 
@@ -195,6 +196,7 @@ def main(argv: list[str]) -> int:
     device = str(resolve_device(args.device or (run_cfg.model.device if run_cfg is not None else "auto")))
     max_new_tokens = args.max_new_tokens or (run_cfg.rollout.max_new_tokens if run_cfg is not None else 64)
     engine = args.engine or (run_cfg.rollout.engine if run_cfg is not None else "hf")
+    sampling = EngineSettings.from_config(args, engine=engine, max_new_tokens=max_new_tokens, device=device)
     settings = {
         "run": str(run_dir) if run_dir is not None else None,
         "task": name,
@@ -220,22 +222,16 @@ def main(argv: list[str]) -> int:
         model,
         tokenizer,
         problems,
+        sampling,
         n_samples=args.n_samples,
         ks=args.k,
-        max_new_tokens=max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        precision=args.precision,
         verifier=task.verifier,
         template=task.template,
         system_prompt=task.system_prompt,
         batch_prompts=args.batch_prompts,
-        seed=args.seed,
         timeout_s=task.reward_timeout_s,
         task=name,
         split=split,
-        device=device,
-        engine=engine,
     )
     result.model = model_name
     result.extra = dict(settings)

@@ -22,6 +22,7 @@ used; ``--prompts FILE`` reads one prompt per line (``.jsonl``: the ``prompt`` f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -40,11 +41,14 @@ from p3o.models import load_policy
 from p3o.objectives import effective_sample_size
 from p3o.rollout import HFEngine
 from p3o.rollout.factory import make_engine
+from p3o.rollout.settings import EngineSettings
 from p3o.tasks import Problem, format_prompt, load_task
 
 __all__ = ["MismatchResult", "encode_prompts", "greedy_reference", "main", "measure", "render"]
 
 ENGINE_NAMES = {"hf": "HFEngine", "vllm": "vLLM"}
+MISMATCH_ENGINE = EngineSettings(precision="bf16", max_new_tokens=32)
+"""The configuration `measure` starts from: HFEngine bf16, temperature 1, processed log-probs, 32 new tokens."""
 
 
 @dataclass
@@ -81,16 +85,6 @@ class MismatchResult:
 def _split_precision(entry: str, kv_cache_dtype: str) -> tuple[str, str]:
     base, _, kv = entry.partition("+kv-")
     return base, (kv or kv_cache_dtype)
-
-
-def _make(
-    engine: str, model: nn.Module, tokenizer: Any, precision: str, kv: str, temperature: float, **kw: Any
-) -> Any:
-    if kv != "auto":
-        if engine != "vllm":
-            raise ConfigError("--kv-cache-dtype: an FP8 KV cache needs --engine vllm (HFEngine keeps its KV cache)")
-        kw["kv_cache_dtype"] = kv
-    return make_engine(engine, model, tokenizer, precision=precision, temperature=temperature, **kw)
 
 
 def greedy_reference(model: nn.Module, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int) -> torch.Tensor:
@@ -135,35 +129,36 @@ def measure(
     tokenizer: Any,
     prompts: list[list[int]],
     *,
-    engine: str = "hf",
-    precision: str = "bf16",
-    kv_cache_dtype: str = "auto",
-    temperature: float = 1.0,
-    logprob_mode: str = "processed",
     group: int = 4,
-    max_new_tokens: int = 32,
-    seed: int = 0,
     greedy_ref: torch.Tensor | None = None,
+    **fields: Any,
 ) -> MismatchResult:
     """Sample with one engine configuration, re-score with the fp32 ``model``, and summarise (see the module doc).
 
-    ``precision`` may carry ``+kv-<dtype>`` (an FP8 KV cache). ``greedy_ref`` (from :func:`greedy_reference`) turns
-    on the greedy-agreement measurement (a second, greedy engine of the same configuration). A ConfigError while
-    building the engine (a precision or KV cache this machine cannot run) is returned in ``error``, not raised.
+    ``fields``: the configuration, as fields of `p3o.rollout.settings.EngineSettings` (engine, precision,
+    kv_cache_dtype, temperature, logprob_mode, max_new_tokens, seed, ...) laid over `MISMATCH_ENGINE` (hf, bf16,
+    T = 1, 32 new tokens); ``precision`` may carry ``+kv-<dtype>`` (an FP8 KV cache). ``greedy_ref`` (from
+    :func:`greedy_reference`) turns on the greedy-agreement measurement (a second, greedy engine of the same
+    configuration). A ConfigError while building the engine (a precision or KV cache this machine cannot run) is
+    returned in ``error``, not raised.
     """
-    prec, kv = _split_precision(precision, kv_cache_dtype)
-    res = MismatchResult(engine, prec, kv)
-    common = {"max_new_tokens": max_new_tokens, "logprob_mode": logprob_mode, "seed": seed}
+    want = {**dataclasses.asdict(MISMATCH_ENGINE), **fields}
+    want["precision"], want["kv_cache_dtype"] = _split_precision(want["precision"], want["kv_cache_dtype"])
+    res = MismatchResult(want["engine"], want["precision"], want["kv_cache_dtype"])
     try:
-        eng = _make(engine, model, tokenizer, prec, kv, temperature, **common)
+        if res.kv_cache_dtype != "auto" and res.engine != "vllm":  # named for this command's options
+            raise ConfigError("--kv-cache-dtype: an FP8 KV cache needs --engine vllm (HFEngine keeps its KV cache)")
+        settings = EngineSettings(**want)
+        eng = make_engine(settings, model, tokenizer)
     except ConfigError as err:
         res.error = str(err)
         return res
+    temperature, max_new_tokens = settings.temperature, settings.max_new_tokens
     try:
-        ro = eng.generate(prompts, n=group, seed=seed)
+        ro = eng.generate(prompts, n=group, seed=settings.seed)
     finally:
         _close(eng)
-    train_t = temperature if logprob_mode == "processed" and temperature > 0 else 1.0
+    train_t = temperature if settings.logprob_mode == "processed" and temperature > 0 else 1.0
     with torch.no_grad():
         lp, _ = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask, temperature=train_t)
     lp, rl, mask = lp.float().cpu(), ro.rollout_logp.float().cpu(), ro.mask.cpu()
@@ -173,7 +168,7 @@ def measure(
     finite = mask & torch.isfinite(lp) & torch.isfinite(rl)
     res.positions = _positions(torch.where(finite, lp - rl, torch.zeros(())), finite, max_new_tokens)
     if greedy_ref is not None:
-        greedy = _make(engine, model, tokenizer, prec, kv, 0.0, **common)
+        greedy = make_engine(dataclasses.replace(settings, temperature=0.0), model, tokenizer)
         try:
             g = greedy.generate(prompts, n=1).response_ids.cpu()
         finally:
@@ -345,21 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = model.float().eval()
     prompts = encode_prompts(tok, args.prompts, args.num_prompts, args.seed)
     ref = None if args.no_greedy else greedy_reference(model, tok, prompts, args.max_new_tokens)
+    options = EngineSettings.fields_of(args)  # --engine, --kv-cache-dtype, --temperature, ...: the record's fields
     results = [
-        measure(
-            model,
-            tok,
-            prompts,
-            engine=args.engine,
-            precision=p.strip(),
-            kv_cache_dtype=args.kv_cache_dtype,
-            temperature=args.temperature,
-            logprob_mode=args.logprob_mode,
-            group=args.group,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-            greedy_ref=ref,
-        )
+        measure(model, tok, prompts, group=args.group, greedy_ref=ref, **{**options, "precision": p.strip()})
         for p in args.precision.split(",")
         if p.strip()
     ]

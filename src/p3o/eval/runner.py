@@ -13,6 +13,7 @@ pass@1) and the warm start's pass@1 (`p3o.train.sft.pass_at_1`) all draw their c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -23,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from p3o.dist import resolve_device
 from p3o.errors import ConfigError
 from p3o.eval.passk import mean_pass_at_k
 from p3o.models import load_policy
 from p3o.models.checkpoints import latest_checkpoint
 from p3o.rewards import get_verifier, make_reward_fn, score
 from p3o.rollout.factory import make_engine
+from p3o.rollout.settings import EngineSettings
 from p3o.tasks import default_verifier, format_prompt, load_task
 
 if TYPE_CHECKING:
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
 
     from p3o.rollout.base import RolloutEngine
     from p3o.types import Rollouts
+
+
+EVAL_ENGINE = EngineSettings(device="auto")
+"""`evaluate`'s default engine: hf, fp32, temperature 1, 64 new tokens, seed 0, cuda when available."""
 
 
 @dataclass
@@ -138,10 +143,7 @@ def heldout_metrics(
     n_samples: int = 1,
     seed: int = 0,
     batch_seed: Callable[[int], int] | None = None,
-    engine: str | Callable[[nn.Module], RolloutEngine] = "hf",
-    max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    device: str = "auto",
+    engine: str | EngineSettings | Callable[[nn.Module], RolloutEngine] = "hf",
     batch_size: int = 64,
     timeout_s: float = 1.0,
 ) -> dict[str, float]:
@@ -155,8 +157,8 @@ def heldout_metrics(
         prompt_ids: token ids of the formatted prompts, one list per problem; answers: their reference answers.
         reward: a verifier name (`p3o.rewards.make_reward_fn`, time limit `timeout_s`) or
             ``reward_fn(rollouts) -> (N,)`` (the training loop's own).
-        engine: an engine kind for `p3o.rollout.factory.make_engine` (then `max_new_tokens`, `temperature`,
-            `device` and `seed` configure it), or a factory ``make_engine(policy) -> engine`` (the loop's
+        engine: the engine settings (`p3o.rollout.settings.EngineSettings`), an engine kind (its default settings
+            with `seed`, on device "auto"), or a factory ``make_engine(policy) -> engine`` (the loop's
             ``Components.make_engine``: the held-out engine then samples exactly as the rollout engine does).
         seed, batch_seed: the batch seeds of `sample_batches`.
     """
@@ -164,17 +166,8 @@ def heldout_metrics(
         return {}
     reward_fn = make_reward_fn(reward, timeout_s=timeout_s) if isinstance(reward, str) else reward
     if isinstance(engine, str):
-        sampler = make_engine(
-            engine,
-            policy,
-            tokenizer,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            device=str(resolve_device(device)),
-        )
-    else:
-        sampler = engine(policy)
+        engine = EngineSettings(engine=engine, seed=seed, device="auto")
+    sampler = make_engine(engine, policy, tokenizer) if isinstance(engine, EngineSettings) else engine(policy)
     batches = sample_batches(
         sampler, prompt_ids, answers, n_samples, batch_size=batch_size, seed=seed, batch_seed=batch_seed
     )
@@ -208,52 +201,41 @@ def evaluate(
     model: Any,
     tokenizer: Any,
     problems: Sequence[Any],
+    sampling: EngineSettings = EVAL_ENGINE,
     *,
     n_samples: int = 8,
     ks: Sequence[int] = (1, 2, 4, 8),
-    max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    precision: str = "fp32",
     verifier: str | None = None,
     template: str = "default",
     system_prompt: str | None = None,
     batch_prompts: int = 16,
-    seed: int = 0,
     timeout_s: float = 1.0,
     correct_threshold: float = 1.0,
     task: str = "",
     split: str = "",
-    device: str = "auto",
     progress: Callable[[int, int], None] | None = None,
-    engine: str = "hf",
+    **engine_fields: Any,
 ) -> EvalResult:
     """Sample `n_samples` completions per problem with a rollout engine, score them, estimate pass@k.
 
     Args:
         problems: `p3o.tasks.Problem`s; the verifier is `verifier` or each problem's meta["verifier"] (a name for
             `p3o.rewards.get_verifier`, including your own "package.module:function").
+        sampling: the rollout engine's settings (`p3o.rollout.settings.EngineSettings`: engine "hf" or "vllm",
+            precision, temperature, top_p, max_new_tokens, device, seed; its seed is also the batches' seed base);
+            default `EVAL_ENGINE` (hf, fp32, T = 1, 64 new tokens, device "auto": cuda when available).
+        engine_fields: fields of `sampling` given as keywords (``temperature=0.7, engine="vllm"``), laid over it.
         ks: the k of pass@k; values above n_samples are dropped.
         template, system_prompt: how each prompt is formatted (`p3o.tasks.format_prompt`), as in training.
-        device: "auto" (cuda when available, as training's `model.device`), "cpu", "cuda", ...
         batch_prompts: prompts per `generate` call (each gives n_samples rows).
         correct_threshold: a completion is correct when its score ≥ this.
         progress: called with (problems done, total) after each batch.
-        engine: the rollout engine, "hf" or "vllm" (`p3o.rollout.factory.make_engine`; training's rollout.engine).
     """
     _check_eval_args(problems, n_samples, ks)
     start = time.perf_counter()
-    sampler = make_engine(
-        engine,
-        model,
-        tokenizer,
-        precision=precision,
-        temperature=temperature,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        device=str(resolve_device(device)),
-    )
+    sampling = dataclasses.replace(sampling, **engine_fields)
+    seed = sampling.seed
+    sampler = make_engine(sampling, model, tokenizer)
     verifiers: dict[str, Callable[[str, str], float]] = {}
     correct = np.zeros(len(problems), dtype=np.int64)
     rewards: list[float] = []
@@ -279,8 +261,8 @@ def evaluate(
         split=split,
         n_problems=len(problems),
         n_samples=n_samples,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
+        temperature=sampling.temperature,
+        max_new_tokens=sampling.max_new_tokens,
         pass_at_k=mean_pass_at_k(np.full(len(problems), n_samples), correct, sorted(set(ks))),
         mean_reward=_mean(rewards),
         mean_response_len=_mean(lengths),

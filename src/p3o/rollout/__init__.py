@@ -13,8 +13,9 @@ from typing import Any
 from p3o.rollout.base import RolloutEngine
 from p3o.rollout.hf import LOGPROB_MODES, HFEngine
 from p3o.rollout.quant import PRECISIONS
+from p3o.rollout.settings import EngineSettings
 
-__all__ = ["LOGPROB_MODES", "PRECISIONS", "HFEngine", "RolloutEngine", "VLLMEngine"]
+__all__ = ["LOGPROB_MODES", "PRECISIONS", "EngineSettings", "HFEngine", "RolloutEngine", "VLLMEngine"]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,10 +12,18 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from p3o.errors import ConfigError
+from p3o.errors import ConfigError, P3OError
 from p3o.types import Rollouts
 
-__all__ = ["LOGPROB_MODES", "RolloutEngine", "as_id_list", "check_sampling", "left_pad", "stop_and_pad_ids"]
+__all__ = [
+    "LOGPROB_MODES",
+    "RolloutEngine",
+    "as_id_list",
+    "check_generate",
+    "check_sampling",
+    "left_pad",
+    "stop_and_pad_ids",
+]
 
 LOGPROB_MODES = ("processed", "raw")
 
@@ -47,6 +55,21 @@ def check_sampling(*, temperature: float, top_p: float, top_k: int, max_new_toke
             f"truncates it, so the ratio would not be an importance weight; use rollout.logprob_mode processed, or "
             f"turn {setting.split()[0]} off"
         )
+
+
+def check_generate(prompt_ids: Sequence[Sequence[int]], n: int, answers: Sequence[str] | None) -> int:
+    """Every engine's checks of a `generate` call, alike; returns the number of prompts B.
+
+    Raises P3OError for an empty prompt list or prompt, or answers that are not one per prompt, and ConfigError
+    (``rollout.group_size``) for n < 1.
+    """
+    if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
+        raise P3OError("generate: prompt_ids must be a non-empty list of non-empty token-id lists")
+    if n < 1:
+        raise ConfigError(f"rollout.group_size: n must be >= 1, got {n}")
+    if answers is not None and len(answers) != len(prompt_ids):
+        raise P3OError(f"generate: got {len(answers)} answers for {len(prompt_ids)} prompts")
+    return len(prompt_ids)
 
 
 def as_id_list(x: int | Iterable[int] | None) -> list[int]:

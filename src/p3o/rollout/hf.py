@@ -5,6 +5,7 @@ rollout/trainer mismatch is real: a bf16 or fp8 engine samples from a slightly d
 float32 trainer, and `rollout_logp` records the engine's log-probs, not the trainer's.
 
     engine = HFEngine(model, tokenizer, precision="fp8", temperature=1.0, top_p=1.0, max_new_tokens=64)
+    engine = HFEngine(model, tokenizer, settings)           # the same from one EngineSettings record
     rollouts = engine.generate(prompt_ids, n=8, seed=0)     # (N = len(prompt_ids) · 8) rows
     engine.load_weights(trainer.state_dict(), version=1)    # later tokens are stamped with version 1
 """
@@ -14,16 +15,19 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from p3o.dist import resolve_device
 from p3o.errors import ConfigError, P3OError
 from p3o.logprobs import cache_kwarg, position_ids_from_mask
-from p3o.rollout.base import LOGPROB_MODES, check_sampling, left_pad, stop_and_pad_ids
+from p3o.rollout.base import LOGPROB_MODES, check_generate, left_pad, stop_and_pad_ids
 from p3o.rollout.fast import FastDecoder
-from p3o.rollout.quant import PRECISIONS, QuantLinear, quantize_model, requantize_
+from p3o.rollout.quant import QuantLinear, quantize_model, requantize_
+from p3o.rollout.settings import EngineSettings
 from p3o.types import Rollouts
 
 __all__ = ["LOGPROB_MODES", "HFEngine", "process_logits"]
@@ -76,15 +80,13 @@ class HFEngine:
     Args:
         model: an HF causal LM; the engine deep-copies it (the caller's model is never touched).
         tokenizer: optional; used to decode `texts` and to find EOS / pad ids.
-        precision: "fp32" | "bf16" | "fp16" | "int8" | "fp8" (W8A8 fake-quantised, see `p3o.rollout.quant`).
-        temperature: τ ≥ 0 (0 = greedy); top_p ∈ (0, 1]; top_k ≥ 0 (0 = off).
-        max_new_tokens: response length cap; a row that reaches it without a stop token is `truncated`.
-        logprob_mode: "processed" records log q(y_t) of the distribution sampled from (after τ, top-k, top-p; 0 for
-            greedy); "raw" records log_softmax(z)[y_t] of the unscaled logits.
+        settings: precision ("fp32" | "bf16" | "fp16" | "int8" | "fp8": W8A8 fake-quantised, see
+            `p3o.rollout.quant`), temperature, top_p, top_k, max_new_tokens, logprob_mode, seed and device of the
+            engine copy (`p3o.rollout.settings.EngineSettings`, default: its defaults); `overrides` are fields of
+            it given as keywords (``HFEngine(model, tok, precision="bf16")``). The vLLM-only KV-cache fields are
+            ignored (an FP8 KV cache is refused by the record itself).
         stop_token_ids: extra stop ids, on top of the model's / tokenizer's EOS ids.
         pad_token_id: id written after a row stops (default: tokenizer / config pad id, else EOS, else 0).
-        seed: seeds the engine's own generator, used when `generate` gets no seed.
-        device: where the engine copy lives.
         fast_decode: decode with `p3o.rollout.fast.FastDecoder` (static KV cache, fused q|k|v and gate|up);
             None = whenever the architecture supports it (Llama / Qwen2 / Qwen3), False = transformers' forward.
     """
@@ -93,46 +95,26 @@ class HFEngine:
         self,
         model: nn.Module,
         tokenizer=None,
+        settings: EngineSettings | None = None,
         *,
-        precision: str = "fp32",
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        max_new_tokens: int = 64,
-        logprob_mode: str = "processed",
         stop_token_ids: Iterable[int] | None = None,
         pad_token_id: int | None = None,
-        seed: int = 0,
-        device: str | torch.device = "cpu",
         fast_decode: bool | None = None,
+        **overrides: Any,
     ) -> None:
-        if precision not in PRECISIONS:
-            raise ConfigError(f"rollout.precision: unknown {precision!r}; choose from {', '.join(PRECISIONS)}")
-        check_sampling(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            max_new_tokens=max_new_tokens,
-            logprob_mode=logprob_mode,
-        )
-        self.precision = precision
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.top_k = int(top_k)
-        self.max_new_tokens = int(max_new_tokens)
-        self.logprob_mode = logprob_mode
+        self.settings = s = EngineSettings.for_engine("hf", settings, overrides)
         self.tokenizer = tokenizer
-        self.device = torch.device(device)
+        self.device = resolve_device(s.device)
         self.version = 0
         self.on_decode_step: Callable[[int], None] | None = None
         """In-flight weight updates (`p3o.cluster`): called between decode steps t and t + 1 of a running batch, in
         the generating thread, which may `load_weights` there; later tokens carry the new version."""
         self._lock = threading.RLock()
         self._group_offset = 0
-        self._generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        self._generator = torch.Generator(device=self.device).manual_seed(s.seed)
 
         engine_model = copy.deepcopy(model).to(self.device).eval()
-        self.model = quantize_model(engine_model, precision)
+        self.model = quantize_model(engine_model, s.precision)
         self.model.requires_grad_(False)
         self._cache_kw = cache_kwarg(self.model)
         supported = FastDecoder.supports(self.model)
@@ -181,16 +163,16 @@ class HFEngine:
     # ------------------------------------------------------------------ sampling
     def _sample(self, logits: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Sample one token per row; returns (tokens (N,) long, recorded log-probs (N,) float32)."""
-        raw = logits.float()
-        if self.temperature == 0.0:
+        raw, s = logits.float(), self.settings
+        if s.temperature == 0.0:
             tok = raw.argmax(-1)
-            if self.logprob_mode == "processed":
+            if s.logprob_mode == "processed":
                 return tok, torch.zeros(tok.shape, dtype=torch.float32, device=tok.device)
             return tok, F.log_softmax(raw, -1).gather(-1, tok[:, None]).squeeze(-1)
-        z = process_logits(raw, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        z = process_logits(raw, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         logq = F.log_softmax(z, dim=-1)  # (N, V)
         tok = _sample_categorical(logq.exp(), generator)  # (N, 1)
-        if self.logprob_mode == "processed":
+        if s.logprob_mode == "processed":
             lp = logq.gather(-1, tok)
         else:
             lp = F.log_softmax(raw, -1).gather(-1, tok)
@@ -215,13 +197,7 @@ class HFEngine:
         Each step records log π_b(y_t) (per `logprob_mode`); rows stop at the first stop token (kept, mask True)
         and are padded afterwards. `seed` makes the call reproducible; without it the engine's own generator runs on.
         """
-        if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
-            raise P3OError("generate: prompt_ids must be a non-empty list of non-empty token-id lists")
-        if n < 1:
-            raise ConfigError(f"rollout.group_size: n must be >= 1, got {n}")
-        b = len(prompt_ids)
-        if answers is not None and len(answers) != b:
-            raise P3OError(f"generate: got {len(answers)} answers for {b} prompts")
+        b = check_generate(prompt_ids, n, answers)
         with self._lock, torch.no_grad():
             gen = self._generator
             if seed is not None:
@@ -230,7 +206,7 @@ class HFEngine:
             ids, pmask = left_pad(prompt_ids, self.pad_token_id)
             p_len = ids.shape[1]
             ids, pmask = ids.to(dev), pmask.to(dev)
-            t_max = self.max_new_tokens
+            t_max = self.settings.max_new_tokens
             attn = torch.ones((b, p_len + t_max), dtype=torch.long, device=dev)
             attn[:, :p_len] = pmask.long()
             pos0 = position_ids_from_mask(pmask)

