@@ -54,7 +54,7 @@ from p3o.objectives import get_objective
 from p3o.train import checkpoint  # called through the module: tests patch its functions
 from p3o.train.evaluation import Evaluator
 from p3o.train.sources import BatchSource, RemoteSource, make_source, token_lag
-from p3o.train.step import UpdateSettings, UpdateStep, resolve_objective
+from p3o.train.step import ObjectiveCall, UpdateSettings, UpdateStep
 from p3o.train.stream import PromptStream, make_producer, stream_seed
 from p3o.train.wiring import (
     Components,
@@ -151,43 +151,16 @@ class Trainer:
         cfg, run_dir = self.cfg, self.run_dir
         # 1. the run directory and the components
         dist.init_from_env()
+        _preflight(cfg, self.remote_source)
         _seed_everything(stream_seed(cfg.seed, dist.rank()))
-        if cfg.rollout.workers:
-            if self.remote_source is None:
-                raise ConfigError(
-                    "rollout.workers: no remote batch source was handed to the loop; run `p3o train`, or pass "
-                    "remote_source=p3o.cluster.RaySource to p3o.train.loop.run"
-                )
-            self.remote_source.preflight(cfg)  # e.g. Ray, its address, the workers' Python: before any model loads
         check_run_dir(run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
-        comps = self.comps if self.comps is not None else build_components(cfg)
-        self.comps = comps
-        # the objective with its hyper-parameters, resolved once for the run (defaults, spellings, types)
-        objective = get_objective(cfg.objective.name).bind(objective_hyper(cfg.objective))
-        # the off-policy monitor (p3o.metrics.monitor): the same statistics any other trainer gets, as offpolicy/*. Its
-        # findings are left to `p3o doctor` (warn=False): its position-drift rule does not yet separate staleness
-        # from engine drift, and under the default lag of 2 it would print a KV-cache suggestion that does not apply
-        self.monitor = OffPolicyMonitor(max_len=cfg.rollout.max_new_tokens, group=dist.group(), warn=False)
-        _attach_adapters_and_reference(cfg, comps, objective.needs)
-        policy = comps.policy
-        self.optimizer, self.scheduler = build_optimizer(policy, cfg.optim, cfg.update, cfg.steps)
-        # the update step with its own settings, resolved once for the run (p3o.train.step)
-        self.update_step = UpdateStep(
-            policy,
-            self.optimizer,
-            self.scheduler,
-            resolve_objective(objective, {}, None),
-            UpdateSettings.of(cfg),
-            ref_model=comps.ref_model,
-            group=dist.group(),
-            monitor=self.monitor,
-        )
-
-        # 2. resume (model, optimizer, scheduler, this rank's own RNG states and batch source)
+        self.comps = self.comps if self.comps is not None else build_components(cfg)
+        self._build_update(self.comps)
+        # 2. resume (model, optimizer, scheduler, this rank's own RNG states, the monitor's window, the batch source)
         start, loop_state = 0, {}
         if cfg.ckpt.resume:
             found = checkpoint.load_checkpoint(
-                run_dir, model=policy, optimizer=self.optimizer, scheduler=self.scheduler
+                run_dir, model=self.comps.policy, optimizer=self.optimizer, scheduler=self.scheduler
             )
             if found is not None:
                 start, loop_state = found["step"], found["loop_state"] or {}
@@ -204,13 +177,8 @@ class Trainer:
             # run keeps its first config.yaml (its changes: config_history.jsonl, p3o.train.resume)
             if start == 0 or not (run_dir / "config.yaml").is_file():
                 save_config(dataclasses.replace(cfg, overwrite=False), run_dir / "config.yaml")
-
         self.monitor.load_state(loop_state.get("monitor"))  # its window, so resumed metrics equal uninterrupted ones
-        # 3. the batch source: in this process, or Ray rollout workers
-        state = (loop_state.get("rank_source") or {}).get(dist.rank())
-        self.source = self._make_source(start, state)
-
-        # 4. logs
+        # 3. logs
         main = dist.is_main()
         self.logger = MetricsLogger(
             run_dir,
@@ -221,12 +189,36 @@ class Trainer:
             wandb_project=cfg.log.wandb_project,
             truncate_after=start,  # a resumed run rewrites the steps after its checkpoint; a fresh one starts empty
         )
+        # 4. the batch source: in this process, or Ray rollout workers
+        self.source = self._make_source(start, (loop_state.get("rank_source") or {}).get(dist.rank()))
         self.bar = ProgressBar(
             cfg.steps, enabled=cfg.log.progress and main, description=cfg.objective.name, start=start
         )
         self.evaluator = self.bar.wrap_evaluation(self.evaluator)  # the bar shows the evaluation phase
         self.t_run = time.perf_counter()
         return start
+
+    def _build_update(self, comps: Components) -> None:
+        """The objective (resolved once: defaults, spellings, types), the off-policy monitor, LoRA adapters and the
+        reference model, the optimizer and its schedule, and the update step that holds them with its settings."""
+        cfg = self.cfg
+        objective = get_objective(cfg.objective.name).bind(objective_hyper(cfg.objective))
+        # the off-policy monitor (p3o.metrics.monitor): the same statistics any other trainer gets, as offpolicy/*. Its
+        # findings are left to `p3o doctor` (warn=False): its position-drift rule does not yet separate staleness
+        # from engine drift, and under the default lag of 2 it would print a KV-cache suggestion that does not apply
+        self.monitor = OffPolicyMonitor(max_len=cfg.rollout.max_new_tokens, group=dist.group(), warn=False)
+        _attach_adapters_and_reference(cfg, comps, objective.needs)
+        self.optimizer, self.scheduler = build_optimizer(comps.policy, cfg.optim, cfg.update, cfg.steps)
+        self.update_step = UpdateStep(
+            comps.policy,
+            self.optimizer,
+            self.scheduler,
+            ObjectiveCall.of(objective),
+            UpdateSettings.of(cfg),
+            ref_model=comps.ref_model,
+            group=dist.group(),
+            monitor=self.monitor,
+        )
 
     def _make_source(self, start: int, state: dict[str, Any] | None) -> BatchSource:
         cfg, comps = self.cfg, self.comps
@@ -384,6 +376,19 @@ def run(cfg: Any, *, components: Components | None = None, remote_source: Remote
         trainer.close()
     trainer.finish()
     return trainer.run_dir
+
+
+def _preflight(cfg: Any, remote_source: RemoteSource | None) -> None:
+    """With `rollout.workers` > 0: a remote batch source must be handed over, and it checks what cannot work (Ray,
+    its address, the workers' Python) before any model loads."""
+    if not cfg.rollout.workers:
+        return
+    if remote_source is None:
+        raise ConfigError(
+            "rollout.workers: no remote batch source was handed to the loop; run `p3o train`, or pass "
+            "remote_source=p3o.cluster.RaySource to p3o.train.loop.run"
+        )
+    remote_source.preflight(cfg)
 
 
 def _attach_adapters_and_reference(cfg: Any, comps: Components, needs: frozenset[str]) -> None:

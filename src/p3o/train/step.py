@@ -408,6 +408,20 @@ class ObjectiveCall:
     correction: Correction | None = None
     tau: float | None = None
 
+    @classmethod
+    def of(cls, bound: BoundObjective, needs: frozenset[str] | set[str] | None = None) -> ObjectiveCall:
+        """The call of an objective bound once (`get_objective(name).bind(hyper)`): its own `needs` (or `needs`),
+        its rollout correction when π_θold is needed and M2PO's τ, read off its resolved hyper-parameters."""
+        needs = bound.needs if needs is None else frozenset(needs)
+        rc = bound.hyper
+        correction = tau = None
+        if "old_logp" in needs:
+            keys = ("rollout_correction", "rollout_correction_cap", "rollout_correction_low")
+            correction = Correction(*(rc.get(k, d) for k, d in zip(keys, ("none", Correction.cap, Correction.low))))
+        if "m2po_threshold" in needs:
+            tau = float(rc["tau"])
+        return cls(bound, {}, needs, correction, tau)
+
 
 def resolve_objective(
     objective_fn: Objective | BoundObjective | Callable[..., tuple[Tensor, dict[str, Tensor]]],
@@ -425,15 +439,7 @@ def resolve_objective(
         if "m2po_threshold" in needs:
             raise ValueError("update: the m2po_threshold pre-pass needs an objective record (for its tau)")
         return ObjectiveCall(objective_fn, hyper, needs)
-    needs = objective_fn.needs if needs is None else frozenset(needs)
-    rc = objective_fn.hyper
-    correction = tau = None
-    if "old_logp" in needs:
-        keys = ("rollout_correction", "rollout_correction_cap", "rollout_correction_low")
-        correction = Correction(*(rc.get(k, d) for k, d in zip(keys, ("none", Correction.cap, Correction.low))))
-    if "m2po_threshold" in needs:
-        tau = float(rc["tau"])
-    return ObjectiveCall(objective_fn, {}, needs, correction, tau)
+    return ObjectiveCall.of(objective_fn, needs)
 
 
 # -- the phases' records ---------------------------------------------------------------------------------------------
