@@ -258,15 +258,15 @@ class UpdateStep:
         the same shape of plan (else the collectives would deadlock)."""
         if batch.advantages is None:
             raise ValueError("update: batch.advantages is None (compute advantages before the update)")
-        batch = batch.to(next(self.policy.parameters()).device)
-        adv = batch.advantages.float()
         minis = _split(batch.mask.shape[0], self.settings.num_mini_batches)
-        micros = [[_micro(batch, adv, rows) for rows in mini.split(self.settings.micro_batch_size)] for mini in minis]
+        rows = [mini.split(self.settings.micro_batch_size) for mini in minis]
         if dist.world_size() > 1:
-            lens = dist.all_gather_object([len(micros)] + [len(mbs) for mbs in micros])
+            lens = dist.all_gather_object([len(rows)] + [len(r) for r in rows])
             if any(x != lens[0] for x in lens):
                 raise ValueError(f"update: ranks disagree on the mini/micro-batch plan: {lens}")
-        return UpdatePlan(batch, minis, micros)
+        batch = batch.to(next(self.policy.parameters()).device)
+        adv = batch.advantages.float()
+        return UpdatePlan(batch, minis, [[_micro(batch, adv, r) for r in mini_rows] for mini_rows in rows])
 
     # -- 2. snapshots and anchors ------------------------------------------------------------------------------------
     def anchors(self, plan: UpdatePlan) -> Anchors:
@@ -316,12 +316,12 @@ class UpdateStep:
     def scope(self, plan: UpdatePlan, k: int, anchors: Anchors, prox_logp: Tensor | None) -> StepScope:
         """What the micro-batches of optimizer step k share: its global token and sequence counts under the anchor's
         mask and, when the objective needs them, the step ESS and M2PO's threshold from one no-grad pass."""
-        mini = plan.minis[k]
-        num_tokens = dist.all_reduce_sum(anchors.mask[mini].sum().to(torch.float32))
-        num_seqs = dist.all_reduce_sum((len(mini) - anchors.rejected[mini].sum()).to(torch.float32))
         step_ess = thr = None
         if "step_ess" in self.call.needs or "m2po_threshold" in self.call.needs:
             step_ess, thr = self.pre_pass(plan.micros[k], anchors)
+        mini = plan.minis[k]
+        num_tokens = dist.all_reduce_sum(anchors.mask[mini].sum().to(torch.float32))
+        num_seqs = dist.all_reduce_sum((len(mini) - anchors.rejected[mini].sum()).to(torch.float32))
         return StepScope(prox_logp, num_tokens, num_seqs, step_ess, thr, self.group)
 
     @torch.no_grad()
