@@ -367,7 +367,7 @@ def plot(d: Diagnosis, out: Path) -> Path:
     ):
         s = series(key)
         if any(not math.isnan(v) for v in s):
-            ax.plot(x, s, label=label)
+            ax.plot(x, s, label=label, marker="." if key.startswith("ratio_tails_") else None)  # points: NaN gaps
     ax.set(title="Ratio tails (share of tokens)", xlabel="step", ylabel="share")
     if ax.lines:
         ax.legend(fontsize=7)
