@@ -101,3 +101,18 @@ def test_missing_markers_or_file_exit_2(tmp_path: Path) -> None:
     readme.write_text("no block\n")
     assert main([str(v), "--out", str(tmp_path / "r.md"), "--readme", str(readme)]) == 2
     assert main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "r.md")]) == 2
+
+
+def test_verdicts_are_retaken_by_todays_rule_and_only_results_lm_c_fp8_changes() -> None:
+    """results-lm was decided before *negligible* existed; its runs are not committed, so its report cannot be
+    regenerated, but its stored paired results can be re-decided: c-fp8 (CI inside ±δ) is negligible today."""
+    root = Path(__file__).resolve().parents[3]
+    changed = [
+        (s.name, r["claim"], r["verdict_report"], r["verdict"])
+        for s in load(sorted((root / "docs" / "results").glob("*.verdicts.json")))
+        for r in s.records
+        if "verdict_report" in r
+    ]
+    assert changed == [("lm", "c-fp8", "inconclusive", "negligible")]
+    page = (root / "docs" / "results" / "verdicts.md").read_text()
+    assert "**negligible** (today's rule; the report says inconclusive)" in page

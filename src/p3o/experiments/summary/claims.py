@@ -105,7 +105,9 @@ def mark(f: Found) -> str:
     """Empty for a verdict of the pooled family, else why not: " (secondary)" or " (exploratory)"."""
     if f.pooled:
         return ""
-    return " (secondary)" if f.study.confirmatory and f.record.get("role") == "secondary" else " (exploratory)"
+    why = " (secondary)" if f.study.confirmatory and f.record.get("role") == "secondary" else " (exploratory)"
+    was = f.record.get("verdict_report")
+    return why + (f" (today's rule; its report says {was})" if was else "")
 
 
 def test_text(f: Found, with_regime: bool = False) -> str:

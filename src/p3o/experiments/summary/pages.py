@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
-from p3o.experiments.stats.paired import VERDICTS, PairedResult, holm, verdict
+from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, holm, verdict
 from p3o.experiments.summary.blocks import END, START
 
 
@@ -56,11 +56,42 @@ def load(paths: list[Path]) -> list[Study]:
         except (OSError, json.JSONDecodeError) as err:
             raise ConfigError(f"{path}: cannot read verdicts: {str(err).splitlines()[0]}") from None
         if isinstance(doc, list):  # written before pre-registration was recorded
-            out.append(Study(path, None, doc))
+            out.append(Study(path, None, redecide(doc)))
         elif isinstance(doc, dict) and isinstance(doc.get("verdicts"), list):
-            out.append(Study(path, doc.get("preregistration"), doc["verdicts"]))
+            out.append(Study(path, doc.get("preregistration"), redecide(doc["verdicts"])))
         else:
             raise ConfigError(f"{path}: expected {{preregistration, verdicts: [...]}}")
+    return out
+
+
+def _result(r: dict[str, Any]) -> PairedResult:
+    """The stored paired result of a verdict record."""
+    return PairedResult(
+        n=int(r["n"]),
+        mean_a=r.get("mean_a", math.nan),
+        mean_b=r.get("mean_b", math.nan),
+        diff=float(r["diff"]),
+        sd=r.get("sd", math.nan),
+        ci=(float(r["ci"][0]), float(r["ci"][1])),
+        p_diff=float(r["p_diff"]),
+        p_equiv=math.nan if r.get("p_equiv") is None else float(r["p_equiv"]),
+        margin=r.get("margin"),
+        identical=bool(r.get("identical")),
+    )
+
+
+def redecide(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with each verdict re-taken by today's rule from its stored paired result, within the study's own
+    Holm families (primary, secondary); a verdict that differs from the one its report printed keeps that one as
+    ``verdict_report`` (a report written under an older rule, whose runs are not committed to regenerate it)."""
+    out = [dict(r) for r in records]
+    for role in ("primary", "secondary"):
+        family = [r for r in out if r.get("role", "primary") == role]
+        alpha = float(family[0].get("alpha", 0.05)) if family else 0.05
+        decided = decide_family([r["kind"] for r in family], [_result(r) for r in family], alpha=alpha)
+        for r, (_, v) in zip(family, decided):
+            if v != r["verdict"]:
+                r["verdict_report"], r["verdict"] = r["verdict"], v
     return out
 
 
@@ -82,18 +113,7 @@ def pool(studies: list[Study]) -> list[tuple[Study, dict[str, Any]]]:
     raw = [members[i][1]["p_equiv"] if members[i][1]["kind"] == "tracks" else members[i][1]["p_diff"] for i in tested]
     adjusted = dict(zip(tested, holm([math.nan if p is None else float(p) for p in raw])))
     for i, (_, r) in enumerate(members):
-        res = PairedResult(
-            n=int(r["n"]),
-            mean_a=r.get("mean_a", math.nan),
-            mean_b=r.get("mean_b", math.nan),
-            diff=float(r["diff"]),
-            sd=r.get("sd", math.nan),
-            ci=(float(r["ci"][0]), float(r["ci"][1])),
-            p_diff=float(r["p_diff"]),
-            p_equiv=math.nan if r.get("p_equiv") is None else float(r["p_equiv"]),
-            margin=r.get("margin"),
-            identical=bool(r.get("identical")),
-        )
+        res = _result(r)
         r["p_pool"] = adjusted.get(i, math.nan)
         r["verdict_pool"] = verdict(r["kind"], res, r["p_pool"], m=max(1, len(tested)), alpha=alpha)
     return members
@@ -167,6 +187,8 @@ def render_page(studies: list[Study], command: str) -> str:
         ]
         for r in study.records:
             mark = " (exploratory)" if r.get("exploratory") else ""
+            if r.get("verdict_report"):
+                mark += f" (today's rule; the report says {r['verdict_report']})"
             lines.append(
                 f"| {r['title']} | {r['regime']} | {r['a']} | {r['b']} | {r['metric']} | {r.get('role', 'primary')} "
                 f"| {r['n']} | {_ci(r)} | {_p(r.get('p_adj'))} | **{r['verdict']}**{mark} |"
