@@ -112,3 +112,125 @@ def test_documented_train_command_is_valid(args, monkeypatch, tmp_path):
             pytest.skip(f"--config {args[i + 1]}: a file the reader's earlier run writes")
     monkeypatch.setitem(os.environ, "WORLD_SIZE", "1")
     load_config([a for a in args if a not in ("--allow-changes", "--allow_changes")])  # a flag of p3o train, not a key
+
+
+# ----------------------------------------------------------------------------------- figures their command gives
+
+# Commands whose tables the docs quote and that run here in a minute or two (an untrained random model, the tiny
+# base): (pattern of the command in the text, how to run it). A table is the first markdown table within a few lines
+# after the line naming the command; each of its rows the command produces (same engine and precision) must match.
+_FIGURE_COMMANDS = [
+    (re.compile(r"benchmarks/precision\.py((?: --[\w-]+ [\w.,+-]+)*)"), "precision"),
+    (re.compile(r"\bp3o mismatch((?: --[\w-]+ [\w./,+-]+)*)"), "mismatch"),
+]
+_PRECISIONS = ("bf16+kv-fp8", "fp32", "bf16", "fp16", "int8", "fp8")
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of a markdown table line (an escaped pipe ``\\|`` stays inside its cell, unescaped)."""
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+
+
+def _table_after(lines: list[str], start: int, within: int = 14) -> list[dict[str, str]] | None:
+    """The first markdown table starting within `within` lines after `start`: its rows as {header: cell}."""
+    for i in range(start + 1, min(len(lines), start + 1 + within)):
+        if lines[i].startswith("|") and i + 1 < len(lines) and re.match(r"^\|[-:| ]+\|$", lines[i + 1].strip()):
+            head = _cells(lines[i])
+            rows = []
+            for line in lines[i + 2 :]:
+                if not line.startswith("|"):
+                    break
+                rows.append(dict(zip(head, _cells(line), strict=False)))
+            return rows
+    return None
+
+
+def _row_key(row: dict[str, str]) -> tuple[str, str] | None:
+    """(engine, precision) of a table row, from its first cell ('HFEngine fp8 (simulated W8A8)', 'fp8 (e4m3)')."""
+    label = next(iter(row.values())).lower()
+    prec = next((p for p in _PRECISIONS if re.search(rf"(^|\s){re.escape(p)}(\s|$|\()", label)), None)
+    if "kv fp8" in label and prec == "bf16":
+        prec = "bf16+kv-fp8"
+    return ("vllm" if "vllm" in label else "hf", prec) if prec else None
+
+
+def _cell(row: dict[str, str], *names: str) -> float:
+    key = next(k for k in row if k in names)
+    return float(row[key])
+
+
+def _figure_sites() -> list:
+    """(doc:line, kind, args) of every quoted figure table whose command can be rerun here."""
+    out = []
+    for path in DOCS:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines):
+            for pattern, kind in _FIGURE_COMMANDS:
+                m = pattern.search(line)
+                if m is None or _table_after(lines, n) is None:
+                    continue
+                args = shlex.split(m.group(1))
+                opts = dict(zip(args[::2], args[1::2], strict=False))
+                if opts.get("--engine", "hf") != "hf" or opts.get("--model") not in ("tiny", "random"):
+                    continue  # vLLM needs .venv-vllm; other models are not quick
+                for drop in ("--plot", "--out"):
+                    if drop in opts:
+                        i = args.index(drop)
+                        del args[i : i + 2]
+                out.append(pytest.param(path, n, kind, args, id=f"{path.relative_to(ROOT)}:{n + 1}"))
+    return out
+
+
+_REGENERATED: dict[tuple, list[dict[str, str]]] = {}
+
+
+def _regenerate(kind: str, args: list[str]) -> list[dict[str, str]]:
+    """The summary table the command prints (run once per command and argument list in this session)."""
+    import subprocess
+    import sys
+
+    key = (kind, tuple(args))
+    if key not in _REGENERATED:
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "precision.py")] if kind == "precision" else [
+            sys.executable, "-m", "p3o", "mismatch"]  # fmt: skip
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        out = subprocess.run([*cmd, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        assert out.returncode in (0, 1), out.stderr[-2000:]  # p3o mismatch: 1 when a finding fires
+        lines = out.stdout.splitlines()
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("| engine")) - 1
+        _REGENERATED[key] = _table_after(lines, start) or []
+    return _REGENERATED[key]
+
+
+def test_figure_tables_are_found():
+    assert len(_figure_sites()) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("path", "line", "kind", "args"), _figure_sites())
+def test_quoted_figures_are_what_their_command_gives(path, line, kind, args):
+    """A table of mean |Δlogp| and batch ESS in the docs is what the command named above it prints (CPU, seed 0):
+    mean |Δlogp| within 10% (or 1e-6), the ESS's distance to 1 within 10% (or 1e-5), the same token count.
+
+    `--model tiny` is the warm-started base, which is re-trained whenever the code it is keyed by changes
+    (`p3o.models.tiny.code_version`): a failure then means the quoted table is from another base; rerun the command
+    and paste its table."""
+    quoted = _table_after(path.read_text(encoding="utf-8").splitlines(), line) or []
+    fresh = {_row_key(r): r for r in _regenerate(kind, args)}
+    if "tiny" in args:
+        from p3o.models.tiny import base_dir
+
+        args = [*args, f"(base {base_dir().name})"]  # named in a failure
+    compared = 0
+    for row in quoted:
+        got = fresh.get(_row_key(row))
+        if got is None:
+            continue  # a row this command does not produce here (vLLM)
+        compared += 1
+        where = f"{path.relative_to(ROOT)}:{line + 1} {next(iter(row.values()))} vs `{kind} {' '.join(args)}`"
+        dlogp, dlogp_new = _cell(row, "mean abs dlogp", "mean |Δlogp|"), _cell(got, "mean abs dlogp")
+        ess, ess_new = _cell(row, "batch ESS"), _cell(got, "batch ESS")
+        assert abs(dlogp - dlogp_new) <= max(1e-6, 0.1 * dlogp_new), (where, "mean |Δlogp|", dlogp, dlogp_new)
+        assert abs(ess - ess_new) <= max(1e-5, 0.1 * (1 - ess_new)), (where, "batch ESS", ess, ess_new)
+        assert int(_cell(row, "tokens")) == int(_cell(got, "tokens")), (where, "tokens")
+    assert compared, f"{path.relative_to(ROOT)}:{line + 1}: no row of the table is one the command gives"
