@@ -210,7 +210,8 @@ def test_figure_tables_are_found():
 @pytest.mark.parametrize(("path", "line", "kind", "args"), _figure_sites())
 def test_quoted_figures_are_what_their_command_gives(path, line, kind, args):
     """A table of mean |Δlogp| and batch ESS in the docs is what the command named above it prints (CPU, seed 0):
-    mean |Δlogp| within 10% (or 1e-6), the ESS's distance to 1 within 10% (or 1e-5), the same token count.
+    mean |Δlogp| within 10% (or 1e-6), the ESS's distance to 1 within 10% (or 1e-5), the token count within 5%
+    (library versions and thread counts change which tokens are sampled, not the size of the gap).
 
     `--model tiny` is the warm-started base, which is re-trained whenever the code it is keyed by changes
     (`p3o.models.tiny.code_version`): a failure then means the quoted table is from another base; rerun the command
@@ -232,5 +233,6 @@ def test_quoted_figures_are_what_their_command_gives(path, line, kind, args):
         ess, ess_new = _cell(row, "batch ESS"), _cell(got, "batch ESS")
         assert abs(dlogp - dlogp_new) <= max(1e-6, 0.1 * dlogp_new), (where, "mean |Δlogp|", dlogp, dlogp_new)
         assert abs(ess - ess_new) <= max(1e-5, 0.1 * (1 - ess_new)), (where, "batch ESS", ess, ess_new)
-        assert int(_cell(row, "tokens")) == int(_cell(got, "tokens")), (where, "tokens")
+        tokens, tokens_new = _cell(row, "tokens"), _cell(got, "tokens")
+        assert abs(tokens - tokens_new) <= 0.05 * tokens_new, (where, "tokens", tokens, tokens_new)
     assert compared, f"{path.relative_to(ROOT)}:{line + 1}: no row of the table is one the command gives"
