@@ -344,3 +344,11 @@ def test_monitor_source_and_cause_keys() -> None:
     assert row["finding_ratio_tails"] == 1.0 and row["cause_ratio_tails"] == 2.0  # the engine's tails
     assert row["finding_engine_mismatch"] == 1.0 and row["cause_low_ess"] == 0.0  # equal ratios: ESS 1
     assert "vllm_importance_sampling_correction" in next(f for f in mon.findings if f.name == "ratio_tails").suggestion
+
+
+def test_unlagged_rows_take_the_callers_cause() -> None:
+    rows = [{"ess": 0.5}] * 3  # no lags: fresh and stale cannot be told apart
+    (f,) = find(rows, source="verl")
+    assert f.cause == "undetermined" and "staleness_threshold" in f.suggestion and "rollout.dtype" in f.suggestion
+    (f,) = find(rows, unlagged="engine")  # p3o mismatch: one engine against the trainer's own weights
+    assert f.cause == "engine" and f.message.endswith(": engine mismatch")

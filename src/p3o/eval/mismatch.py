@@ -164,7 +164,7 @@ def measure(
     lp, rl, mask = lp.float().cpu(), ro.rollout_logp.float().cpu(), ro.mask.cpu()
     mon = OffPolicyMonitor(max_len=max_new_tokens, window=1, group=False, warn=False)
     res.stats = mon.update(lp, rl, mask)
-    res.findings = find([res.stats])
+    res.findings = find([res.stats], unlagged="engine")  # one engine against the trainer's own weights: lag 0
     finite = mask & torch.isfinite(lp) & torch.isfinite(rl)
     res.positions = _positions(torch.where(finite, lp - rl, torch.zeros(())), finite, max_new_tokens)
     if greedy_ref is not None:

@@ -568,6 +568,7 @@ def find(
     *,
     source: str | None = None,
     only: Iterable[str] | None = None,
+    unlagged: str = "undetermined",
 ) -> list[Finding]:
     """The findings that fire on ``rows`` (a window of metric rows, oldest first; missing keys are skipped).
 
@@ -591,7 +592,8 @@ def find(
     carry it -> ``engine``; stale ones only -> ``staleness``; both -> ``both``; no lags -> ``undetermined``.
     ``engine_mismatch`` and ``nonfinite`` / ``kl_clamped`` / ``ess_degenerate`` are ``engine``;
     ``weights_not_synced`` is ``sync``, and while it fires the findings the fresh tokens carry are ``sync`` too.
-    Suggestions name the settings of ``source`` (``p3o``, ``trl``, ``verl``; None: generic).
+    Suggestions name the settings of ``source`` (``p3o``, ``trl``, ``verl``; None: generic). ``unlagged``: the cause
+    when the rows carry no lags, for callers that know it (``p3o mismatch`` measures a fresh engine: ``engine``).
     """
     th = {**RULES, **(rules or {})}
     want = set(only) if only is not None else None
@@ -611,6 +613,8 @@ def find(
             if f is not None:
                 out.append(f)
     out += [f for f in _any_positive(rows, th) if want is None or f.name in want]
+    if unlagged != "undetermined":
+        out = [dataclasses.replace(f, cause=unlagged) if f.cause == "undetermined" else f for f in out]
     if any(f.cause == "sync" for f in out) or _weights_not_synced(rows, th) is not None:
         # the fresh tokens' mismatch is the stale engine's: name the sync, not the engine's precision
         out = [dataclasses.replace(f, cause="sync") if f.cause == "engine" else f for f in out]
