@@ -116,3 +116,12 @@ def test_verdicts_are_retaken_by_todays_rule_and_only_results_lm_c_fp8_changes()
     assert changed == [("lm", "c-fp8", "inconclusive", "negligible")]
     page = (root / "docs" / "results" / "verdicts.md").read_text()
     assert "**negligible** (today's rule; the report says inconclusive)" in page
+
+
+def test_the_index_shows_the_seed_ledger_amendments_and_looks() -> None:
+    root = Path(__file__).resolve().parents[3]
+    index = (root / "docs" / "results" / "README.md").read_text()
+    assert "[lm-5m-calibration.md](lm-5m-calibration.md)" in index
+    assert "| stale | lm | 300–305 |" in index and "| vllm-earlier-run | lm | 0–5 |" in index
+    assert "- Amendment of **lag** (2026-12-01T06:09:54+00:00, commit `cb9a3c4`" in index
+    assert "- Look at **stale** by stale-variants (seeds 300, 301," in index

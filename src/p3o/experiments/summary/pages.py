@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
+from p3o.experiments.stats.ledger import ledger, load_records
 from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, holm, verdict
 from p3o.experiments.summary.blocks import END, START
 
@@ -252,7 +253,43 @@ def render_index(studies: list[Study], command: str, index: Path, pages: dict[st
             f"({rel(study.path.with_name(study.name + '.md'))}) | {mode} | {seeds} | "
             f"{_counts(prim) if prim else 'none (descriptive)'} | " + (f"[{src}]({rel(src)})" if src else "–") + " |"
         )
+    lines += ledger_lines(Path("configs/experiments"))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def ledger_lines(root: Path) -> list[str]:
+    """The index's "Seed ledger" and "Amendments and looks" sections (:mod:`p3o.experiments.stats.ledger`)."""
+    if not root.is_dir():
+        return []
+    records = load_records(root)
+    lines = [
+        "",
+        "## Seed ledger",
+        "",
+        "Every seed any run of any study used (`p3o.experiments.stats.ledger`): a confirmatory study may not reuse "
+        "one that another study used with a compared objective in common on the same instrument, unless a look is "
+        "recorded.",
+        "",
+        "| study | instrument | seeds | compared objectives | declared in |",
+        "|---|---|---|---|---|",
+    ]
+    for use in sorted(ledger(root, records), key=lambda u: (u.instrument, min(u.seeds, default=0), u.study)):
+        lines.append(
+            f"| {use.study} | {use.instrument} | {_seed_text(sorted(use.seeds))} | "
+            f"{', '.join(sorted(use.objectives))} | {use.source} |"
+        )
+    lines += ["", "## Amendments and looks", ""]
+    for a in records.amendments:
+        lines.append(
+            f"- Amendment of **{a.get('study')}** ({a.get('date')}, commit `{a.get('commit')}`; sha256 "
+            f"`{str(a.get('from'))[:12]}` → `{str(a.get('to'))[:12]}`): {a.get('what')} — {a.get('why')}"
+        )
+    for k in records.looks:
+        lines.append(
+            f"- Look at **{k.get('study')}** by {k.get('look')} (seeds {_seed_text(list(k.get('seeds', [])))}, "
+            f"{k.get('date')}, commit `{k.get('commit')}`): {k.get('what')} — {k.get('why')}"
+        )
+    return lines
 
 
 def _seed_text(seeds: list[int]) -> str:
