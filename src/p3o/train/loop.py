@@ -264,7 +264,6 @@ class Trainer:
         t_wait = time.perf_counter() - t0
         if cfg.loop.dynamic_sampling:
             batch = _trim_to_common(batch, info, cfg.rollout.group_size)
-        lag = _lag_stats(batch, step)
         t1 = time.perf_counter()
         stats = self.update_step.run(batch, version=step)
         offpolicy = self.monitor.update(step=step + 1)  # every rank: it reduces over the data-parallel group
@@ -272,6 +271,7 @@ class Trainer:
         source.push_weights(sync_weights(comps.policy), step + 1)
         t_sync = time.perf_counter() - t_sync
         t_train = time.perf_counter() - t1
+        lag = _lag_stats(batch, step)  # the batch as trained at version `step` (the update does not change it)
         local = {**info, **_batch_stats(batch), **lag, "dropped_rows": float(source.dropped_rows), **source.metrics()}
         row = {**_reduce_info(local), **stats, **{f"offpolicy/{k}": v for k, v in offpolicy.items()}}
         wall = time.perf_counter() - t0
