@@ -18,6 +18,8 @@ tensor differs by ≤ 0.17 of this bound; a wrong normaliser (micro-batch-local 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from train_fakes import make_tiny_lm, params_of, random_batch
@@ -99,8 +101,6 @@ class _LocalNormaliser:
         return self.rec.inputs_needed(hyper)
 
     def __call__(self, inputs, **hyper):
-        import dataclasses
-
         local = dataclasses.replace(
             inputs,
             num_tokens=inputs.mask.sum().float(),

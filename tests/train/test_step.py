@@ -10,7 +10,8 @@ import torch
 from train_fakes import make_tiny_lm, params_of, random_batch
 
 from p3o.errors import ConfigError
-from p3o.objectives import get_objective
+from p3o.logprobs import token_logprobs
+from p3o.objectives import Objective, ObjectiveInputs, get_objective, reduce_tokens
 from p3o.train.step import lr_factor, make_optimizer, make_scheduler, update
 
 
@@ -141,8 +142,6 @@ _SIDE = ("old_logp", "prox_logp", "ref_logp", "entropy", "step_ess", "m2po_thres
 
 
 def _spy_record(calls: list, needs: frozenset[str]):
-    from p3o.objectives import Objective, reduce_tokens
-
     def spy(
         inputs,
         *,
@@ -215,9 +214,6 @@ def test_row_rejecting_corrections_are_counted_for_the_whole_step(name, hyper):
         torch.testing.assert_close(steps[1][key], value, rtol=1e-4, atol=1e-5 * scale)
     assert out[0][1]["loss"] == pytest.approx(out[1][1]["loss"], rel=1e-5, abs=1e-7)
     # and the step's loss is the objective on the whole batch with its own (kept-row) denominators
-    from p3o.logprobs import token_logprobs
-    from p3o.objectives import ObjectiveInputs
-
     with torch.no_grad():
         logp, _ = token_logprobs(make_tiny_lm(), batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
     whole = ObjectiveInputs(logp, batch.rollout_logp, batch.mask, batch.advantages, old_logp=logp)
