@@ -93,6 +93,29 @@ def test_bad_window_exits_2(tmp_path: Path) -> None:
     assert main([str(_jsonl(tmp_path / "m.jsonl", _healthy())), "--window", "0"]) == 2
 
 
+def test_long_run_slides_windows_and_names_the_collapsed_step(tmp_path: Path, capsys) -> None:
+    rows = []
+    for s in range(1, 61):  # fresh tokens clean throughout; the stale ones fall behind in steps 20-39, collapse at 45
+        r = {"step": s, "ess": 0.99, "lag_mean": 1.0, "tokens_lag_0": 50, "tokens_stale": 50, "ess_lag_0": 1.0}
+        r["ess_stale"] = 0.5 if 20 <= s < 40 else 0.05 if s == 45 else 0.98
+        r["ess"] = 0.6 if 20 <= s < 40 else 0.1 if s == 45 else 0.99
+        rows.append(r)
+    path = _jsonl(tmp_path / "m.jsonl", rows)
+    d = diagnose(path)
+    assert d.windows == 41 and [(f.name, span, n) for f, span, n in d.findings] == [
+        ("ess_collapse", "45", 0),
+        ("low_ess", "11–30", 20),  # the first window with 11 of 20 low; 20 windows in all
+    ]
+    assert {f.cause for f, _, _ in d.findings} == {"staleness"} and d.trainer is None
+    assert main([str(path), "--no-plot", "--window", "30"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[:2] == [
+        "unhealthy: staleness (ess_collapse, low_ess)",
+        f"p3o doctor: JSONL {path}: 60 steps, 31 windows of 30 steps",
+    ]
+    assert "| whole run |" in out and "train on fresher data" in out  # no trainer detected: generic words
+
+
 # ------------------------------------------------------------------------------------- real p3o training runs
 
 

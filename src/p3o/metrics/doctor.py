@@ -29,6 +29,7 @@ metric in it) — CI can gate on it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -71,8 +72,8 @@ class Diagnosis:
     Attributes:
         source: what was read (``p3o run``, ``TRL trainer_state.json``, ``JSONL``) and its path.
         rows: the normalised metric rows, in step order.
-        findings: (finding, the steps it concerns as "a–b", number of windows it fired in; 0 for the whole-run
-            rules), one per rule.
+        findings: (finding, the steps it concerns: "a–b" (its first window, or the whole run) or the collapsed
+            steps, number of windows it fired in; 0 for the whole-run rules), one per rule.
         windows: how many windows the window rules were applied to.
         config: the run's config (p3o run dirs: config.yaml as a dict), else {}.
         trainer: the trainer the metrics came from (``p3o``, ``trl``, ``verl``; None: unknown), whose settings the
@@ -218,8 +219,9 @@ def diagnose(path: str | Path, *, window: int = 20) -> Diagnosis:
                 steps = [r.get("step") for r in chunk]
                 first[f.name] = (f, f"{_step(steps[0], s)}–{_step(steps[-1], s + w - 1)}")
     findings: list[tuple[Finding, str, int]] = []
+    whole = f"{_step(rows[0].get('step'), 0)}–{_step(rows[-1].get('step'), len(rows) - 1)}"
     for f in find(rows, source=trainer, only=RUN_RULES):
-        findings.append((f, f"{_step(rows[0].get('step'), 0)}–{_step(rows[-1].get('step'), len(rows) - 1)}", 0))
+        findings.append((f, ", ".join(f.steps) if f.steps else whole, 0))
     for name, (f, span) in first.items():
         tally = causes[name]
         top = tally.most_common(1)[0][0]
@@ -232,7 +234,7 @@ def diagnose(path: str | Path, *, window: int = 20) -> Diagnosis:
                     break
             others = ", ".join(f"{CAUSE_TEXT[c]} in {n}" for c, n in tally.items() if c != top)
             if others:
-                f = Finding(f.name, f.message, f"{f.evidence}; other windows: {others}", f.suggestion, f.cause)
+                f = dataclasses.replace(f, evidence=f"{f.evidence}; other windows: {others}")
         findings.append((f, span, count[name]))
     return Diagnosis(source, rows, findings, len(starts), config, trainer, w, window)
 

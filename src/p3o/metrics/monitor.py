@@ -119,6 +119,7 @@ class Finding:
         cause: a key of :data:`CAUSES`: ``staleness`` (the stale tokens carry it, lag 0 is clean), ``engine`` (the
             fresh tokens carry it), ``both``, ``sync`` (the engine's weights do not follow the trainer's) or
             ``undetermined`` (no token lags were recorded).
+        steps: the steps a single-step finding fired on (``ess_collapse``: "4", "row 7"), else empty.
     """
 
     name: str
@@ -126,6 +127,7 @@ class Finding:
     evidence: str
     suggestion: str
     cause: str = "undetermined"
+    steps: tuple[str, ...] = ()
 
     @property
     def cause_code(self) -> int:
@@ -362,6 +364,7 @@ def _ess_collapse(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) ->
         "; ".join(shown[:8]) + f"; {why}",
         "",
         cause,
+        tuple(_step_of(r, i) for i, r, _, _ in hits),
     )
 
 
@@ -619,12 +622,10 @@ def find(
         # the fresh tokens' mismatch is the stale engine's: name the sync, not the engine's precision
         out = [dataclasses.replace(f, cause="sync") if f.cause == "engine" else f for f in out]
     return [
-        Finding(
-            f.name,
-            f.message if f.name == "weights_not_synced" else f"{f.message}: {CAUSE_TEXT[f.cause]}",
-            f.evidence,
-            suggest(f.name, f.cause, source),
-            f.cause,
+        dataclasses.replace(
+            f,
+            message=f.message if f.name == "weights_not_synced" else f"{f.message}: {CAUSE_TEXT[f.cause]}",
+            suggestion=suggest(f.name, f.cause, source),
         )
         for f in out
     ]
