@@ -1,6 +1,7 @@
 """SIGKILL of the trainer mid-run with Ray rollout workers, then `p3o train --resume`: the run ends with the
 parameters of an uninterrupted one (HF engine, fp32, async with the fixed schedule). The killed run is a real
-`p3o train` process with a Ray instance of its own (Ray's processes share its fate); the resumed one starts another."""
+`p3o train` process, a driver of the suite's Ray cluster: its worker dies with it (Ray ends a dead driver's actors),
+and the resumed run starts a new one."""
 
 from __future__ import annotations
 
@@ -26,7 +27,16 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
 
 
-def test_sigkilled_trainer_resumes_to_the_uninterrupted_run(tmp_path):
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_sigkilled_trainer_resumes_to_the_uninterrupted_run(ray_cluster, tmp_path):
     from safetensors.torch import load_file
 
     from p3o.config import load_config
@@ -34,7 +44,8 @@ def test_sigkilled_trainer_resumes_to_the_uninterrupted_run(tmp_path):
 
     fixed = {"steps": 5, "loop.mode": "async", "loop.max_lag": 1, "ckpt.every": 1, "ckpt.keep_last": 5}
     run_dir = tmp_path / "killed"
-    args = ray_args(run_dir, **fixed, **{"rollout.workers": 1, "ray.num_cpus": 2})
+    address = ray_cluster.get_runtime_context().gcs_address
+    args = ray_args(run_dir, **fixed, **{"rollout.workers": 1, "ray.address": address})
     proc = subprocess.Popen(_cmd(*args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     try:
@@ -47,6 +58,11 @@ def test_sigkilled_trainer_resumes_to_the_uninterrupted_run(tmp_path):
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert not (run_dir / "final").exists()
+    orphan = json.loads((run_dir / "rollout_workers.json").read_text())["workers"][0]["pid"]
+    deadline = time.monotonic() + 60
+    while _alive(orphan):  # Ray ends the actors of a dead driver
+        assert time.monotonic() < deadline, f"the dead trainer's worker (pid {orphan}) is still running"
+        time.sleep(0.5)
     resumed = subprocess.run(
         _cmd("--run_dir", str(run_dir), "--resume"), env=_env(), capture_output=True, text=True, timeout=600
     )
