@@ -226,7 +226,11 @@ def test_async_fixed_equals_stale_fifo():
     a = _drive(AsyncSource(recording(a_log), VersionEngine(delay=0.003), 2, schedule="fixed"), 8, train_delay=0.005)
     s = _drive(StaleSource(recording(s_log), VersionEngine(), 2), 8)
     assert [i["version_at_production"] for _, _, i in a] == [i["version_at_production"] for _, _, i in s]
-    assert {i: v for i, v in a_log if i < 10} == dict(s_log)
+    # batches past the last trained one (8, 9: the stale prefill; 8-10: async look-ahead) may or may not have been
+    # produced when the sources close; every batch both produced came from the same version
+    a_prod, s_prod = dict(a_log), dict(s_log)
+    both = a_prod.keys() & s_prod.keys()
+    assert set(range(8)) <= both and all(a_prod[i] == s_prod[i] for i in both)
 
 
 def test_async_free_schedule_stays_within_max_lag():
