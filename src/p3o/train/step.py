@@ -16,16 +16,21 @@ snapshot at the start of each epoch: decoupled PPO, two-anchor P3O), `ref_logp` 
 a step-scope ESS and M2PO's step-level threshold (a no-grad pass over the mini-batch before its backward passes).
 Statistics stay tensors until the end of the update and are synced once (one `.tolist()`).
 
-`update` is a short function over named phases, each testable on its own:
+The step is `UpdateStep`, built once per run (the objective resolved into an `ObjectiveCall`, the `UpdateSettings`,
+the reference model, the group, the monitor); `UpdateStep.run(batch, version)` is a short function over its phases,
+each a method testable on its own:
 
-    call    = resolve_objective(...)      # 0. the objective bound once, what it needs
-    plan    = plan_update(...)            # 1. checks; the mini-batches and their trimmed micro-batches
-    anchors = take_anchors(...)           # 2. snapshots π_θold, π_ref; the rollout correction's anchor and mask
-    for each epoch, mini-batch k:
-        scope = step_scope(...)           # 2b. π_prox (per epoch), global normalisers, step ESS / M2PO pre-pass
-        loss  = backward_micro_batches(...)   # 3. forward/backward per micro-batch, the monitor, the stats
-        optimizer_step(...)               #    all-reduce gradients, clip, step
+    plan    = self.plan(batch)            # 1. checks; ranks agree on the split; mini-batches of trimmed micro-batches
+    anchors = self.anchors(plan)          # 2. snapshots π_θold, π_ref; the rollout correction's anchor and mask
+    for each epoch:
+        prox_logp = self.prox(...)        #    π_prox: π_θold at epoch 0, a fresh snapshot after
+        for each mini-batch k:
+            scope = self.scope(...)       #    step ESS / M2PO pre-pass, global num_tokens / num_seqs
+            loss = self.backward(...)     # 3. forward/backward per micro-batch, the monitor fed, the stats added
+            self.optimizer_step()         #    all-reduce gradients, clip, step, schedule
     return stats.reduce(optimizer)        # 4. one sync of every statistic
+
+`update(...)` is its keyword form, for one call:
 
     stats = update(policy, optimizer, scheduler, batch, get_objective("p3o"), {}, micro_batch_size=8)
 """
