@@ -113,4 +113,7 @@ class EngineSettings:
     def for_engine(cls, kind: str, settings: EngineSettings | None, overrides: dict[str, Any]) -> EngineSettings:
         """What an engine of `kind` runs with: `settings` (else the defaults) with `overrides` (fields given as
         keywords) laid over it; an unknown keyword is a TypeError, as for any constructor."""
-        return dataclasses.replace(settings if settings is not None else cls(engine=kind), engine=kind, **overrides)
+        base = settings if settings is not None else cls(engine=kind)
+        if base.engine == kind and not overrides:
+            return base  # the caller's record itself: one record for every engine built from it
+        return dataclasses.replace(base, engine=kind, **overrides)
