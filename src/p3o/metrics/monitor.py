@@ -263,10 +263,10 @@ def _attribute(
         return "both", why
     if fresh_bad:
         return "engine", why
+    if fresh_bad is None and stale_bad is not None:
+        return "staleness", why + " (no lag-0 tokens in the window, so the engine's share is not measured)"
     if stale_bad or (fresh_bad is False and stale_bad is False):
         return "staleness", why
-    if fresh_bad is None and stale_bad is False:
-        return "staleness", why + " (no lag-0 tokens in the window, so the engine's share is not measured)"
     return "engine", why  # only fresh tokens were seen: lag 0 carries it
 
 
