@@ -2,7 +2,8 @@
 
     monitor = OffPolicyMonitor(max_len=64)                      # max_len: the response-length cap (position deciles)
     stats = monitor.update(logp, rollout_logp, mask, versions=versions, version=step, step=step)
-    # {"ess": 0.97, "ess_lag_0": 0.99, ..., "lag_mean": 1.4, "dlogp_pos_0": 0.01, ..., "finding_low_ess": 0.0}
+    # {"ess": 0.97, "ess_lag_0": 0.99, ..., "lag_mean": 1.4, "dlogp_pos_0": 0.01, ..., "finding_low_ess": 0.0,
+    #  "cause_low_ess": 0.0, ...}
     for f in monitor.findings: print(f.message)
 
 ``logp`` is the trainer's log π_θ(y_t) of the sampled tokens, ``rollout_logp`` the log-prob the rollout engine
@@ -25,10 +26,16 @@ The statistics (lr_t = logp_t − rollout_logp_t, ρ_t = e^{lr_t}, over valid to
   KL(π_rollout ‖ π_θ) on the rollout's samples (the objectives' ``approx_kl`` is another one, e^{−lr} + lr − 1);
 * ``m_mean``, ``m_frac_above_0_5``, ``m_frac_below_0_1``: MinPRO's prefix factor m_t = min_{j<t} ρ_j (1 at t = 0);
 * ``nonfinite_frac``: share of valid tokens whose log-probs were NaN or ±inf (left out of everything else);
-* ``tokens``: valid tokens counted; ``finding_<name>``: 1.0 while that finding fires (rules: :func:`find`).
+* the fresh (lag 0, suffix ``_lag_0``) and stale (lag ≥ 1, ``_stale``) tokens apart, with versions only
+  (:func:`split_keys`): ``tokens_*``, ``ess_stale``, ``dlogp_mean_*``, ``ratio_tails_*`` (share with ρ > 2 or
+  ρ < 0.5), ``ratio_max_*``, ``m_mean_*`` and ``dlogp_pos_<group>_<d>``: what attributes a finding to staleness
+  or to the engine;
+* ``tokens``: valid tokens counted; ``finding_<name>``: 1.0 while that finding fires (rules: :func:`find`);
+  ``cause_<name>``: its cause while it fires (:data:`CAUSES`: 1 staleness, 2 engine, 3 both, 4 weights not reaching
+  the engine, 5 undetermined), else 0.
 
 Empty sets give NaN (an ESS of an empty lag bucket, a decile no response reached). The findings follow the rules in
-:func:`find` over the last ``window`` steps; docs/metrics.md lists them with their thresholds.
+:func:`find` over the last ``window`` steps; docs/metrics.md lists them with their thresholds and the attribution.
 """
 
 from __future__ import annotations
