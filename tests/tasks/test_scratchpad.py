@@ -12,12 +12,7 @@ from p3o.tasks import load_task
 from p3o.tasks.arithmetic import split_of
 from p3o.tasks.scratchpad import PAD_LEVELS, is_level, load_scratchpad
 
-_EQ = re.compile(r"(\d+(?:\s*[-+]\s*\d+)+)\s*=\s*(-?\d+)")
-
-
-def _true(expr: str, value: str) -> bool:
-    """`expr` (digits joined by + / -) evaluates to `value`."""
-    return eval(expr) == int(value)
+_EQ = re.compile(r"^(?:[a-z]+:? )?(\d+) ([-+]) (\d+) = (\d+)$")
 
 
 @pytest.mark.parametrize("difficulty", list(PAD_LEVELS))
@@ -25,12 +20,13 @@ def test_every_worked_line_is_true_and_the_answer_checks(difficulty: str) -> Non
     problems = load_scratchpad("train", seed=3, n=200, difficulty=difficulty)
     assert len({p.meta["key"] for p in problems}) == 200
     for p in problems:
-        expr = p.prompt.removeprefix("What is ").removesuffix("?")
-        assert eval(expr) == int(p.answer) >= 0
-        assert p.solution.endswith(f"#### {p.answer}") and exact_int(p.solution, p.answer) == 1.0
-        equations = _EQ.findall(p.solution)
-        assert len(equations) >= 2 * PAD_LEVELS[difficulty][0]  # at least two columns per step
-        assert all(_true(e, v) for e, v in equations), p.solution
+        *lines, last = p.solution.splitlines()
+        assert last == f"#### {p.answer}" and exact_int(p.solution, p.answer) == 1.0
+        assert int(p.answer) == eval(p.meta["expression"])  # the generated + / - chain, evaluated left to right
+        for line in lines:
+            a, op, b, y = _EQ.match(line).groups()
+            assert (int(a) + int(b) if op == "+" else int(a) - int(b)) == int(y) >= 0, line
+        assert PAD_LEVELS[difficulty] <= len(lines) <= 2 * PAD_LEVELS[difficulty]  # a step, and maybe its check
 
 
 def test_deterministic_disjoint_splits_and_varied_wording() -> None:
@@ -39,10 +35,13 @@ def test_deterministic_disjoint_splits_and_varied_wording() -> None:
     test = load_task("arithmetic", "test", seed=0, n=100, difficulty="pad")
     assert {p.meta["key"] for p in train}.isdisjoint({p.meta["key"] for p in test})
     assert all(split_of(p.meta["key"]) == "test" for p in test)
-    first_lines = {p.solution.splitlines()[1].split(":")[0] for p in train}
-    assert {"ones", "c1"} <= first_lines  # one column written in several ways
-    carries = " ".join(p.solution for p in train)
-    assert all(phrase in carries for phrase in ("carry 1", "1 up", "+1 next", "borrow"))
+    text = "\n".join(p.solution for p in train)
+    assert all(word in text for word in ("check: ", "back: ", "so "))  # check lines in several wordings
+    firsts = [p.solution.splitlines()[0] for p in train if p.meta["expression"].split()[1] == "+"]
+    start = [p.meta["expression"].split()[0] for p in train if p.meta["expression"].split()[1] == "+"]
+    swapped = sum(not f.startswith(s + " ") for f, s in zip(firsts, start))
+    assert 0.3 < swapped / len(firsts) < 0.7  # an addition is written in either order
+    assert {p.meta["kind"] for p in train} == {"word", "expr"}
     assert load_task("arithmetic", "train", seed=1, n=5, difficulty="pad")[0].prompt != train[0].prompt
 
 
@@ -50,8 +49,8 @@ def test_responses_are_60_to_200_tokens_with_the_built_in_tokenizer() -> None:
     from p3o.models.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
-    lengths = [len(tok(p.solution)["input_ids"]) + 1 for p in load_task("arithmetic", "test", n=200, difficulty="pad")]
-    assert min(lengths) >= 60 and max(lengths) <= 200 and 90 <= sum(lengths) / len(lengths) <= 150
+    lengths = [len(tok(p.solution)["input_ids"]) + 1 for p in load_task("arithmetic", "test", n=300, difficulty="pad")]
+    assert min(lengths) >= 60 and max(lengths) <= 200 and 90 <= sum(lengths) / len(lengths) <= 130
 
 
 def test_levels_and_options() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
 from importlib import metadata
 from pathlib import Path
 
@@ -53,10 +54,10 @@ TESTBEDS: dict[str, dict] = {
         "difficulty": "pad",
         "sft": {
             "init": "tiny",
-            "train_levels": "pad-1,pad",
-            "steps": 150,
+            "train_levels": "pad",
+            "steps": 100,
             "batch_size": 16,
-            "lr": 2e-3,
+            "lr": 1e-3,
             "warmup_steps": 10,
             "max_new_tokens": 200,
         },
@@ -136,14 +137,17 @@ def code_version(sources: tuple[str, ...] = BASE_SOURCES, root: str | None = Non
 def base_key(size: str, task: str, difficulty: object, seed: int, recipe: str | None = None) -> str:
     """Cache key of a warm-started base: ``tiny-<size>-<task>-d<difficulty>-s<seed>-c<code_version>[-<recipe>]``.
 
-    A testbed's difficulty (TESTBEDS) is keyed by the code version of BASE_SOURCES + TESTBED_SOURCES.
+    A testbed's difficulty (TESTBEDS) is keyed by the code version of BASE_SOURCES + TESTBED_SOURCES and a hash of
+    its TESTBEDS entry (``...-c<version>-t<entry>``).
 
     `recipe` is the hash of a non-default warm-start recipe (`p3o.models.warmstart.recipe_hash`), None for the
     default.
     """
-    testbed = any(bed["difficulty"] == difficulty for bed in TESTBEDS.values())
-    version = code_version((*BASE_SOURCES, *TESTBED_SOURCES)) if testbed else code_version()
+    beds = [bed for bed in TESTBEDS.values() if bed["difficulty"] == difficulty]
+    version = code_version((*BASE_SOURCES, *TESTBED_SOURCES)) if beds else code_version()
     key = f"tiny-{size}-{task}-d{difficulty}-s{seed}-c{version}"
+    if beds:  # the testbed's default recipe lives here, outside the fingerprinted sources: key it too
+        key += "-t" + hashlib.sha256(json.dumps(beds[0], sort_keys=True).encode()).hexdigest()[:6]
     return f"{key}-{recipe}" if recipe else key
 
 

@@ -1,25 +1,22 @@
-"""The scratchpad testbed: multi-digit addition and subtraction chains solved column by column, in varied words.
+"""The scratchpad testbed: long addition / subtraction chains whose worked solution is written in varied ways.
 
-The same chains as the arithmetic task (`p3o.tasks.arithmetic`), but the worked solution does every step digit
-by digit, with carries and borrows, and each line is written in one of several equivalent ways drawn at random
-(which operand first, where the carry goes, which word writes the digit, how the step is summed up). So the SFT
-data holds genuine choices over many tokens: a warm-started policy stays uncertain (token entropy well above the
-main task's) while its answer after `####` stays checkable by the same `exact-int` verifier:
+The same kind of problem as the arithmetic task (`p3o.tasks.arithmetic`: a chain of one-digit additions and
+subtractions on a running value below 100, as a word problem or an expression), but longer (7 steps), and each
+step of the worked solution is written in one of several equivalent ways drawn at random: an addition in either
+operand order, and after any step, half of the time, a check line that undoes it. So the SFT data holds genuine
+choices on many lines: a policy warm-started on it stays uncertain over many tokens (which way to write the
+next line, whether to check) while its answer after `####` stays checkable by the same `exact-int` verifier:
 
-    What is 58 + 67 - 39?
-    58 + 67:
-    ones: 8 + 7 = 15, write 5 carry 1
-    tens: 1 + 5 + 6 = 12, write 12
-    so 58 + 67 = 125
-    125 - 39:
-    ones: 15 - 9 = 6, borrow 1
-    tens: 2 - 1 - 3 = -2 ...
+    What is 7 + 5 - 3 + 8 - 6 + 9?
+    5 + 7 = 12
+    check: 12 - 5 = 7
+    12 - 3 = 9
+    9 + 8 = 17
+    8 + 17 = ...
 
-(the exact wording above is one draw of many; see `step_lines`). Difficulties:
-
-* ``pad-1``: one such step (about 40–70 tokens): mixed into the warm start's data, it teaches the single step;
-* ``pad``: 2 steps of + / - on 2-digit operands (running values below 1000), about 90–170 tokens;
-* ``pad-hard``: 3 steps on 3-digit operands (running values below 10000), about 120–250 tokens.
+(one draw of many; see `step_lines`). Levels (`PAD_LEVELS`): ``pad-1`` 3 steps, ``pad`` 7 steps (responses of
+60–175 tokens with the built-in tokenizer, 108 on average), ``pad-hard`` 10 steps. The lines keep the arithmetic task's
+`x op b = y` form, so the main job's base (`tiny`) is a good starting point for the warm start.
 
 Splits are the arithmetic task's (a hash of the canonical chain), so no scratchpad test chain is trained on.
 
@@ -30,16 +27,14 @@ from __future__ import annotations
 
 import random
 
-from p3o.tasks.arithmetic import LEVELS, canonical, expression, split_of
+from p3o.tasks.arithmetic import LEVELS, canonical, expression, split_of, word_problem
 from p3o.tasks.base import Problem
 
 VERIFIER = "exact-int"
-PAD_LEVELS: dict[str, tuple[int, int]] = {"pad-1": (1, 2), "pad": (2, 2), "pad-hard": (3, 3)}  # -> (steps, digits)
-_PLACES = ["ones", "tens", "hundreds", "thousands", "ten-thousands"]
-_WRITE = ["write {d}", "put {d}", "{d} down", "keep {d}"]
-_CARRY = ["carry 1", "1 up", "+1 next"]
-_SUMMARY = ["so {y}", "= {y}", "{x}{op}{b}={y}", "gives {y}"]
-_HEADER = ["{x}{op}{b}:", "{x} {op} {b}:", "do {x}{op}{b}"]
+PAD_LEVELS: dict[str, int] = {"pad-1": 3, "pad": 7, "pad-hard": 10}  # name -> steps
+CAP = 100  # running values stay in [0, CAP)
+CHECK_P = 0.5  # share of steps followed by a check line
+_CHECK = ["check: {y} {inv} {b} = {x}", "{y} {inv} {b} = {x}", "back: {y} {inv} {b} = {x}", "so {y} {inv} {b} = {x}"]
 
 
 def is_level(difficulty: object) -> bool:
@@ -47,103 +42,51 @@ def is_level(difficulty: object) -> bool:
     return difficulty in PAD_LEVELS or (isinstance(difficulty, int) and difficulty in LEVELS)
 
 
-def _digits(x: int, width: int) -> list[int]:
-    """Least significant first, zero-padded to `width`."""
-    return [(x // 10**i) % 10 for i in range(width)]
-
-
-def _label(rng: random.Random, i: int) -> str:
-    return rng.choice([_PLACES[i], f"c{i + 1}"])
-
-
-def _join(rng: random.Random, terms: list[str], op: str) -> str:
-    """`terms` joined by `op`, tight ("5+9") or spaced ("5 + 9") at random."""
-    return (f" {op} " if rng.random() < 0.5 else op).join(terms)
-
-
-def add_lines(rng: random.Random, x: int, b: int) -> list[str]:
-    """Column addition of x + b, ones first, one line per column (and a last line for a final carry)."""
-    width = max(len(str(x)), len(str(b)))
-    xs, bs = _digits(x, width), _digits(b, width)
-    carry, lines = 0, []
-    for i in range(width):
-        terms = [str(xs[i]), str(bs[i])]
-        if rng.random() < 0.5:
-            terms.reverse()
-        if carry:
-            terms.insert(0 if rng.random() < 0.5 else 2, "1")
-        s = xs[i] + bs[i] + carry
-        last = i == width - 1
-        tail = rng.choice(_WRITE).format(d=s % 10 if not last else s)
-        if s >= 10 and not last:
-            tail += f", {rng.choice(_CARRY)}"
-        lines.append(f"{_label(rng, i)}: {_join(rng, terms, '+')}={s}, {tail}")
-        carry = 1 if s >= 10 else 0
-    return lines
-
-
-def sub_lines(rng: random.Random, x: int, b: int) -> list[str]:
-    """Column subtraction of x − b (x ≥ b), ones first, borrowing 10 from the next column when needed."""
-    width = len(str(x))
-    xs, bs = _digits(x, width), _digits(b, width)
-    borrow, lines = 0, []
-    for i in range(width):
-        top = xs[i] - borrow
-        need = top < bs[i]
-        d = top + 10 - bs[i] if need else top - bs[i]
-        terms = [str(xs[i]), *(["1"] if borrow else []), str(bs[i])]
-        if need:
-            terms[0] = f"1{xs[i]}"  # the column borrows ten: 4 - 7 becomes 14 - 7
-        body = f"{_join(rng, terms, '-')}={d}"
-        if need:
-            body = rng.choice(["borrow, {t}", "{t}, borrow", "{t} b1"]).format(t=body)
-        lines.append(f"{_label(rng, i)}: {body}, {rng.choice(_WRITE).format(d=d)}")
-        borrow = 1 if need else 0
-    return lines
-
-
 def step_lines(rng: random.Random, x: int, op: str, b: int) -> tuple[list[str], int]:
-    """The worked lines of one step `x op b` (header, columns, summary) and its value."""
+    """The worked lines of one step `x op b` and its value y.
+
+    The step line is `x + b = y` or `b + x = y` (either order, for +) or `x - b = y`; half of the time (CHECK_P) a
+    check line that undoes it follows, `y − b = x` (for +) or `y + b = x` (for −), in one of four wordings.
+    """
     y = x + b if op == "+" else x - b
-    cols = add_lines(rng, x, b) if op == "+" else sub_lines(rng, x, b)
-    head = rng.choice(_HEADER).format(x=x, op=op, b=b)
-    tail = rng.choice(_SUMMARY).format(x=x, op=op, b=b, y=y)
-    return [head, *cols, tail], y
+    line = f"{b} + {x} = {y}" if op == "+" and rng.random() < 0.5 else f"{x} {op} {b} = {y}"
+    lines = [line]
+    if rng.random() < CHECK_P:
+        lines.append(rng.choice(_CHECK).format(y=y, inv="-" if op == "+" else "+", b=b, x=x))
+    return lines, y
 
 
-def _sample_chain(rng: random.Random, steps: int, digits: int) -> tuple[int, list[tuple[str, int]]]:
-    """A start value and `steps` (op, operand) pairs with + / -; every value stays in [0, 10**(digits+1))."""
-    top, cap = 10**digits - 1, 10 ** (digits + 1)
-    start = x = rng.randint(10 ** (digits - 1), top)
+def sample_chain(rng: random.Random, steps: int) -> tuple[int, list[tuple[str, int]]]:
+    """A one-digit start value and `steps` (op, one-digit operand) pairs; every value stays in [0, CAP)."""
+    start = x = rng.randint(1, 9)
     chain: list[tuple[str, int]] = []
     for _ in range(steps):
-        op = "-" if x >= 10 ** (digits - 1) and rng.random() < 0.5 else "+"
-        if op == "+":
-            b = rng.randint(10 ** (digits - 1), min(top, cap - 1 - x))
-            x += b
-        else:
-            b = rng.randint(1, min(top, x))
-            x -= b
+        ops = [op for op in "+-" if (op == "+" and x + 1 < CAP) or (op == "-" and x >= 1)]
+        op = rng.choice(ops)
+        b = rng.randint(1, min(9, CAP - 1 - x)) if op == "+" else rng.randint(1, min(9, x))
         chain.append((op, b))
+        x = x + b if op == "+" else x - b
     return start, chain
 
 
 def make_pad_problem(rng: random.Random, start: int, chain: list[tuple[str, int]], difficulty: str) -> Problem:
-    """The chain as "What is <expr>?" with a scratchpad solution ending in `#### <answer>`."""
+    """The chain as a word problem or "What is <expr>?" (half each) with a scratchpad ending in `#### <answer>`."""
+    kind = rng.choice(("word", "expr"))
+    expr = expression(start, chain)
+    prompt = word_problem(rng, start, chain) if kind == "word" else f"What is {expr}?"
     x, lines = start, []
     for op, b in chain:
         step, x = step_lines(rng, x, op, b)
         lines += step
-    expr = expression(start, chain)
     return Problem(
-        prompt=f"What is {expr}?",
+        prompt=prompt,
         answer=str(x),
         solution="\n".join([*lines, f"#### {x}"]),
         meta={
             "verifier": VERIFIER,
             "answer_format": "####",
             "source": "arithmetic",
-            "kind": "pad",
+            "kind": kind,
             "difficulty": difficulty,
             "expression": expr,
             "key": canonical(start, chain),
@@ -153,18 +96,14 @@ def make_pad_problem(rng: random.Random, start: int, chain: list[tuple[str, int]
 
 def load_scratchpad(split: str, *, seed: int = 0, n: int = 1000, difficulty: str = "pad") -> list[Problem]:
     """`n` distinct problems of `split` ("train" | "test"), deterministic in (split, seed, n, difficulty)."""
-    steps, digits = PAD_LEVELS[difficulty]
+    steps = PAD_LEVELS[difficulty]
     rng = random.Random(f"p3o-scratchpad|{split}|{seed}|{difficulty}")
     out: list[Problem] = []
     seen: set[str] = set()
-    misses = 0
     while len(out) < n:
-        start, chain = _sample_chain(rng, steps, digits)
+        start, chain = sample_chain(rng, steps)
         key = canonical(start, chain)
-        if split_of(key) != split:
-            continue
-        if key in seen and misses < 2000:
-            misses += 1
+        if split_of(key) != split or key in seen:
             continue
         seen.add(key)
         out.append(make_pad_problem(rng, start, chain, difficulty))
