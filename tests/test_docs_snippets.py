@@ -177,8 +177,31 @@ def _figure_sites() -> list:
                     if drop in opts:
                         i = args.index(drop)
                         del args[i : i + 2]
-                out.append(pytest.param(path, n, kind, args, id=f"{path.relative_to(ROOT)}:{n + 1}"))
+                marks = _isa_skip(lines, n) if opts.get("--model") == "tiny" else ()
+                out.append(pytest.param(path, n, kind, args, id=f"{path.relative_to(ROOT)}:{n + 1}", marks=marks))
     return out
+
+
+_ISA_TAG = re.compile(r"measured on (?:the |an? )?(AVX-512|AVX2)", re.IGNORECASE)
+
+
+def _isa_skip(lines: list[str], start: int, within: int = 14) -> tuple:
+    """A skip mark for a tiny-model table measured on another CPU kind than this one.
+
+    The warm-started tiny base is trained on this machine, and AVX2-only and AVX-512 CPUs build different bases from
+    the same code (docs/main-job.md), so a table of `--model tiny` says which kind it was measured on ("measured on
+    the AVX2 box" / "AVX-512"), and only a machine of that kind can regenerate it; an untagged table is compared."""
+    from p3o.rollout.capabilities import cpu_isa
+
+    text = " ".join(lines[start : start + within])
+    m = _ISA_TAG.search(text)
+    if m is None:
+        return ()
+    here = "AVX-512" if cpu_isa().avx512 else "AVX2"
+    there = m.group(1).upper()
+    if there == here:
+        return ()
+    return (pytest.mark.skip(reason=f"a tiny-model table measured on an {there} CPU; this one is {here}"),)
 
 
 _REGENERATED: dict[tuple, list[dict[str, str]]] = {}
