@@ -111,11 +111,13 @@ def test_eval_cli_writes_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         "p3o.models.load_policy", lambda name, **kw: (torch.nn.Linear(1, 1), CharTokenizer()), raising=False
     )
     monkeypatch.setattr("p3o.tasks.sources.load_task", lambda *a, n=None, **kw: problems[:n])  # what p3o eval calls
-    out = tmp_path / "e.json"
-    argv = ["eval", "--model", "m", "--n-samples", "4", "--k", "1,4", "--n-problems", "3", "--out", str(out)]
+    out, model = tmp_path / "e.json", tmp_path / "m"
+    model.mkdir()  # a local model directory (the name check runs before load_policy)
+    (model / "config.json").write_text("{}")
+    argv = ["eval", "--model", str(model), "--n-samples", "4", "--k", "1,4", "--n-problems", "3", "--out", str(out)]
     assert p3o_main([*argv, "--quiet"]) == 0
     d = json.loads(out.read_text())
-    assert d["n_problems"] == 3 and d["correct"] == CORRECT[:3] and d["model"] == "m"
+    assert d["n_problems"] == 3 and d["correct"] == CORRECT[:3] and d["model"] == str(model)
     assert d["pass_at_k"]["4"] == pytest.approx(2 / 3)
 
 

@@ -173,17 +173,18 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
 
         # a name, or a setting this machine's rollout backend cannot run, stops here, before any model loads
         check_model_name(cfg.model.name)
-        if cfg.rollout.engine == "vllm" and not cfg.rollout.workers and importlib.util.find_spec("vllm") is None:
-            raise ConfigError(  # the workers' interpreter is checked by the Ray preflight (ray.worker_python)
-                "rollout.engine: 'vllm' needs vLLM in this interpreter: on a GPU `pip install \"p3o[vllm]\"`; on a "
-                "CPU build .venv-vllm with `bash scripts/vllm_env.sh` and run p3o from it (docs/vllm.md)"
-            )
+        # what this machine cannot run at all comes before what an install would fix
         check_rollout_backend(
             engine=cfg.rollout.engine,
             kv_cache_dtype=cfg.rollout.kv_cache_dtype,
             model_name=cfg.model.name,
             device=cfg.model.device,
         )
+        if cfg.rollout.engine == "vllm" and not cfg.rollout.workers and importlib.util.find_spec("vllm") is None:
+            raise ConfigError(  # the workers' interpreter is checked by the Ray preflight (ray.worker_python)
+                "rollout.engine: 'vllm' needs vLLM in this interpreter: on a GPU `pip install \"p3o[vllm]\"`; on a "
+                "CPU build .venv-vllm with `bash scripts/vllm_env.sh` and run p3o from it (docs/vllm.md)"
+            )
         from p3o import dist
         from p3o.train.checkpoint import CheckpointWarning, run_outputs
         from p3o.train.loop import run
