@@ -298,6 +298,12 @@ def verl_ppo_loss_call_site() -> None:
     assert abs(metrics["actor/offpolicy/ess"] - stats["ess"].item()) < 1e-6, metrics["actor/offpolicy/ess"]
     assert metrics["actor/offpolicy/tokens"] == n_tok and "actor/offpolicy/dlogp_pos_0" in metrics
     assert "actor/offpolicy/finding_low_ess" in metrics and not any("lag" in k for k in metrics if "offpolicy" in k)
+    assert not any("stale" in k for k in metrics if "offpolicy" in k)  # no versions: no fresh / stale split
+    # each finding's cause rides along too: 0 while it does not fire, 5 (undetermined: no lags) while it does
+    causes = {k: v for k, v in metrics.items() if k.startswith("actor/offpolicy/cause_")}
+    assert "actor/offpolicy/cause_low_ess" in causes and set(causes.values()) <= {0.0, 5.0}, causes
+    fired = {k.rsplit("finding_", 1)[1] for k, v in metrics.items() if "offpolicy/finding_" in k and v == 1.0}
+    assert all(causes[f"actor/offpolicy/cause_{n}"] == 5.0 for n in fired), (fired, causes)
 
 
 @check
