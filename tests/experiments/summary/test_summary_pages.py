@@ -125,3 +125,18 @@ def test_the_index_shows_the_seed_ledger_amendments_and_looks() -> None:
     assert "| stale | lm | 300–305 |" in index and "| vllm-earlier-run | lm | 0–5 |" in index
     assert "- Amendment of **lag** (2026-12-01T06:09:54+00:00, commit `cb9a3c4`" in index
     assert "- Look at **stale** by stale-variants (seeds 300, 301," in index
+
+
+def test_a_report_whose_verdicts_todays_rule_changes_gets_a_generated_block(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[3]
+    report = (root / "docs" / "results" / "lm.md").read_text()
+    head = report.split("<!-- todays-rule:begin -->")[0]
+    (tmp_path / "lm.md").write_text(head)
+    (tmp_path / "lm.verdicts.json").write_bytes((root / "docs" / "results" / "lm.verdicts.json").read_bytes())
+    for _ in range(2):  # idempotent: the block is replaced in place, the report above it kept byte for byte
+        assert main([str(tmp_path / "lm.verdicts.json"), "--out", str(tmp_path / "v.md")]) == 0
+    text = (tmp_path / "lm.md").read_text()
+    assert text.startswith(head) and text.count("<!-- todays-rule:begin -->") == 1
+    row = "| c-fp8 | fp8-rollout | p3o | grpo-tm-0.4 | final_reward | 6 | +0.006 [-0.004, +0.016] | inconclusive |"
+    assert row + " **negligible** |" in text
+    assert text.endswith("<!-- todays-rule:end -->\n") and report.endswith(text[len(head) :])

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from p3o.errors import ConfigError
-from p3o.experiments.summary.blocks import update_readme
+from p3o.experiments.summary.blocks import update_readme, write_block
 from p3o.experiments.summary.claims import load_mapping, plot_forest, render_claims, summary_lines
-from p3o.experiments.summary.pages import load, render_block, render_index, render_page
+from p3o.experiments.summary.pages import Study, load, redecided_lines, render_block, render_index, render_page
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _mark_reports(studies: list[Study]) -> None:
+    """Append to each report whose stored verdicts today's rule decides otherwise a generated block saying so
+    (``<!-- todays-rule:begin -->`` … ``end``; the rest of the report is kept byte for byte)."""
+    for study in studies:
+        lines = redecided_lines(study)
+        report = study.path.with_name(study.name + ".md")
+        if lines and report.is_file():
+            write_block(report, "todays-rule", "\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write the pages; exit 2 with one line on a missing or malformed verdict file or README block."""
     argv = sys.argv[1:] if argv is None else argv
@@ -54,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m p3o.experiments.summary " + " ".join(argv)
     try:
         studies = load(args.verdicts)
+        _mark_reports(studies)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(render_page(studies, command))
         pages = {"every verdict": args.out}

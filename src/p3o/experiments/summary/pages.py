@@ -96,6 +96,29 @@ def redecide(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def redecided_lines(study: Study) -> list[str]:
+    """Markdown saying which of the study's verdicts today's rule decides otherwise than its report ([] if none)."""
+    changed = [r for r in study.records if r.get("verdict_report")]
+    if not changed:
+        return []
+    lines = [
+        "## Verdicts under today's rule",
+        "",
+        "Re-taken by `python -m p3o.experiments.summary` from the stored paired results of this report's verdict "
+        "file, within its own Holm families: this report was written under an older decision rule and its runs are "
+        "not committed, so it cannot be regenerated. Where today's rule decides otherwise:",
+        "",
+        "| claim | regime | A | B | metric | n | A − B [95% CI] | this report | today's rule |",
+        "|---|---|---|---|---|---:|---|---|---|",
+    ]
+    for r in changed:
+        lines.append(
+            f"| {r['claim']} | {r['regime']} | {r['a']} | {r['b']} | {r['metric']} | {r['n']} | {_ci(r)} | "
+            f"{r['verdict_report']} | **{r['verdict']}** |"
+        )
+    return lines
+
+
 def _primary(r: dict[str, Any]) -> bool:
     return r.get("role", "primary") == "primary"
 
