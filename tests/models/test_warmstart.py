@@ -65,6 +65,14 @@ def test_a_testbed_is_keyed_by_its_generator_too_the_main_base_is_not() -> None:
     assert both != code_version()
 
 
+def test_a_changed_testbed_recipe_is_a_new_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = base_key("1m", "arithmetic", "pad", 0)
+    changed = {**TESTBEDS["pad"], "sft": {**TESTBEDS["pad"]["sft"], "steps": 7}}
+    monkeypatch.setitem(TESTBEDS, "pad", changed)
+    assert base_key("1m", "arithmetic", "pad", 0) != before  # the recipe is not in the fingerprinted sources
+    assert base_key("1m", "arithmetic", 2, 0).endswith(f"-c{code_version()}")  # the main base's key is unmoved
+
+
 def test_init_starts_from_the_given_weights(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     cfg = replace(ws.SFTConfig(), steps=1, batch_size=2, warmup_steps=1, lr=1e-9, max_new_tokens=4)
