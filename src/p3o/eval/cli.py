@@ -21,7 +21,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+from p3o.config import TaskConfig, load_config
+from p3o.dist import resolve_device
 from p3o.errors import ConfigError
+from p3o.eval.runner import evaluate, find_run
+from p3o.models import load_policy
+from p3o.models.hub import check_model_name
+from p3o.rollout.settings import EngineSettings
+from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
+from p3o.tasks.sources import eval_source
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,9 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def print_table(result_dict: dict) -> None:
     """A rich table of one evaluation result."""
-    from rich.console import Console
-    from rich.table import Table
-
     r = result_dict
     table = Table(title=f"{r['task']}/{r['split']}: {r['n_problems']} problems × {r['n_samples']} samples")
     table.add_column("metric")
@@ -116,8 +124,7 @@ def print_table(result_dict: dict) -> None:
 
 
 def _run_config(run_dir: Path) -> Any:
-    from p3o.config import load_config
-
+    """The run's own config (its config.yaml), or a `--model` error naming what could not be read."""
     try:
         return load_config(["--config", str(run_dir / "config.yaml")])
     except ConfigError as err:
@@ -130,7 +137,6 @@ def task_settings(args: argparse.Namespace, run_cfg: Any = None) -> Any:
     On a run, `--task` names the evaluation data (`task.eval_name`), so the run's training rows stay excluded;
     without a run it is the task itself (a single file: its held-out rows, like training on it would use).
     """
-    from p3o.config import TaskConfig
 
     task = dataclasses.replace(run_cfg.task if run_cfg is not None else TaskConfig())
     if args.task is not None:
@@ -161,9 +167,8 @@ def task_settings(args: argparse.Namespace, run_cfg: Any = None) -> Any:
     return task
 
 
-def main(argv: list[str]) -> int:
-    """Run `p3o eval`; returns the exit code (bad options raise ConfigError → exit 2 via p3o.cli)."""
-    args = build_parser().parse_args(argv)
+def _check_args(args: argparse.Namespace) -> None:
+    """One-line errors, naming the option, for values `p3o eval` cannot use."""
     for name in ("n_samples", "max_new_tokens", "batch_prompts"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -175,16 +180,15 @@ def main(argv: list[str]) -> int:
     too_big = [k for k in args.k if k > args.n_samples]
     if too_big:
         raise ConfigError(f"--k: {too_big} exceed --n-samples {args.n_samples}")
-    from p3o.dist import resolve_device
-    from p3o.eval.runner import evaluate, find_run
-    from p3o.rollout.settings import EngineSettings
-    from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
-    from p3o.tasks.sources import eval_source
+
+
+def main(argv: list[str]) -> int:
+    """Run `p3o eval`; returns the exit code (bad options raise ConfigError → exit 2 via p3o.cli)."""
+    args = build_parser().parse_args(argv)
+    _check_args(args)
 
     policy_dir, run_dir = find_run(args.model)
     if run_dir is None:  # a model name or path, not a run: refused in one line before anything loads
-        from p3o.models.hub import check_model_name
-
         check_model_name(args.model, key="--model")
     run_cfg = _run_config(run_dir) if run_dir is not None else None
     task = task_settings(args, run_cfg)
@@ -210,8 +214,6 @@ def main(argv: list[str]) -> int:
         "reward_timeout_s": task.reward_timeout_s,
         "device": device,
     }
-    from p3o.models import load_policy
-
     model_name = str(policy_dir) if run_dir is not None else args.model
     cache_dir = run_cfg.model.cache_dir if run_cfg is not None else None
     model, tokenizer = load_policy(model_name, **({"cache_dir": cache_dir} if cache_dir else {}))
