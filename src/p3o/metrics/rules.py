@@ -1,0 +1,586 @@
+"""The off-policy findings: their rules, thresholds and causes, over rows of monitor statistics.
+
+`find(rows)` reads the statistics :class:`p3o.metrics.monitor.OffPolicyMonitor` logs (one mapping per step) and
+returns the :class:`Finding` s that fire, each attributed to a cause (:data:`CAUSES`) by comparing the fresh tokens
+(lag 0) with the stale ones: staleness when the stale buckets carry it and lag 0 is clean, the engine when lag 0
+carries it, both, weights not reaching the engine (fresh mismatch growing after each weight push), or undetermined
+without lag information. `suggest(name, cause, source)` names the fix in the words of the trainer that logged the
+rows (p3o, TRL, verl). The same rules serve the live monitor and ``p3o doctor``; docs/metrics.md lists them with
+their thresholds.
+
+    findings = find(rows, window=20)           # rows: [{"ess": 0.93, "ess_lag_0": 1.0, ...}, ...]
+    for f in findings: print(f.name, f.cause, f.message)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Lag buckets (inclusive lower, inclusive upper; None = no upper bound) and their key suffixes.
+LAG_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 0), (1, 1), (2, 3), (4, 7), (8, None))
+N_POSITION_BUCKETS = 10
+LAG_HIST_BINS = 32
+
+
+def lag_bucket_names() -> list[str]:
+    """Key suffixes of :data:`LAG_BUCKETS`: ``0``, ``1``, ``2_3``, ``4_7``, ``8_plus``."""
+    return [f"{lo}" if hi == lo else (f"{lo}_plus" if hi is None else f"{lo}_{hi}") for lo, hi in LAG_BUCKETS]
+
+
+_SPLIT = ("tokens", "ess", "dlogp_mean", "ratio_tails", "ratio_max", "m_mean")
+
+
+def split_keys() -> list[str]:
+    """The keys that split a step's tokens into fresh (lag 0, suffix ``_lag_0``) and stale (lag ≥ 1, ``_stale``)
+    ones, position deciles included: ``tokens_lag_0``, ``ess_stale``, ..., ``dlogp_pos_stale_9`` (``ess_lag_0`` is
+    also a lag bucket's)."""
+    keys = [f"{k}_{g}" for k in _SPLIT for g in ("lag_0", "stale")]
+    keys += [f"dlogp_pos_{g}_{d}" for g in ("lag_0", "stale") for d in range(N_POSITION_BUCKETS)]
+    return keys
+
+
+# ----------------------------------------------------------------------------------------------------- findings
+
+#: Causes a finding is attributed to, and the number its ``cause_<name>`` key carries (0: the finding does not fire).
+CAUSES: dict[str, int] = {"staleness": 1, "engine": 2, "both": 3, "sync": 4, "undetermined": 5}
+#: How the causes read in a verdict line and a table.
+CAUSE_TEXT: dict[str, str] = {
+    "staleness": "staleness",
+    "engine": "engine mismatch",
+    "both": "staleness and engine mismatch",
+    "sync": "weights not reaching the engine",
+    "undetermined": "staleness or engine mismatch (no lag recorded)",
+}
+#: Where the fixes live, per trainer (the source the metrics came from): the settings a suggestion names.
+SOURCES = ("p3o", "trl", "verl")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One named finding: what fired, the rule and threshold it used, the numbers, its cause and what to do.
+
+    Attributes:
+        name: the rule's name (``low_ess``, ``ess_collapse``, ``weights_not_synced``, ...; docs/metrics.md).
+        message: one plain-language line, the threshold included.
+        evidence: the numbers behind it, the fresh (lag 0) and stale (lag ≥ 1) tokens' shares included.
+        suggestion: what to change, in the words of the trainer the metrics came from (``source``).
+        cause: a key of :data:`CAUSES`: ``staleness`` (the stale tokens carry it, lag 0 is clean), ``engine`` (the
+            fresh tokens carry it), ``both``, ``sync`` (the engine's weights do not follow the trainer's) or
+            ``undetermined`` (no token lags were recorded).
+        steps: the steps a single-step finding fired on (``ess_collapse``: "4", "row 7"), else empty.
+    """
+
+    name: str
+    message: str
+    evidence: str
+    suggestion: str
+    cause: str = "undetermined"
+    steps: tuple[str, ...] = ()
+
+    @property
+    def cause_code(self) -> int:
+        """The cause as a number for JSONL / TensorBoard (:data:`CAUSES`)."""
+        return CAUSES[self.cause]
+
+
+#: Thresholds of the rules in :func:`find` (docs/metrics.md "Off-policy findings").
+RULES: dict[str, float] = {
+    "ess_threshold": 0.9,  # low_ess: ESS below this ...
+    "ess_share": 0.5,  # ... on more than this share of the window's steps
+    "ess_floor": 0.2,  # ess_collapse: any single step with ESS below this ...
+    "ratio_ceiling": 1e3,  # ... or a ratio above this
+    "drift_factor": 3.0,  # position_drift: last decile's |Δlogp| ≥ this × the first decile's ...
+    "drift_floor": 0.03,  # ... and ≥ this (nats): fp32 noise and the small drift of a lag-2 batch stay silent
+    "drift_support": 0.5,  # ... over the deciles that at least this share of the window's steps reached
+    "tail_share": 0.01,  # ratio_tails: share of tokens with ρ > 2 or ρ < 0.5 above this (window mean)
+    "m_floor": 0.5,  # prefix_decay: window mean of MinPRO's m_t below this
+    "fresh_dlogp": 5e-4,  # engine_mismatch: median over the window's steps of the fresh tokens' mean |Δlogp| (nats)
+    "stale_margin": 2.0,  # attribution: stale tokens carry a finding when their excess is ≥ this × the fresh ones'
+    "sync_min_steps": 4,  # weights_not_synced: at least this many steps with fresh (lag-0) tokens ...
+    "sync_trend": 0.5,  # ... the fresh tokens' |Δlogp| trends up with the step: Kendall's τ at least this ...
+    "sync_factor": 2.0,  # ... its last third's mean is ≥ this × its first third's ...
+    "sync_floor": 0.02,  # ... and ≥ this (nats)
+}
+
+# what to do, per cause and trainer: (staleness, engine, sync). "generic": a loop of one's own.
+_FIX: dict[str, dict[str, str]] = {
+    "staleness": {
+        "p3o": "lower loop.max_lag (async; loop.staleness in stale mode) and update.epochs / update.num_mini_batches",
+        "trl": "lower GRPOConfig.steps_per_generation (toward gradient_accumulation_steps) and num_iterations "
+        "(toward 1)",
+        "verl": "lower async_training.staleness_threshold (fully async) and actor_rollout_ref.actor.ppo_epochs / the "
+        "mini-batches per step",
+        "generic": "train on fresher data: fewer optimizer steps per generated batch, a smaller maximum lag",
+    },
+    "engine": {
+        "p3o": "record rollout log-probs in fp32 (rollout.precision fp32, rollout.kv_cache_dtype auto), "
+        "rollout.logprob_mode processed with top-p/top-k, train.temperature equal to rollout.temperature",
+        "trl": "keep the ratio against vLLM's own log-probs (P3OGRPOTrainer does; a plain GRPOTrainer: "
+        "vllm_importance_sampling_correction=True, its default); colocated vLLM runs in bf16 whatever the "
+        "checkpoint (TRL passes it no dtype): for fp32 log-probs serve it with `trl vllm-serve --dtype float32` "
+        "(vllm_mode='server', with --kv-cache-dtype auto)",
+        "verl": "actor_rollout_ref.rollout.dtype float32 (or bfloat16 on both sides), and "
+        "algorithm.rollout_correction (rollout_is=token, rollout_is_threshold=inf) so the ratio sees the mismatch",
+        "generic": "record the engine's log-probs in fp32, with the trainer's temperature and processed log-probs "
+        "under top-p/top-k",
+    },
+    "sync": {
+        "p3o": "the engine's load_weights is not taking the pushed weights (LoRA adapters not merged? a quantised "
+        "copy not re-quantised?): compare the engine's log-probs with the trainer's right after a push",
+        "trl": "TRL's weight sync is not reaching vLLM (LoRA not merged, a repacked CPU backend): use "
+        "P3OGRPOTrainer (its CheckedVLLMSync probes the sync) or p3o.integrations.trl.reload_vllm_weights",
+        "verl": "verl's weight sync is not reaching the rollout engine (LoRA adapters, e.g. verl #7495: check "
+        "actor_rollout_ref.rollout.load_format and layered_summon)",
+        "generic": "the rollout engine is not loading the pushed weights: check the weight sync",
+    },
+}
+
+_OBJECTIVE_ADVICE = {
+    "staleness": "train with a soft objective (P3O, MinPRO, CISPO, M2PO), not a hard clip (docs/metrics.md, "
+    "'Which objective when')",
+    "engine": "with a mismatched engine use P3O or a wide clip",
+}
+
+_EXTRA = {
+    "position_drift": "suspect the KV cache or attention precision (an FP8 KV cache: kv_cache_dtype auto); shorter "
+    "responses; P3O's ESS cap bounds the late tokens' weights",
+    "prefix_decay": "MinPRO-style prefix weights would silence the later tokens of long responses",
+    "nonfinite": "NaN/inf log-probs: check the engine's dtype and the tokenizer (ids out of the vocabulary)",
+    "kl_clamped": "ratios beyond e^20: a tokenizer, temperature or precision mismatch between engine and trainer",
+    "ess_degenerate": "empty or non-finite ESS sums: NaN/inf log-probs somewhere",
+}
+
+
+def suggest(name: str, cause: str, source: str | None = None) -> str:
+    """What to do about finding ``name`` with ``cause``, naming the settings of ``source`` (``p3o``, ``trl``,
+    ``verl``; None: generic words)."""
+    src = source if source in SOURCES else "generic"
+    parts = []
+    if name in _EXTRA and (name != "position_drift" or cause in ("engine", "both", "undetermined")):
+        parts.append(_EXTRA[name])
+    if cause in ("staleness", "both", "undetermined"):
+        parts.append(_FIX["staleness"][src] + "; " + _OBJECTIVE_ADVICE["staleness"])
+    if cause in ("engine", "both", "undetermined") and name not in ("nonfinite", "kl_clamped", "ess_degenerate"):
+        parts.append(_FIX["engine"][src] + "; " + _OBJECTIVE_ADVICE["engine"])
+    if cause == "sync":
+        parts.append(_FIX["sync"][src])
+    text = "; ".join(parts)
+    return ("staleness or engine (no lag recorded): " + text) if cause == "undetermined" else text
+
+
+def _vals(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    out = []
+    for r in rows:
+        v = r.get(key)
+        if isinstance(v, int | float) and math.isfinite(float(v)):
+            out.append(float(v))
+    return out
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if s else math.nan
+
+
+def _has_lags(rows: Sequence[Mapping[str, Any]]) -> bool:
+    return bool(_vals(rows, "lag_mean") or _vals(rows, "tokens_lag_0") or _vals(rows, "tokens_stale"))
+
+
+def _attribute(
+    rows: Sequence[Mapping[str, Any]], fresh_bad: bool | None, stale_bad: bool | None, why: str
+) -> tuple[str, str]:
+    """(cause, one line of evidence) from whether the fresh (lag 0) and the stale (lag ≥ 1) tokens carry a finding.
+
+    None: that group had no tokens in the window (or the rows predate the split keys). Fresh tokens carry it ->
+    ``engine`` (``both`` when the stale ones carry it too, beyond what the engine explains); only the stale ones ->
+    ``staleness``, also when neither carries it alone but the fresh ones are clean (the mix of the two does); no
+    lags recorded -> ``undetermined``.
+    """
+    if not _has_lags(rows):
+        return "undetermined", "no token lags recorded, so fresh and stale tokens cannot be told apart"
+    lag = _mean(_vals(rows, "lag_mean"))
+    if stale_bad is None and not _vals(rows, "tokens_stale") and not math.isnan(lag) and lag > 0.5:
+        # rows without the stale split (recorded before it existed) but with stale tokens: the mix carries it
+        stale_bad = fresh_bad is not True
+        why += f" (mean lag {lag:.2f})"
+    if fresh_bad and stale_bad:
+        return "both", why
+    if fresh_bad:
+        return "engine", why
+    if fresh_bad is None and stale_bad is not None:
+        return "staleness", why + " (no lag-0 tokens in the window, so the engine's share is not measured)"
+    if stale_bad or (fresh_bad is False and stale_bad is False):
+        return "staleness", why
+    return "engine", why  # only fresh tokens were seen: lag 0 carries it
+
+
+def _fmt_opt(x: float, spec: str = ".3f") -> str:
+    return "n/a" if math.isnan(x) else format(x, spec)
+
+
+def _ess_low_share(values: list[float], th: Mapping[str, float]) -> float:
+    return sum(e < th["ess_threshold"] for e in values) / len(values) if values else math.nan
+
+
+def _low_ess(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    ess = _vals(rows, "ess")
+    if not ess:
+        return None
+    low = sum(e < th["ess_threshold"] for e in ess)
+    if low <= th["ess_share"] * len(ess):
+        return None
+    fresh, stale = _vals(rows, "ess_lag_0"), _vals(rows, "ess_stale")
+    f_med, s_med = _median(fresh), _median(stale)
+    f_bad = None if not fresh else _ess_low_share(fresh, th) > th["ess_share"]
+    s_bad = (
+        None
+        if not stale
+        else (
+            _ess_low_share(stale, th) > th["ess_share"]
+            and (math.isnan(f_med) or (1 - s_med) >= th["stale_margin"] * (1 - f_med))
+        )
+    )
+    why = f"median ESS of fresh tokens {_fmt_opt(f_med)}, of stale tokens {_fmt_opt(s_med)}"
+    cause, why = _attribute(rows, f_bad, s_bad, why)
+    return Finding(
+        "low_ess",
+        f"ESS below {th['ess_threshold']} on {low} of {len(ess)} steps (threshold: more than {th['ess_share']:.0%})",
+        f"ess min {min(ess):.3f}, mean {_mean(ess):.3f}; {why}",
+        "",
+        cause,
+    )
+
+
+def _step_of(row: Mapping[str, Any], index: int) -> str:
+    v = row.get("step")
+    return str(int(v)) if isinstance(v, int | float) and math.isfinite(float(v)) else f"row {index + 1}"
+
+
+def _ess_collapse(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    hits = []
+    for i, r in enumerate(rows):
+        e, mx = r.get("ess"), r.get("ratio_max")
+        low = isinstance(e, int | float) and math.isfinite(e) and e < th["ess_floor"]
+        high = isinstance(mx, int | float) and math.isfinite(mx) and mx > th["ratio_ceiling"]
+        if low or high:
+            hits.append((i, r, low, high))
+    if not hits:
+        return None
+
+    def bad(r: Mapping[str, Any], suffix: str) -> bool | None:
+        e, mx, n = r.get(f"ess_{suffix}"), r.get(f"ratio_max_{suffix}"), r.get(f"tokens_{suffix}")
+        if not isinstance(n, int | float) or not n > 0:
+            return None
+        return bool(
+            (isinstance(e, int | float) and math.isfinite(e) and e < th["ess_floor"])
+            or (isinstance(mx, int | float) and math.isfinite(mx) and mx > th["ratio_ceiling"])
+        )
+
+    shown = []
+    f_any: bool | None = None
+    s_any: bool | None = None
+    for i, r, low, high in hits:
+        what = []
+        if low:
+            what.append(f"ESS {float(r['ess']):.3f}")
+        if high:
+            what.append(f"max ratio {float(r['ratio_max']):.3g}")
+        shown.append(f"step {_step_of(r, i)}: {', '.join(what)}")
+        fb, sb = bad(r, "lag_0"), bad(r, "stale")
+        if fb is not None:
+            f_any = bool(f_any) or fb
+        if sb is not None:
+            s_any = bool(s_any) or sb
+    fresh = [r.get("ess_lag_0") for _, r, _, _ in hits]
+    stale = [r.get("ess_stale") for _, r, _, _ in hits]
+    why = (
+        "fresh tokens' ESS at those steps "
+        + " ".join(_fmt_opt(float(v)) if isinstance(v, int | float) else "n/a" for v in fresh)
+        + ", stale tokens' "
+        + " ".join(_fmt_opt(float(v)) if isinstance(v, int | float) else "n/a" for v in stale)
+    )
+    cause, why = _attribute(rows, f_any, s_any, why)
+    steps = ", ".join(_step_of(r, i) for i, r, _, _ in hits[:8]) + (" …" if len(hits) > 8 else "")
+    return Finding(
+        "ess_collapse",
+        f"ESS collapsed at step {steps} (any single step with ESS < {th['ess_floor']:g} or a ratio > "
+        f"{th['ratio_ceiling']:g})",
+        "; ".join(shown[:8]) + f"; {why}",
+        "",
+        cause,
+        tuple(_step_of(r, i) for i, r, _, _ in hits),
+    )
+
+
+def _drift(rows: Sequence[Mapping[str, Any]], prefix: str, th: Mapping[str, float]) -> tuple[float, str] | None:
+    """(factor, description) when |Δlogp| by decile (keys ``prefix<d>``) grows along the response past the rule's
+    thresholds, else None (also when fewer than two deciles have support)."""
+    per_decile = [_vals(rows, f"{prefix}{d}") for d in range(N_POSITION_BUCKETS)]
+    have = [(d, _mean(v)) for d, v in enumerate(per_decile) if v and len(v) >= th["drift_support"] * len(rows)]
+    if len(have) < 2:
+        return None
+    half = len(have) // 2
+    first = _mean([v for _, v in have[:half]])
+    last = _mean([v for _, v in have[len(have) - half :]])
+    if last >= th["drift_factor"] * first and last >= th["drift_floor"]:
+        factor = last / first if first > 0 else math.inf
+        span = f"({have[0][0]}–{have[half - 1][0]} vs {have[len(have) - half][0]}–{have[-1][0]})"
+        return factor, span + "; |Δlogp| by decile: " + " ".join(f"{v:.3g}" for _, v in have)
+    return None
+
+
+def _position_drift(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    found = _drift(rows, "dlogp_pos_", th)
+    if found is None:
+        return None
+    factor, desc = found
+    has_fresh = bool(_vals(rows, "tokens_lag_0")) and any(_vals(rows, f"dlogp_pos_lag_0_{d}") for d in range(10))
+    has_stale = bool(_vals(rows, "tokens_stale")) and any(_vals(rows, f"dlogp_pos_stale_{d}") for d in range(10))
+    f_bad = (_drift(rows, "dlogp_pos_lag_0_", th) is not None) if has_fresh else None
+    s_bad = (_drift(rows, "dlogp_pos_stale_", th) is not None) if has_stale else None
+    why = (
+        f"fresh tokens {'drift' if f_bad else 'do not drift' if f_bad is False else 'absent'}, "
+        f"stale tokens {'drift' if s_bad else 'do not drift' if s_bad is False else 'absent'}"
+    )
+    cause, why = _attribute(rows, f_bad, s_bad, why)
+    return Finding(
+        "position_drift",
+        f"mismatch grows with position: mean |Δlogp| ×{factor:.1f} from the early to the late deciles "
+        f"(threshold ×{th['drift_factor']:g} and ≥ {th['drift_floor']:g} nats)",
+        f"{desc}; {why}",
+        "",
+        cause,
+    )
+
+
+def _ratio_tails(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    above, below = _vals(rows, "ratio_frac_above_2"), _vals(rows, "ratio_frac_below_0_5")
+    if not (above or below):
+        return None
+    tails = _mean(above or [0.0]) + _mean(below or [0.0])
+    if tails <= th["tail_share"]:
+        return None
+    fresh = _tokens_weighted(rows, "ratio_tails_lag_0", "tokens_lag_0")
+    stale = _tokens_weighted(rows, "ratio_tails_stale", "tokens_stale")
+    f_bad = None if math.isnan(fresh) else fresh > th["tail_share"]
+    s_bad = (
+        None
+        if math.isnan(stale)
+        else (stale > th["tail_share"] and (math.isnan(fresh) or stale >= th["stale_margin"] * fresh))
+    )
+    why = f"tails among fresh tokens {_fmt_opt(fresh, '.2%')}, among stale tokens {_fmt_opt(stale, '.2%')}"
+    cause, why = _attribute(rows, f_bad, s_bad, why)
+    return Finding(
+        "ratio_tails",
+        f"heavy ratio tails: {tails:.2%} of tokens have ρ > 2 or ρ < 0.5 (threshold {th['tail_share']:.0%})",
+        f"ρ > 2: {_mean(above or [0.0]):.2%}, ρ < 0.5: {_mean(below or [0.0]):.2%}; {why}",
+        "",
+        cause,
+    )
+
+
+def _tokens_weighted(rows: Sequence[Mapping[str, Any]], key: str, weight: str) -> float:
+    """Σ w·x / Σ w over the rows that have both (the group's share over the window's tokens); NaN when none."""
+    num = den = 0.0
+    for r in rows:
+        x, w = r.get(key), r.get(weight)
+        if isinstance(x, int | float) and isinstance(w, int | float) and math.isfinite(x) and w > 0:
+            num, den = num + w * float(x), den + float(w)
+    return num / den if den > 0 else math.nan
+
+
+def _prefix_decay(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    m = _vals(rows, "m_mean")
+    if not m or _mean(m) >= th["m_floor"]:
+        return None
+    fresh = _tokens_weighted(rows, "m_mean_lag_0", "tokens_lag_0")
+    stale = _tokens_weighted(rows, "m_mean_stale", "tokens_stale")
+    f_bad = None if math.isnan(fresh) else fresh < th["m_floor"]
+    s_bad = (
+        None
+        if math.isnan(stale)
+        else (stale < th["m_floor"] and (math.isnan(fresh) or (1 - stale) >= th["stale_margin"] * (1 - fresh)))
+    )
+    why = f"m_t of fresh tokens {_fmt_opt(fresh)}, of stale tokens {_fmt_opt(stale)}"
+    cause, why = _attribute(rows, f_bad, s_bad, why)
+    return Finding(
+        "prefix_decay",
+        f"MinPRO's prefix factor m_t averages {_mean(m):.3f} (threshold {th['m_floor']}): later tokens of long "
+        f"responses carry little weight",
+        f"m_mean min {min(m):.3f}, mean {_mean(m):.3f}; {why}",
+        "",
+        cause,
+    )
+
+
+def _engine_mismatch(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    """Fresh (lag-0) tokens whose engine log-probs differ from the trainer's: a lower-precision engine, a sampling
+    setting its log-probs do not reflect. An fp32 engine at the trainer's temperature sits near 1e-7 nats."""
+    fresh = [
+        float(r["dlogp_mean_lag_0"])
+        for r in rows
+        if isinstance(r.get("dlogp_mean_lag_0"), int | float)
+        and math.isfinite(r["dlogp_mean_lag_0"])
+        and isinstance(r.get("tokens_lag_0"), int | float)
+        and r["tokens_lag_0"] > 0
+    ]
+    if not fresh or _median(fresh) < th["fresh_dlogp"]:
+        return None
+    kl = _vals([r for r in rows if isinstance(r.get("tokens_lag_0"), int | float) and r["tokens_lag_0"] > 0], "kl_k3")
+    return Finding(
+        "engine_mismatch",
+        f"the engine and the trainer disagree on fresh (lag-0) tokens: median mean |Δlogp| {_median(fresh):.3g} nats "
+        f"over {len(fresh)} steps (threshold {th['fresh_dlogp']:g}; an fp32 engine sits near 1e-7)",
+        f"fresh tokens' mean |Δlogp| min {min(fresh):.3g}, max {max(fresh):.3g}"
+        + (f"; k3 KL of those steps up to {max(kl):.2g}" if kl else ""),
+        "",
+        "engine",
+    )
+
+
+def _weights_not_synced(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    """Fresh (lag-0) tokens' |Δlogp| rising step after step: the engine samples with weights the trainer left."""
+    pts = [
+        (i, r, float(r["dlogp_mean_lag_0"]))
+        for i, r in enumerate(rows)
+        if isinstance(r.get("dlogp_mean_lag_0"), int | float)
+        and math.isfinite(r["dlogp_mean_lag_0"])
+        and isinstance(r.get("tokens_lag_0"), int | float)
+        and r["tokens_lag_0"] > 0
+    ]
+    if len(pts) < th["sync_min_steps"]:
+        return None
+    d = [v for _, _, v in pts]
+    tau = _kendall_tau(d)
+    third = max(1, len(d) // 3)
+    first, last = _mean(d[:third]), _mean(d[-third:])
+    if tau < th["sync_trend"] or last < th["sync_floor"] or last < th["sync_factor"] * first:
+        return None
+    a, b = pts[0], pts[-1]
+    trail = " → ".join(f"{v:.3g}" for v in d[:: max(1, len(d) // 8)])
+    return Finding(
+        "weights_not_synced",
+        f"weights not reaching the engine: the fresh (lag-0) tokens' mean |Δlogp| grows step by step, "
+        f"{first:.3g} → {last:.3g} nats (first vs last third of steps {_step_of(a[1], a[0])}–{_step_of(b[1], b[0])}; "
+        f"rule: Kendall's τ with the step ≥ {th['sync_trend']:g}, last third ≥ ×{th['sync_factor']:g} the first "
+        f"and ≥ {th['sync_floor']:g} nats)",
+        f"lag-0 |Δlogp| by step: {trail}; τ = {tau:.2f} over {len(d)} steps. A synced engine samples fresh tokens "
+        "with the trainer's weights, so their mismatch stays flat",
+        "",
+        "sync",
+    )
+
+
+def _kendall_tau(xs: Sequence[float]) -> float:
+    """Kendall's τ_a of ``xs`` against its index: (concordant − discordant pairs) / all pairs, ∈ [−1, 1]."""
+    n = len(xs)
+    pairs = n * (n - 1) // 2
+    if pairs == 0:
+        return 0.0
+    s = sum((xs[j] > xs[i]) - (xs[j] < xs[i]) for i in range(n) for j in range(i + 1, n))
+    return s / pairs
+
+
+def _any_positive(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> list[Finding]:
+    out = []
+    for key, name, what in (
+        ("nonfinite_frac", "nonfinite", "NaN/inf log-probs"),
+        ("kl_clamped", "kl_clamped", "tokens with |log ρ| > 20"),
+        ("ess_degenerate", "ess_degenerate", "degenerate ESS micro-batches"),
+    ):
+        v = _vals(rows, key)
+        hits = sum(x > 0 for x in v)
+        if hits:
+            out.append(
+                Finding(
+                    name,
+                    f"{what} on {hits} of {len(v)} steps (threshold: any)",
+                    f"{key} max {max(v):.3g}",
+                    "",
+                    "engine",
+                )
+            )
+    return out
+
+
+#: The rules that judge a window as a whole (the doctor slides them over a long run).
+WINDOW_RULES = ("low_ess", "engine_mismatch", "position_drift", "ratio_tails", "prefix_decay")
+#: The rules that fire on a single step or on the run's trend (the doctor applies them to the whole run).
+RUN_RULES = ("ess_collapse", "weights_not_synced", "nonfinite", "kl_clamped", "ess_degenerate")
+
+
+def find(
+    rows: Sequence[Mapping[str, Any]],
+    rules: Mapping[str, float] | None = None,
+    *,
+    source: str | None = None,
+    only: Iterable[str] | None = None,
+    unlagged: str = "undetermined",
+) -> list[Finding]:
+    """The findings that fire on ``rows`` (a window of metric rows, oldest first; missing keys are skipped).
+
+    Rules (thresholds from :data:`RULES`, overridable by ``rules``; ``only``: a subset of the names):
+
+    * ``low_ess``: ``ess`` < 0.9 on more than half of the rows that have it.
+    * ``ess_collapse``: any single row with ``ess`` < 0.2 or ``ratio_max`` > 1e3, named by its step.
+    * ``position_drift``: per decile, the mean of ``dlogp_pos_<d>`` over the rows; over the deciles that at least
+      half of the rows reached, the later half's mean ≥ 3 × the earlier half's and ≥ 0.03 nats.
+    * ``ratio_tails``: mean of ``ratio_frac_above_2`` + ``ratio_frac_below_0_5`` > 0.01.
+    * ``prefix_decay``: mean ``m_mean`` < 0.5.
+    * ``engine_mismatch``: the median over the rows of the fresh tokens' ``dlogp_mean_lag_0`` ≥ 5e-4 nats.
+    * ``weights_not_synced``: over ≥ 4 rows with fresh tokens, ``dlogp_mean_lag_0`` trends up with the step
+      (Kendall's τ ≥ 0.5), and the last third's mean is ≥ 2 × the first third's and ≥ 0.02 nats.
+    * ``nonfinite``: any ``nonfinite_frac`` > 0. ``kl_clamped``, ``ess_degenerate``: any > 0 (p3o's trainer).
+
+    Attribution (``Finding.cause``): each rule is re-applied to the fresh tokens (lag 0: ``ess_lag_0``,
+    ``ratio_tails_lag_0``, ``dlogp_pos_lag_0_<d>``, ``m_mean_lag_0``, ``ratio_max_lag_0``) and to the stale ones
+    (lag ≥ 1: the ``_stale`` keys); the stale tokens carry it only when their excess over the ideal (1 − ESS, the
+    tail share, 1 − m) is also ≥ 2 × the fresh tokens' (the engine's mismatch is in stale tokens too). Fresh tokens
+    carry it -> ``engine``; stale ones only -> ``staleness``; both -> ``both``; no lags -> ``undetermined``.
+    ``engine_mismatch`` and ``nonfinite`` / ``kl_clamped`` / ``ess_degenerate`` are ``engine``;
+    ``weights_not_synced`` is ``sync``, and while it fires the findings the fresh tokens carry are ``sync`` too.
+    Suggestions name the settings of ``source`` (``p3o``, ``trl``, ``verl``; None: generic). ``unlagged``: the cause
+    when the rows carry no lags, for callers that know it (``p3o mismatch`` measures a fresh engine: ``engine``).
+    """
+    th = {**RULES, **(rules or {})}
+    want = set(only) if only is not None else None
+    out: list[Finding] = []
+    checks: list[tuple[str, Any]] = [
+        ("ess_collapse", _ess_collapse),
+        ("weights_not_synced", _weights_not_synced),
+        ("low_ess", _low_ess),
+        ("engine_mismatch", _engine_mismatch),
+        ("position_drift", _position_drift),
+        ("ratio_tails", _ratio_tails),
+        ("prefix_decay", _prefix_decay),
+    ]
+    for name, rule in checks:
+        if want is None or name in want:
+            f = rule(rows, th)
+            if f is not None:
+                out.append(f)
+    out += [f for f in _any_positive(rows, th) if want is None or f.name in want]
+    if unlagged != "undetermined":
+        out = [dataclasses.replace(f, cause=unlagged) if f.cause == "undetermined" else f for f in out]
+    if any(f.cause == "sync" for f in out) or _weights_not_synced(rows, th) is not None:
+        # the fresh tokens' mismatch is the stale engine's: name the sync, not the engine's precision
+        out = [dataclasses.replace(f, cause="sync") if f.cause == "engine" else f for f in out]
+    return [
+        dataclasses.replace(
+            f,
+            message=f.message if f.name == "weights_not_synced" else f"{f.message}: {CAUSE_TEXT[f.cause]}",
+            suggestion=suggest(f.name, f.cause, source),
+        )
+        for f in out
+    ]
+
+
+# ------------------------------------------------------------------------------------------------------ monitor
