@@ -188,6 +188,14 @@ class HFEngine:
             new_cache = out.past_key_values
         return out.logits[:, -1], new_cache
 
+    def _decode(self, tokens: Tensor, valid: Tensor) -> list[str]:
+        """The completions' texts: each row's valid tokens (N, T) decoded without special tokens ([] without a
+        tokenizer)."""
+        if self.tokenizer is None:
+            return []
+        rows = [tokens[i][valid[i]].tolist() for i in range(tokens.shape[0])]
+        return list(self.tokenizer.batch_decode(rows, skip_special_tokens=True))
+
     def generate(
         self, prompt_ids: list[list[int]], n: int, *, seed: int | None = None, answers: list[str] | None = None
     ) -> Rollouts:
@@ -252,10 +260,7 @@ class HFEngine:
             truncated = ~done
             group_ids = torch.arange(b, device=dev).repeat_interleave(n) + self._group_offset
             self._group_offset += b
-        texts: list[str] = []
-        if self.tokenizer is not None:
-            rows = [tokens[i][valid[i]].tolist() for i in range(num)]
-            texts = list(self.tokenizer.batch_decode(rows, skip_special_tokens=True))
+        texts = self._decode(tokens, valid)
         return Rollouts(
             prompt_ids=ids.repeat_interleave(n, dim=0),
             prompt_mask=pmask.repeat_interleave(n, dim=0),

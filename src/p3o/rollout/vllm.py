@@ -150,6 +150,35 @@ def _config_sources(model_or_dir: nn.Module | Path, tokenizer: Any) -> tuple[Any
     return tokenizer, cfg, gen_cfg
 
 
+def _check_can_run(model: nn.Module | str | os.PathLike[str], s: EngineSettings) -> torch.device:
+    """The engine's device, after one-line refusals of what vLLM cannot run here: int8, fp8 on a CPU, a device
+    other than cpu / cuda, vLLM missing, a path without config.json, a KV-cache dtype or head size this CPU's
+    kernels lack (`check_vllm_support`)."""
+    if s.precision == "int8":
+        raise ConfigError(
+            "rollout.precision: int8 has no vLLM counterpart here (vLLM's int8 W8A8 needs a pre-quantised "
+            "checkpoint); use fp8 on a GPU, or rollout.engine hf for simulated int8"
+        )
+    device = resolve_device(s.device)
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"model.device: the vLLM engine runs on 'cpu' or 'cuda', got {s.device!r}")
+    if s.precision == "fp8" and device.type == "cpu":
+        raise ConfigError(
+            "rollout.precision: fp8 with rollout.engine vllm needs a GPU (vLLM's FP8 weight kernels are "
+            "CUDA-only); on a CPU use bf16 / fp16 / fp32, or rollout.engine hf for simulated fp8"
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(_INSTALL_HINT)
+    if isinstance(model, (str, os.PathLike)) and not (Path(model) / "config.json").is_file():
+        raise ConfigError(f"model.name: {str(model)!r} is not a model directory (no config.json)")
+    check_vllm_support(
+        kv_cache_dtype=s.kv_cache_dtype,
+        head_dim=model_dir_head_dim(model) if not isinstance(model, nn.Module) else head_dim_of(model.config),
+        device=str(device),
+    )
+    return device
+
+
 class VLLMEngine:
     """Batched, seedable sampling with vLLM that records log π_b(y_t) and the version of every token.
 
@@ -188,28 +217,7 @@ class VLLMEngine:
     ) -> None:
         self.settings = s = EngineSettings.for_engine("vllm", settings, overrides)
         precision, kv_cache_dtype, kv_cache_gib = s.precision, s.kv_cache_dtype, s.kv_cache_gib
-        if precision == "int8":
-            raise ConfigError(
-                "rollout.precision: int8 has no vLLM counterpart here (vLLM's int8 W8A8 needs a pre-quantised "
-                "checkpoint); use fp8 on a GPU, or rollout.engine hf for simulated int8"
-            )
-        self.device = resolve_device(s.device)
-        if self.device.type not in ("cpu", "cuda"):
-            raise ConfigError(f"model.device: the vLLM engine runs on 'cpu' or 'cuda', got {s.device!r}")
-        if precision == "fp8" and self.device.type == "cpu":
-            raise ConfigError(
-                "rollout.precision: fp8 with rollout.engine vllm needs a GPU (vLLM's FP8 weight kernels are "
-                "CUDA-only); on a CPU use bf16 / fp16 / fp32, or rollout.engine hf for simulated fp8"
-            )
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError(_INSTALL_HINT)
-        if isinstance(model, (str, os.PathLike)) and not (Path(model) / "config.json").is_file():
-            raise ConfigError(f"model.name: {str(model)!r} is not a model directory (no config.json)")
-        check_vllm_support(
-            kv_cache_dtype=kv_cache_dtype,
-            head_dim=model_dir_head_dim(model) if not isinstance(model, nn.Module) else head_dim_of(model.config),
-            device=str(self.device),
-        )
+        self.device = _check_can_run(model, s)
 
         self.tokenizer = tokenizer
         self.version = 0
