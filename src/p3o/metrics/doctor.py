@@ -308,22 +308,19 @@ def report(d: Diagnosis) -> str:
     return "\n".join(lines)
 
 
-def plot(d: Diagnosis, out: Path) -> Path:
-    """ESS (all tokens, per lag bucket, stale tokens; collapse steps marked), lag band, ratio tails (all, fresh,
-    stale), mean |Δlogp| of fresh and stale tokens per step, and |Δlogp| by position decile, to ``out`` (PNG)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def _lines(ax: Any, x: list[float], series: Any, specs: Sequence[tuple[str, str]], points: Sequence[str] = ()) -> None:
+    """One line per (key, label) of `specs` that has any value (markers for `points`), and a legend if any."""
+    for key, label in specs:
+        s = series(key)
+        if any(not math.isnan(v) for v in s):
+            ax.plot(x, s, label=label, marker="." if key in points else None)
+    if ax.lines:
+        ax.legend(fontsize=7)
 
-    rows = d.rows
-    x = [float(r["step"]) if isinstance(r.get("step"), int | float) else float(i + 1) for i, r in enumerate(rows)]
 
-    def series(key: str) -> list[float]:
-        return [float(r[key]) if isinstance(r.get(key), int | float) else math.nan for r in rows]
-
-    fig = Figure(figsize=(15, 7), constrained_layout=True)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 3)
-    ax = axes[0][0]
+def _ess_panel(ax: Any, x: list[float], series: Any) -> None:
+    """ESS of all tokens, per lag bucket and of the stale tokens, the low_ess threshold, the collapse floor and the
+    steps below it."""
     ess = series("ess")
     ax.plot(x, ess, label="ESS (all tokens)", color="black")
     for name in lag_bucket_names():
@@ -340,6 +337,24 @@ def plot(d: Diagnosis, out: Path) -> Path:
         ax.scatter([a for a, _ in low], [b for _, b in low], color="red", marker="x", zorder=5, label="collapse")
     ax.set(title="Effective sample size", xlabel="step", ylabel="ESS")
     ax.legend(fontsize=7)
+
+
+def plot(d: Diagnosis, out: Path) -> Path:
+    """ESS (all tokens, per lag bucket, stale tokens; collapse steps marked), lag band, ratio tails (all, fresh,
+    stale), mean |Δlogp| of fresh and stale tokens per step, and |Δlogp| by position decile, to ``out`` (PNG)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = d.rows
+    x = [float(r["step"]) if isinstance(r.get("step"), int | float) else float(i + 1) for i, r in enumerate(rows)]
+
+    def series(key: str) -> list[float]:
+        return [float(r[key]) if isinstance(r.get(key), int | float) else math.nan for r in rows]
+
+    fig = Figure(figsize=(15, 7), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 3)
+    _ess_panel(axes[0][0], x, series)
     ax = axes[0][1]
     lo, mean, hi = series("lag_min"), series("lag_mean"), series("lag_max")
     if any(not math.isnan(v) for v in mean):
@@ -348,31 +363,19 @@ def plot(d: Diagnosis, out: Path) -> Path:
         ax.legend(fontsize=7)
     ax.set(title="Policy lag", xlabel="step", ylabel="versions")
     ax = axes[0][2]
-    for key, label in (
-        ("dlogp_mean", "all tokens"),
-        ("dlogp_mean_lag_0", "fresh (lag 0)"),
-        ("dlogp_mean_stale", "stale"),
-    ):
-        s = series(key)
-        if any(not math.isnan(v) for v in s):
-            ax.plot(x, s, label=label, marker="." if key == "dlogp_mean_lag_0" else None)
+    dlogp = (("dlogp_mean", "all tokens"), ("dlogp_mean_lag_0", "fresh (lag 0)"), ("dlogp_mean_stale", "stale"))
+    _lines(ax, x, series, dlogp, points=("dlogp_mean_lag_0",))
     ax.set(title="Mismatch per step, fresh vs stale tokens", xlabel="step", ylabel="mean |Δlogp| (nats)")
-    if ax.lines:
-        ax.legend(fontsize=7)
     ax = axes[1][0]
-    for key, label in (
+    tails = (
         ("ratio_frac_above_2", "ρ > 2"),
         ("ratio_frac_below_0_5", "ρ < 0.5"),
         ("ratio_tails_lag_0", "ρ > 2 or < 0.5, fresh"),
         ("ratio_tails_stale", "ρ > 2 or < 0.5, stale"),
         ("band_frac", "|ρ−1|>0.2"),
-    ):
-        s = series(key)
-        if any(not math.isnan(v) for v in s):
-            ax.plot(x, s, label=label, marker="." if key.startswith("ratio_tails_") else None)  # points: NaN gaps
+    )
+    _lines(ax, x, series, tails, points=("ratio_tails_lag_0", "ratio_tails_stale"))  # points: NaN gaps show
     ax.set(title="Ratio tails (share of tokens)", xlabel="step", ylabel="share")
-    if ax.lines:
-        ax.legend(fontsize=7)
     ax = axes[1][1]
     last = rows[-min(20, len(rows)) :]
     dec = []

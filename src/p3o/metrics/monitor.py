@@ -234,29 +234,37 @@ class OffPolicyMonitor:
                 sums += list(oh.sum((0, 1)).unbind()) + list((oh * absd[..., None]).sum((0, 1)).unbind())
             zero = torch.zeros(len(sums), dtype=torch.float64, device=dev)
             self._sums = (zero if self._sums is None else self._sums) + torch.stack(sums)
-            if self._max is None:
-                self._max = torch.full((7,), -math.inf, dtype=torch.float64, device=dev)
-            neg = torch.full((), -math.inf, dtype=torch.float64, device=dev)
-            if lag.numel():
-                self._max[5] = torch.maximum(self._max[5], torch.where(valid & (lag == 0), rho, neg).max())
-                self._max[6] = torch.maximum(self._max[6], torch.where(valid & (lag > 0), rho, neg).max())
-            if valid.any():
-                mx = torch.stack(
-                    [
-                        absd[valid].max(),
-                        rho[valid].max(),
-                        -rho[valid].min(),
-                        lagd[valid].max(),
-                        -lagd[valid].min(),
-                    ]
-                )
-                self._max[:5] = torch.maximum(self._max[:5], mx)
+            self._update_max(valid, lag, rho, absd, lagd)
             lr32 = lr.float()
             self._parts[0].append(ess_parts(lr32, valid))
             for k, b in enumerate(bucket_masks):
                 self._parts[k + 1].append(ess_parts(lr32, b))
             self._parts[-1].append(ess_parts(lr32, valid & (lag > 0)))
             self._seen = True
+
+    def _update_max(
+        self, valid: torch.Tensor, lag: torch.Tensor, rho: torch.Tensor, absd: torch.Tensor, lagd: torch.Tensor
+    ) -> None:
+        """Fold one micro-batch into the running maxima: max |lr|, max ρ, −min ρ, max lag, −min lag (valid tokens),
+        then max ρ of the fresh and of the stale tokens (all (N, T); minima kept negated so one max reduces all)."""
+        dev = rho.device
+        if self._max is None:
+            self._max = torch.full((7,), -math.inf, dtype=torch.float64, device=dev)
+        neg = torch.full((), -math.inf, dtype=torch.float64, device=dev)
+        if lag.numel():
+            self._max[5] = torch.maximum(self._max[5], torch.where(valid & (lag == 0), rho, neg).max())
+            self._max[6] = torch.maximum(self._max[6], torch.where(valid & (lag > 0), rho, neg).max())
+        if valid.any():
+            mx = torch.stack(
+                [
+                    absd[valid].max(),
+                    rho[valid].max(),
+                    -rho[valid].min(),
+                    lagd[valid].max(),
+                    -lagd[valid].min(),
+                ]
+            )
+            self._max[:5] = torch.maximum(self._max[:5], mx)
 
     def _group(self) -> Any:
         if self.group is False:
