@@ -327,6 +327,32 @@ def split_rollout_weights(weights: torch.Tensor, mask: torch.Tensor) -> RolloutW
         return RolloutWeights(fold_log, mult_log, folded_frac, issues)
 
 
+def _fold_weights(
+    old: torch.Tensor, mask: torch.Tensor, rollout_is_weights: torch.Tensor | None
+) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
+    """(rollout_logp, folded share, loss weight) from verl's rollout IS weights w (N, T): token-level weights fold
+    into the ratio's denominator (log π_rollout = log π_old − log w, so ρ = π_θ/π_old · w); zero or sequence-level
+    weights multiply ℓ_t instead. Without weights: (old, None, None)."""
+    if rollout_is_weights is None:
+        return old, None, None
+    split = split_rollout_weights(rollout_is_weights, mask)
+    for kind, fields in split.issues.items():
+        _warn_once(kind, **fields)
+    loss_weight = torch.exp(split.mult_log) if split.mult_log is not None else None
+    return old.float() - split.fold_log, split.folded_frac, loss_weight
+
+
+def _loss_metrics(stats: dict[str, Any], ppo_kl: torch.Tensor, folded_frac: Any) -> dict[str, Any]:
+    """verl's ``actor/pg_clipfrac`` and ``actor/ppo_kl`` plus ``actor/objective/<stat>`` for every stat."""
+    extra = {"__ppo_kl": ppo_kl}
+    if folded_frac is not None:
+        extra["rollout_is_folded_frac"] = folded_frac
+    values = stats_to_floats({**stats, **extra})
+    metrics: dict[str, Any] = {"actor/pg_clipfrac": clip_statistic(values), "actor/ppo_kl": values.pop("__ppo_kl")}
+    metrics.update({f"actor/objective/{k}": v for k, v in values.items()})
+    return metrics
+
+
 def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
     """A verl policy-loss function (verl 0.9 ``PolicyLossFn`` signature) computing the p3o objective ``objective``.
 
@@ -377,15 +403,8 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
         info = dict(_cfg_get(config, "global_batch_info", {}) or {})
         agg, num_tokens, num_seqs, scale = _aggregation(loss_agg_mode, mask, info)
         old = old_log_prob.detach()
-        rollout_logp, old_logp, folded_frac, loss_weight = old, old, None, None
-        if rollout_is_weights is not None:
-            split = split_rollout_weights(rollout_is_weights, mask)
-            for kind, fields in split.issues.items():
-                _warn_once(kind, **fields)
-            rollout_logp = old.float() - split.fold_log  # π_rollout where w is folded: ρ = π_θ/π_old · w
-            folded_frac = split.folded_frac
-            if split.mult_log is not None:  # zero or sequence-level weights multiply ℓ_t; the anchor stays
-                loss_weight = torch.exp(split.mult_log)
+        old_logp = old
+        rollout_logp, folded_frac, loss_weight = _fold_weights(old, mask, rollout_is_weights)
         inputs = ObjectiveInputs(
             logp=log_prob,
             rollout_logp=rollout_logp,
@@ -403,15 +422,7 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
         loss = loss * scale
         with torch.no_grad():
             ppo_kl = torch.where(mask, old_log_prob.detach() - log_prob.detach(), 0.0).sum() / mask.sum().clamp(min=1)
-        extra = {"__ppo_kl": ppo_kl}
-        if folded_frac is not None:
-            extra["rollout_is_folded_frac"] = folded_frac
-        values = stats_to_floats({**stats, **extra})
-        metrics: dict[str, Any] = {
-            "actor/pg_clipfrac": clip_statistic(values),
-            "actor/ppo_kl": values.pop("__ppo_kl"),
-        }
-        metrics.update({f"actor/objective/{k}": v for k, v in values.items()})
+        metrics = _loss_metrics(stats, ppo_kl, folded_frac)
         if os.environ.get(ENV_MONITOR, "1") != "0":
             if not monitors:
                 monitors.append(OffPolicyMonitor(max_len=mask.shape[1], group=inputs.group or False, source="verl"))
