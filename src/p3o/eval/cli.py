@@ -28,7 +28,6 @@ from p3o.config import TaskConfig, load_config
 from p3o.dist import resolve_device
 from p3o.errors import ConfigError
 from p3o.eval.runner import evaluate, find_run
-from p3o.models import load_policy
 from p3o.models.hub import check_model_name
 from p3o.rollout.settings import EngineSettings
 from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
@@ -214,6 +213,8 @@ def main(argv: list[str]) -> int:
         "reward_timeout_s": task.reward_timeout_s,
         "device": device,
     }
+    from p3o.models import load_policy  # looked up at call time: tests replace p3o.models.load_policy
+
     model_name = str(policy_dir) if run_dir is not None else args.model
     cache_dir = run_cfg.model.cache_dir if run_cfg is not None else None
     model, tokenizer = load_policy(model_name, **({"cache_dir": cache_dir} if cache_dir else {}))
