@@ -55,8 +55,8 @@ class RolloutWorker:
     def __init__(self, cfg_dict: dict[str, Any], worker_id: int, threads: int = 1, world: int = 1) -> None:
         from p3o.config import from_dict
         from p3o.models import load_policy
+        from p3o.models.warmstart import resolve_model_name
         from p3o.train.evaluation import Evaluator
-        from p3o.train.sft import resolve_model_name
         from p3o.train.stream import PromptStream, make_producer
         from p3o.train.wiring import build_rollout_side, resolve_device
 
