@@ -128,10 +128,11 @@ class RolloutConfig:
     temperature: float = _f(1.0, "sampling temperature of the rollout engine", gt=0)
     top_p: float = _f(1.0, "nucleus sampling mass (1: off)", gt=0, le=1)
     top_k: int = _f(0, "top-k sampling (0: off)", ge=0)
-    precision: Literal["fp32", "bf16", "fp16", "int8", "fp8"] = _f(
+    precision: Literal["fp32", "bf16", "fp16", "int8", "fp8", "fp8-tensor"] = _f(
         "fp32",
-        "rollout engine copy: fp32 / bf16 / fp16 cast it; int8 / fp8 simulate W8A8 numerics (no speed-up); the "
-        "trainer keeps model.dtype",
+        "rollout engine copy: fp32 / bf16 / fp16 cast it; int8 / fp8 simulate W8A8 numerics (per-channel weights, "
+        "per-token activations; no speed-up); fp8-tensor: vLLM's online FP8 layout (per-tensor scales, head "
+        "unquantised); the trainer keeps model.dtype",
     )
     logprob_mode: Literal["processed", "raw"] = _f(
         "processed", "record log-probs of the distribution sampled from ('processed') or before temperature ('raw')"

@@ -122,3 +122,24 @@ def test_quantised_engines_still_generate_sensible_tokens(precision):
     got = HFEngine(model, temperature=0.0, precision=precision, max_new_tokens=8).generate(PROMPTS, n=1)
     assert (got.response_ids[:, 0] == ref.response_ids[:, 0]).float().mean() >= 0.85
     assert (got.response_ids == ref.response_ids).float().mean() >= 0.7
+
+
+def test_fp8_tensor_is_per_tensor_with_the_head_in_full_precision(tiny_lm):
+    """vLLM's online FP8 layout: one scale per weight tensor and per activation tensor, the head left unquantised."""
+    w = torch.randn(6, 32, generator=torch.Generator().manual_seed(1))
+    w[0] *= 50.0  # one outlier row sets the scale of the whole tensor
+    q = fake_quant(w, "fp8-tensor")
+    s = w.abs().max() / 448.0
+    torch.testing.assert_close(q, (w / s).to(torch.float8_e4m3fn).float() * s)
+    per_row = fake_quant(w, "fp8")
+    assert (q[1:] - w[1:]).abs().mean() > (per_row[1:] - w[1:]).abs().mean()  # coarser than per-row on small rows
+    n_linear = sum(type(m) is nn.Linear for m in tiny_lm.modules())
+    model = HFEngine(tiny_lm, precision="fp8-tensor").model
+    assert sum(isinstance(m, QuantLinear) for m in model.modules()) == n_linear - 1  # all but the head
+    assert type(model.lm_head) is nn.Linear
+    torch.testing.assert_close(model.lm_head.weight, tiny_lm.lm_head.weight, atol=0, rtol=0)
+    lin = next(m for m in model.modules() if isinstance(m, QuantLinear))
+    x = torch.randn(3, 5, lin.in_features)
+    sx = x.abs().max() / 448.0
+    expect = F.linear((x / sx).to(torch.float8_e4m3fn).float() * sx, lin.weight, lin.bias)
+    torch.testing.assert_close(lin(x), expect)

@@ -52,13 +52,10 @@ TESTBEDS: dict[str, dict] = {
         "size": "1m",
         "task": "arithmetic",
         "difficulty": "pad",
+        # the main base's recipe (600 steps × 32, lr 5e-3, from scratch) on the scratchpad format: a warm start
+        # from the main base (init "tiny") kept its position habits and reached pass@1 0.26 (docs/tasks.md)
         "sft": {
-            "init": "tiny",
-            "train_levels": "pad",
-            "steps": 100,
-            "batch_size": 16,
-            "lr": 1e-3,
-            "warmup_steps": 10,
+            "train_levels": "pad-1,pad",
             "max_new_tokens": 200,
         },
     },

@@ -10,9 +10,14 @@
   for fp8. The matmul then runs in float32 on the dequantised values, which is what an exact int8/fp8 GEMM with
   float32 accumulation computes up to accumulation order.
 
-Every `nn.Linear` is replaced, the vocabulary head included. Tied input/output embeddings are untied first: the
-input embedding stays full precision (as in vLLM, where embeddings are not quantised) and only the head copy is
-quantised. `bf16` / `fp16` simply cast the whole engine copy.
+`fp8-tensor` is the layout of vLLM's online dynamic FP8 (`quantization="fp8"` on an unquantised checkpoint): one
+scale per weight tensor, s = max |W| / 448, one dynamic scale per activation tensor at every call,
+s_t = max |x| / 448 over the whole (..., in) input, and the vocabulary head left in full precision. Its error is
+larger than the per-channel / per-token `fp8` (one outlier sets the scale of a whole tensor).
+
+Every `nn.Linear` is replaced (for `fp8-tensor`, all but the vocabulary head). Tied input/output embeddings are
+untied first: the input embedding stays full precision (as in vLLM, where embeddings are not quantised) and only
+the head copy is quantised. `bf16` / `fp16` simply cast the whole engine copy.
 
     model = quantize_model(copy.deepcopy(model), "fp8")
 """
@@ -27,20 +32,21 @@ from p3o.errors import ConfigError
 
 __all__ = ["PRECISIONS", "QuantLinear", "fake_quant", "quantize_model", "requantize_", "untie_embeddings"]
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8", "fp8")
-_QMAX = {"int8": 127.0, "fp8": 448.0}  # 448 = largest finite float8_e4m3fn
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "fp8", "fp8-tensor")
+_QMAX = {"int8": 127.0, "fp8": 448.0, "fp8-tensor": 448.0}  # 448 = largest finite float8_e4m3fn
 
 
 def fake_quant(x: Tensor, fmt: str) -> Tensor:
-    """Quantise–dequantise `x` with one symmetric scale per row (scale over the last dim).
+    """Quantise–dequantise `x` with one symmetric scale per row (scale over the last dim), or per tensor.
 
     s = max |x_row| / q_max (rows of zeros get s = 1), x̃ = s · Q(x / s). For weights (out, in) that is
-    per-output-channel; for activations (..., in) it is per-token.
+    per-output-channel; for activations (..., in) it is per-token. `fmt` "fp8-tensor": one s = max |x| / 448 for the
+    whole tensor (vLLM's online dynamic FP8).
     """
     if fmt not in _QMAX:
         raise ConfigError(f"rollout.precision: fake_quant supports {sorted(_QMAX)}, got {fmt!r}")
     xf = x.float()
-    amax = xf.abs().amax(dim=-1, keepdim=True)
+    amax = xf.abs().amax() if fmt == "fp8-tensor" else xf.abs().amax(dim=-1, keepdim=True)
     scale = torch.where(amax > 0, amax / _QMAX[fmt], torch.ones_like(amax))
     y = xf / scale
     if fmt == "int8":
@@ -104,7 +110,8 @@ def quantize_model(model: nn.Module, precision: str) -> nn.Module:
     """Convert `model` in place to a rollout precision and return it.
 
     fp32 / bf16 / fp16: cast every parameter and buffer. int8 / fp8: untie embeddings, then replace every
-    `nn.Linear` (vocab head included) by a `QuantLinear` (float32 compute on fake-quantised values).
+    `nn.Linear` (vocab head included) by a `QuantLinear` (float32 compute on fake-quantised values). fp8-tensor:
+    the same with per-tensor scales, the vocabulary head kept in float32 (as vLLM leaves it unquantised).
     """
     if precision not in PRECISIONS:
         raise ConfigError(f"rollout.precision: unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
@@ -113,9 +120,11 @@ def quantize_model(model: nn.Module, precision: str) -> nn.Module:
         return model.to(dtype)
     model.float()
     untie_embeddings(model)
+    get_out = getattr(model, "get_output_embeddings", None)
+    head = get_out() if get_out is not None and precision == "fp8-tensor" else None
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is nn.Linear and child is not head:
                 setattr(parent, name, QuantLinear(child, precision))
     return model
 

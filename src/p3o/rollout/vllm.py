@@ -154,6 +154,11 @@ def _check_can_run(model: nn.Module | str | os.PathLike[str], s: EngineSettings)
     """The engine's device, after one-line refusals of what vLLM cannot run here: int8, fp8 on a CPU, a device
     other than cpu / cuda, vLLM missing, a path without config.json, a KV-cache dtype or head size this CPU's
     kernels lack (`check_vllm_support`)."""
+    if s.precision == "fp8-tensor":
+        raise ConfigError(
+            "rollout.precision: fp8-tensor is the HF engine's simulation of vLLM's online FP8; with rollout.engine "
+            "vllm use fp8 (on a GPU)"
+        )
     if s.precision == "int8":
         raise ConfigError(
             "rollout.precision: int8 has no vLLM counterpart here (vLLM's int8 W8A8 needs a pre-quantised "

@@ -1,22 +1,30 @@
-"""The scratchpad testbed: long addition / subtraction chains whose worked solution is written in varied ways.
+"""The scratchpad testbed: addition / subtraction chains whose worked solution is written in varied ways.
 
 The same kind of problem as the arithmetic task (`p3o.tasks.arithmetic`: a chain of one-digit additions and
-subtractions on a running value below 100, as a word problem or an expression), but longer (7 steps), and each
-step of the worked solution is written in one of several equivalent ways drawn at random: an addition in either
-operand order, and after any step, half of the time, a check line that undoes it. So the SFT data holds genuine
-choices on many lines: a policy warm-started on it stays uncertain over many tokens (which way to write the
-next line, whether to check) while its answer after `####` stays checkable by the same `exact-int` verifier:
+subtractions on a running value below 100, as a word problem or an expression), but longer (4 steps), with an
+opening line and a worked line per step, each written in one of several equivalent ways drawn at random: the
+opening in three wordings, an addition in either operand order, and after a step, with probability NOTE_P, a note
+that restates the running value in one of six wordings. So the SFT data holds genuine choices on many lines: a
+policy warm-started on it stays uncertain over many tokens (how to open, which way to write the next line, whether
+to restate) while its answer after `####` stays checkable by the same `exact-int` verifier, and every line ends
+with the running value (the next step reads it there):
 
-    What is 7 + 5 - 3 + 8 - 6 + 9?
-    5 + 7 = 12
-    check: 12 - 5 = 7
-    12 - 3 = 9
-    9 + 8 = 17
-    8 + 17 = ...
+    What is 1 - 1 + 9 + 9 - 3?
+    start: 1
+    1 - 1 = 0
+    9 + 0 = 9
+    9 + 9 = 18
+    we have 18
+    18 - 3 = 15
+    #### 15
 
-(one draw of many; see `step_lines`). Levels (`PAD_LEVELS`): ``pad-1`` 3 steps, ``pad`` 7 steps (responses of
-60–175 tokens with the built-in tokenizer, 108 on average), ``pad-hard`` 10 steps. The lines keep the arithmetic task's
-`x op b = y` form, so the main job's base (`tiny`) is a good starting point for the warm start.
+(one draw of many; see `step_lines`). Levels (`PAD_LEVELS`): ``pad-1`` 1 step, ``pad`` 2 steps (the main job's
+difficulty, written out), ``pad-hard`` 3 steps. The lines keep the arithmetic
+task's `x op b = y` form, so the main job's base (`tiny`) is a good starting point for the warm start.
+
+A first design (7 steps, check lines that undo a step, so that the last number written was not the running
+value) gave 60–175-token responses but a base the 1m model could not make work: pass@1 0.04 after 400 warm-start
+steps, no reward for RL to climb (docs/tasks.md, "The scratchpad testbed").
 
 Splits are the arithmetic task's (a hash of the canonical chain), so no scratchpad test chain is trained on.
 
@@ -25,16 +33,17 @@ Splits are the arithmetic task's (a hash of the canonical chain), so no scratchp
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
-from p3o.tasks.arithmetic import LEVELS, canonical, expression, split_of, word_problem
+from p3o.tasks.arithmetic import LEVELS, canonical, make_problem, split_of
 from p3o.tasks.base import Problem
 
 VERIFIER = "exact-int"
-PAD_LEVELS: dict[str, int] = {"pad-1": 3, "pad": 7, "pad-hard": 10}  # name -> steps
+PAD_LEVELS: dict[str, int] = {"pad-1": 1, "pad": 2, "pad-hard": 3}  # name -> steps
 CAP = 100  # running values stay in [0, CAP)
-CHECK_P = 0.5  # share of steps followed by a check line
-_CHECK = ["check: {y} {inv} {b} = {x}", "{y} {inv} {b} = {x}", "back: {y} {inv} {b} = {x}", "so {y} {inv} {b} = {x}"]
+_OPEN = ["start: {x}", "we begin with {x}", "first {x}"]
+_NOTE = ["so {y}", "now {y}", "we have {y}", "total: {y}", "that makes {y}", "running total {y}"]
 
 
 def is_level(difficulty: object) -> bool:
@@ -45,15 +54,14 @@ def is_level(difficulty: object) -> bool:
 def step_lines(rng: random.Random, x: int, op: str, b: int) -> tuple[list[str], int]:
     """The worked lines of one step `x op b` and its value y.
 
-    The step line is `x + b = y` or `b + x = y` (either order, for +) or `x - b = y`; half of the time (CHECK_P) a
-    check line that undoes it follows, `y − b = x` (for +) or `y + b = x` (for −), in one of four wordings.
+    The step line is `x + b = y` or `b + x = y` (either order, for +) or `x - b = y`; a note line follows that
+    restates the running value in one of six wordings (`so y`, `total: y`, ...). Every step is two lines, so the
+    k-th step always sits on the same lines (a 1m model tracks the step by its line: a first design with optional
+    lines broke that, see the module docstring), and every line ends with the running value.
     """
     y = x + b if op == "+" else x - b
     line = f"{b} + {x} = {y}" if op == "+" and rng.random() < 0.5 else f"{x} {op} {b} = {y}"
-    lines = [line]
-    if rng.random() < CHECK_P:
-        lines.append(rng.choice(_CHECK).format(y=y, inv="-" if op == "+" else "+", b=b, x=x))
-    return lines, y
+    return [line, rng.choice(_NOTE).format(y=y)], y
 
 
 def sample_chain(rng: random.Random, steps: int) -> tuple[int, list[tuple[str, int]]]:
@@ -70,41 +78,42 @@ def sample_chain(rng: random.Random, steps: int) -> tuple[int, list[tuple[str, i
 
 
 def make_pad_problem(rng: random.Random, start: int, chain: list[tuple[str, int]], difficulty: str) -> Problem:
-    """The chain as a word problem or "What is <expr>?" (half each) with a scratchpad ending in `#### <answer>`."""
+    """The chain as a word problem or "What is <expr>?" (half each) with a scratchpad ending in `#### <answer>`.
+
+    The prompt and metadata are the arithmetic task's (`p3o.tasks.arithmetic.make_problem`, same draws from `rng`);
+    only the worked solution differs: `step_lines` per step, drawn after the prompt.
+    """
     kind = rng.choice(("word", "expr"))
-    expr = expression(start, chain)
-    prompt = word_problem(rng, start, chain) if kind == "word" else f"What is {expr}?"
-    x, lines = start, []
+    problem = make_problem(rng, start, chain, kind, difficulty)
+    x, lines = start, [rng.choice(_OPEN).format(x=start)]
     for op, b in chain:
         step, x = step_lines(rng, x, op, b)
         lines += step
-    return Problem(
-        prompt=prompt,
-        answer=str(x),
-        solution="\n".join([*lines, f"#### {x}"]),
-        meta={
-            "verifier": VERIFIER,
-            "answer_format": "####",
-            "source": "arithmetic",
-            "kind": kind,
-            "difficulty": difficulty,
-            "expression": expr,
-            "key": canonical(start, chain),
-        },
-    )
+    return dataclasses.replace(problem, answer=str(x), solution="\n".join([*lines, f"#### {x}"]))
 
 
 def load_scratchpad(split: str, *, seed: int = 0, n: int = 1000, difficulty: str = "pad") -> list[Problem]:
-    """`n` distinct problems of `split` ("train" | "test"), deterministic in (split, seed, n, difficulty)."""
+    """`n` problems of `split` ("train" | "test"), deterministic in (split, seed, n, difficulty).
+
+    Distinct while fresh chains are easy to find; a short level (``pad-1`` has under 200 chains) then repeats
+    chains (each with a new draw of its wording) rather than fail, as `p3o.tasks.arithmetic.load_arithmetic` does.
+    """
     steps = PAD_LEVELS[difficulty]
     rng = random.Random(f"p3o-scratchpad|{split}|{seed}|{difficulty}")
     out: list[Problem] = []
     seen: set[str] = set()
+    misses = 0
     while len(out) < n:
         start, chain = sample_chain(rng, steps)
         key = canonical(start, chain)
-        if split_of(key) != split or key in seen:
+        if split_of(key) != split:
             continue
+        if key in seen:
+            misses += 1
+            if misses < 2000:
+                continue
+        else:
+            misses = 0
         seen.add(key)
         out.append(make_pad_problem(rng, start, chain, difficulty))
     return out
