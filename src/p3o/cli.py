@@ -11,8 +11,11 @@ importing the module lazily so `p3o --help` stays fast. `train` is also handed t
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
+
+from p3o.errors import P3OError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("p3o.train.cli", "train a policy (no arguments: the embedded default, P3O on the built-in task)"),
@@ -49,18 +52,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        import difflib
-
         near = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
         print(f"p3o: unknown command '{name}'{hint}; known: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    from p3o.errors import P3OError
-
     try:
         module = importlib.import_module(COMMANDS[name][0])
         if name == "train":  # the one command that needs the floor above train/: the Ray workers' batch source
-            from p3o.cluster import RaySource
+            from p3o.cluster import RaySource  # heavy: torch start-up, only for `p3o train`
 
             return int(module.main(rest, remote_source=RaySource) or 0)
         return int(module.main(rest) or 0)

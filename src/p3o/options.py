@@ -23,6 +23,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
 
@@ -319,8 +320,6 @@ def _preset_dirs() -> list[Path | Any]:
     if (repo / "pyproject.toml").is_file() and (repo / "configs").is_dir():
         dirs.append(repo / "configs")
     try:
-        from importlib.resources import files
-
         packaged = files("p3o") / "configs"
         if packaged.is_dir():
             dirs.append(packaged)

@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from p3o import models  # models.load_policy looked up at call time: tests replace it
 from p3o.config import TaskConfig, load_config
 from p3o.dist import resolve_device
 from p3o.errors import ConfigError
@@ -213,11 +214,9 @@ def main(argv: list[str]) -> int:
         "reward_timeout_s": task.reward_timeout_s,
         "device": device,
     }
-    from p3o.models import load_policy  # looked up at call time: tests replace p3o.models.load_policy
-
     model_name = str(policy_dir) if run_dir is not None else args.model
     cache_dir = run_cfg.model.cache_dir if run_cfg is not None else None
-    model, tokenizer = load_policy(model_name, **({"cache_dir": cache_dir} if cache_dir else {}))
+    model, tokenizer = models.load_policy(model_name, **({"cache_dir": cache_dir} if cache_dir else {}))
     if not args.quiet:
         shown = ", ".join(f"{k} {v!r}" for k, v in settings.items() if v not in (None, {}))
         print(f"p3o eval: {len(problems)} problems; {shown}", file=sys.stderr)

@@ -224,7 +224,8 @@ def render(results: Sequence[MismatchResult], header: str = "") -> str:
 
 def plot(results: Sequence[MismatchResult], out: Path, title: str = "") -> Path:
     """Mean |Δlogp| and ESS against the decode position (decile midpoints), one line per configuration."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib only when a plot is asked for
+    # heavy: matplotlib start-up (~0.8 s), only when a plot is asked for
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 3.8), constrained_layout=True)

@@ -540,7 +540,7 @@ def _trainer_logps(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 def _engine_prompt_logps(llm: Any, ids: torch.Tensor) -> torch.Tensor:
     """The same log-probs from a vLLM ``LLM``: ``prompt_logprobs`` of ``ids`` as the prompt, (L−1,) float32."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # optional: vllm (TRL's vLLM mode)
 
     params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0, detokenize=False)
     out = llm.generate([{"prompt_token_ids": ids.tolist()}], params, use_tqdm=False)[0]

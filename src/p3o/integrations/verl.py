@@ -121,7 +121,7 @@ PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 
 def _core_algos() -> Any:
     try:
-        from verl.trainer.ppo import core_algos
+        from verl.trainer.ppo import core_algos  # optional: verl (extra verl)
     except ImportError as e:
         raise ImportError(f"p3o.integrations.verl needs verl: pip install 'p3o[verl]' ({e})") from e
     return core_algos

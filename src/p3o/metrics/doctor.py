@@ -33,11 +33,14 @@ import dataclasses
 import json
 import math
 import sys
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from p3o.metrics.monitor import (
     CAUSE_TEXT,
@@ -158,8 +161,6 @@ def load_rows(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, An
         if (p / "metrics.jsonl").is_file():
             source, raw, hint = f"p3o run {p}", _read_jsonl(p / "metrics.jsonl"), "p3o"
             if (p / "config.yaml").is_file():
-                import yaml
-
                 loaded = yaml.safe_load((p / "config.yaml").read_text(encoding="utf-8"))
                 config = loaded if isinstance(loaded, dict) else {}
         elif (state := _trl_state(p)) is not None:
@@ -342,6 +343,7 @@ def _ess_panel(ax: Any, x: list[float], series: Any) -> None:
 def plot(d: Diagnosis, out: Path) -> Path:
     """ESS (all tokens, per lag bucket, stale tokens; collapse steps marked), lag band, ratio tails (all, fresh,
     stale), mean |Δlogp| of fresh and stale tokens per step, and |Δlogp| by position decile, to ``out`` (PNG)."""
+    # heavy: matplotlib start-up (~0.8 s), only when a plot is drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -400,8 +402,6 @@ def plot(d: Diagnosis, out: Path) -> Path:
 
 
 def _wrap(text: str, width: int) -> str:
-    import textwrap
-
     return "\n".join(textwrap.wrap(text, width)) or text
 
 

@@ -104,6 +104,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     Raises DataError when the run has no metrics or none of the plotted ones.
     """
     # A bare Figure on the Agg canvas: no pyplot global state, works headless, leaves the user's backend alone.
+    # heavy: matplotlib start-up (~0.8 s), only when a plot is drawn (p3o.metrics is imported by every command)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -21,7 +21,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
 from p3o.metrics.logger import to_number
+from p3o.metrics.rules import CAUSE_TEXT, CAUSES, suggest
 
 __all__ = ["ProgressBar", "finding_line", "progress_line"]
 
@@ -61,8 +72,6 @@ def progress_line(
 
 def finding_line(label: str, step: int, name: str, cause_code: float | None) -> str:
     """The line printed when finding ``name`` first fires: its cause (the monitor's attribution) and what to do."""
-    from p3o.metrics.monitor import CAUSE_TEXT, CAUSES, suggest
-
     cause = next((c for c, code in CAUSES.items() if cause_code is not None and code == int(cause_code)), None)
     cause = cause or "undetermined"
     return f"{label}: finding at step {step}: {name} (cause: {CAUSE_TEXT[cause]}): {suggest(name, cause, 'p3o')}"
@@ -105,21 +114,10 @@ class ProgressBar:
         self.findings: dict[str, int] = {}  # finding name -> the step it first fired at
         if not enabled:
             return
-        from rich.console import Console
-
         console = console if console is not None else Console(stderr=True)
         if not console.is_terminal:
             self._lines = True
             return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),

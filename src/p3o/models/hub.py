@@ -19,12 +19,23 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+
+import torch
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import try_to_load_from_cache
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
 from p3o.errors import ConfigError
 from p3o.models.cache import atomic_build
-from p3o.models.tiny import base_dir, parse_tiny, tokenizer_dir
+from p3o.models.configs import SIZES, qwen3_config
+from p3o.models.smollm2 import ensure_smollm2
+from p3o.models.tiny import TESTBEDS, base_dir, parse_tiny, tokenizer_dir
+from p3o.models.tokenizer import build_tokenizer
+from p3o.models.warmstart import resolve_tiny
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")  # "org/name", as on huggingface.co
 SMOLLM2_NAMES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct")
@@ -32,9 +43,6 @@ SMOLLM2_NAMES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct")
 
 def builtin_names() -> list[str]:
     """The built-in model names `load_policy` knows (tiny sizes and testbeds, tiny-random, smollm2)."""
-    from p3o.models.configs import SIZES
-    from p3o.models.tiny import TESTBEDS
-
     return ["tiny", *(f"tiny-{s}" for s in [*SIZES, *TESTBEDS]), "tiny-random", SMOLLM2_NAMES[0]]
 
 
@@ -42,8 +50,6 @@ def ensure_tokenizer(
     cache_dir: str | Path | None = None, *, task: str = "arithmetic", vocab_size: int = 512, seed: int = 0
 ) -> Path:
     """Path of the cached built-in tokenizer (trained once, written with `p3o.models.cache.atomic_build`)."""
-    from p3o.models.tokenizer import build_tokenizer
-
     return atomic_build(
         tokenizer_dir(cache_dir, task=task, vocab_size=vocab_size, seed=seed),
         lambda tmp: build_tokenizer(task, vocab_size=vocab_size, seed=seed).save_pretrained(tmp),
@@ -53,9 +59,6 @@ def ensure_tokenizer(
 
 def load_pretrained(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) from a local HF directory (float32 by default, eval mode)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"model.name: {path} is not a model directory (no config.json)")
@@ -75,12 +78,7 @@ def _hub_offline() -> bool:
     flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
     if any(str(f).strip().lower() in {"1", "true", "yes", "on"} for f in flags if f):
         return True
-    try:
-        from huggingface_hub import constants
-
-        return bool(constants.HF_HUB_OFFLINE)
-    except Exception:  # pragma: no cover - huggingface_hub comes with transformers
-        return False
+    return bool(hf_constants.HF_HUB_OFFLINE)
 
 
 def _chain(err: BaseException) -> list[BaseException]:
@@ -94,15 +92,7 @@ def _chain(err: BaseException) -> list[BaseException]:
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
     """Can a TCP connection to the Hub endpoint (HF_ENDPOINT, default huggingface.co:443) be opened?"""
-    import socket
-    from urllib.parse import urlparse
-
-    try:
-        from huggingface_hub import constants
-
-        url = urlparse(constants.ENDPOINT)
-    except Exception:  # pragma: no cover
-        url = urlparse("https://huggingface.co")
+    url = urlparse(hf_constants.ENDPOINT or "https://huggingface.co")
     port = url.port or (80 if url.scheme == "http" else 443)
     try:
         with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout_s):
@@ -146,9 +136,6 @@ def load_hub(repo_id: str, dtype: Any = None) -> tuple[Any, Any]:
     Needs network the first time (then the HF cache serves it, also offline). Any failure is a one-line
     ConfigError saying what to do (`hub_error`).
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     # Without network, transformers retries for ~50 s before failing; a 3 s probe makes it answer at once (from
     # the HF cache when the model is there).
     local_only = not _hub_offline() and not _hub_reachable()
@@ -177,27 +164,16 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
     tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():
         size, rand = tiny
-        from p3o.models.configs import SIZES
-        from p3o.models.tiny import TESTBEDS
-        from p3o.models.warmstart import resolve_tiny  # the warm start (torch, task data) only when a base is asked
-
         if size not in SIZES and not (size in TESTBEDS and not rand):
             known = ", ".join([*SIZES, *TESTBEDS])
             raise ConfigError(f"model.name: unknown tiny size or testbed in {name!r}; known: {known}")
         if not rand and (size in SIZES or size in TESTBEDS):
             return load_pretrained(resolve_tiny(name, cache_dir) or base_dir(size, cache_dir))  # built on first use
-        import torch
-        from transformers import AutoTokenizer, Qwen3ForCausalLM
-
-        from p3o.models.configs import qwen3_config
-
         tok = AutoTokenizer.from_pretrained(ensure_tokenizer(cache_dir))
         torch.manual_seed(seed)
         cfg = qwen3_config(size, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
         return Qwen3ForCausalLM(cfg).float().eval(), tok
     if name in SMOLLM2_NAMES:
-        from p3o.models.smollm2 import ensure_smollm2
-
         return load_pretrained(ensure_smollm2(cache_dir))
     path = Path(name).expanduser()
     if path.is_dir():
@@ -220,8 +196,6 @@ def _looks_like_path(name: str) -> bool:
 def _in_hf_cache(repo_id: str) -> bool:
     """Does the Hugging Face cache hold `repo_id`'s config.json (so an offline load can work)?"""
     try:
-        from huggingface_hub import try_to_load_from_cache
-
         return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
     except Exception:  # pragma: no cover - huggingface_hub comes with transformers
         return False
@@ -237,9 +211,6 @@ def check_model_name(name: str, *, key: str = "model.name") -> None:
     name = str(name)
     tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():
-        from p3o.models.configs import SIZES
-        from p3o.models.tiny import TESTBEDS
-
         size, rand = tiny
         if size not in SIZES and not (size in TESTBEDS and not rand):
             raise ConfigError(

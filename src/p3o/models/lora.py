@@ -53,7 +53,7 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
 def require_peft() -> Any:
     """The ``peft`` module, or an ImportError naming the extra to install."""
     try:
-        import peft
+        import peft  # optional: peft (extra lora)
     except ImportError as e:
         raise ImportError("LoRA (model.lora.r > 0) needs PEFT: pip install 'p3o[lora]'") from e
     return peft
@@ -128,7 +128,7 @@ def apply_lora(model: nn.Module, cfg: Any, *, seed: int = 0) -> nn.Module:
 
 def _adapted_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """(plain-model module name, LoRA layer) for every adapted layer of a PEFT model."""
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # optional: peft (extra lora)
 
     for name, mod in model.get_base_model().named_modules():
         if isinstance(mod, LoraLayer) and hasattr(mod, "get_delta_weight"):

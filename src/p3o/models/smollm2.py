@@ -42,11 +42,11 @@ def find_gguf() -> Path:
 def convert(out_dir: str | Path, gguf_path: str | Path | None = None) -> dict[str, float]:
     """De-quantise the GGUF to float32 and write `out_dir` (safetensors + tokenizer); returns timing stats."""
     try:
-        import gguf  # noqa: F401 - transformers needs it to read GGUF
+        import gguf  # noqa: F401  # optional: gguf (extra smollm2), which transformers needs to read a GGUF
     except ImportError:
         raise P3OError(f"reading the SmolLM2 GGUF needs the gguf package ({INSTALL_HINT})") from None
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # heavy: torch start-up, not for `p3o convert-smollm2 --help`
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers start-up, likewise
 
     gguf_path = Path(gguf_path) if gguf_path else find_gguf()
     t0 = time.perf_counter()

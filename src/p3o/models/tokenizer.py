@@ -31,6 +31,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTo
     The 256 byte symbols are always in the vocabulary, so any text round-trips; `vocab_size` counts them, the
     special tokens and the learned merges.
     """
+    # pinned: the base's cache key hashes this module's syntax tree (p3o.models.tiny): moving it rebuilds the base
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 256 + len(SPECIAL_TOKENS) + 1:
@@ -63,6 +64,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTo
 
 def task_corpus(task: str = "arithmetic", seed: int = 0, n_per_level: int = 400) -> list[str]:
     """Chat-formatted prompts + solutions of the built-in task at every level (the tokenizer's training text)."""
+    # pinned: the base's cache key hashes this module's syntax tree (p3o.models.tiny): moving it rebuilds the base
     from p3o.tasks import load_task
     from p3o.tasks.arithmetic import LEVELS
     from p3o.tasks.prompts import user_message

@@ -140,6 +140,7 @@ def warm_start(
     Stats: params, steps, final_loss, train_s / train_cpu_s (wall / CPU time of tokenizer + data + training),
     threads. (``p3o sft`` adds its pass@1 report; the weights do not depend on it.)
     """
+    # pinned: the base's cache key hashes this module's syntax tree (p3o.models.tiny): moving it rebuilds the base
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
     if cfg.threads:

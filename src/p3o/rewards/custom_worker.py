@@ -15,10 +15,11 @@ import os
 import sys
 from typing import Any
 
+from p3o.rewards.custom import load_function
+from p3o.rewards.mv_worker import _die_with_parent, serve
+
 
 def main(argv: list[str]) -> int:
-    from p3o.rewards.mv_worker import _die_with_parent, serve
-
     _die_with_parent()
     out = os.fdopen(os.dup(1), "w")  # the protocol channel; fd 1 itself now points at stderr
     os.dup2(2, 1)
@@ -29,8 +30,6 @@ def main(argv: list[str]) -> int:
     load_error = None
     fn = None
     try:
-        from p3o.rewards.custom import load_function
-
         fn = load_function(spec)
     except BaseException as err:  # reported on every request (the parent already imported it once, so rare)
         load_error = f"cannot load {spec}: {type(err).__name__}: {str(err)[:200]}"

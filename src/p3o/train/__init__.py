@@ -19,6 +19,6 @@ __all__ = ["run"]
 
 def run(cfg: TrainConfig) -> Path:
     """Run the training job ``cfg`` in-process and return its run directory (imports the loop lazily)."""
-    from p3o.train.loop import run as _run
+    from p3o.train.loop import run as _run  # heavy: torch start-up; `import p3o.train.cli` stays light
 
     return _run(cfg)

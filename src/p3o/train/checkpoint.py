@@ -55,9 +55,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_model
+from transformers.utils import logging as hf_logging
 
 from p3o import dist
-from p3o.errors import P3OError
+from p3o.errors import CheckpointWriteError, P3OError
 from p3o.models.checkpoints import (  # the layout and its read-only lookups live below training (p3o eval uses them)
     CKPT_DIR,
     LATEST,
@@ -71,6 +73,7 @@ from p3o.models.checkpoints import (  # the layout and its read-only lookups liv
     list_checkpoints,
 )
 from p3o.models.checkpoints import is_complete_checkpoint as is_complete
+from p3o.models.lora import is_lora
 
 __all__ = [
     "CKPT_DIR",
@@ -103,10 +106,6 @@ _OLD_PREFIX = ".old-"
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped on resume because its files differ from what its meta.json records."""
-
-
-class CheckpointWriteError(P3OError):
-    """A checkpoint could not be written (disk full, file-size limit); the earlier checkpoints are left intact."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -185,11 +184,6 @@ def save_policy(out_dir: str | Path, model: torch.nn.Module, tokenizer: Any = No
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """Silence transformers' "Writing model shards" bar, which would break the training progress bar."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:  # pragma: no cover - transformers is a core dependency
-        yield
-        return
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -206,8 +200,6 @@ def _write_policy(out_dir: Path, model: torch.nn.Module, tokenizer: Any) -> None
         with _quiet_transformers():
             model.save_pretrained(out_dir, safe_serialization=True)
     else:
-        from safetensors.torch import save_model
-
         save_model(model, str(out_dir / "model.safetensors"))
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
@@ -220,10 +212,6 @@ def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
     missing; any other missing or unexpected key raises P3OError naming it. A LoRA (PEFT) model loads a PEFT
     adapter directory (``adapter_model.safetensors``) into its adapters; the base weights are left as they are.
     """
-    from safetensors.torch import load_file
-
-    from p3o.models.lora import is_lora
-
     policy_dir = Path(policy_dir)
     files = sorted(policy_dir.glob("*.safetensors"))
     if not files:
@@ -251,7 +239,7 @@ def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
 
 def _load_adapters(model: torch.nn.Module, state: dict[str, torch.Tensor], policy_dir: Path) -> None:
     """Load a PEFT adapter state dict into a PEFT model; a missing or unexpected adapter tensor raises P3OError."""
-    from peft import set_peft_model_state_dict
+    from peft import set_peft_model_state_dict  # optional: peft (extra lora); only a LoRA run gets here
 
     result = set_peft_model_state_dict(model, state)
     missing = [k for k in result.missing_keys if "lora_" in k]

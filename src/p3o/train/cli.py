@@ -19,21 +19,26 @@ import sys
 import time
 import typing
 import warnings
+from pathlib import Path
 from typing import Any
 
 # Before torch loads OpenMP: idle worker threads sleep instead of spinning. On a shared or oversubscribed CPU,
 # spinning threads made 2-thread steps ~20x slower than 1-thread ones; sleeping costs little on an idle machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from p3o.errors import ConfigError, P3OError
+from p3o import dist
+from p3o.config import config_help, load_config
+from p3o.errors import CheckpointWriteError, ConfigError, P3OError
+from p3o.metrics import read_metrics
+from p3o.metrics.rules import CAUSE_TEXT, CAUSES
+from p3o.objectives import get_objective
+from p3o.rollout.capabilities import check_rollout_backend
+from p3o.train.resume import HISTORY_FILE, describe_changes, record_changes, resume_config
 
 
 def _summary(run_dir: str, wall_s: float) -> str:
     """A few lines for the console: where the run is, how the reward and the held-out pass@1 moved, and each
     off-policy finding that fired (first step, steps fired, cause)."""
-    from p3o.metrics import read_metrics
-    from p3o.metrics.monitor import CAUSE_TEXT, CAUSES
-
     lines = [f"run directory: {run_dir}  ({wall_s:.1f} s)"]
     try:
         rows = read_metrics(run_dir)
@@ -70,8 +75,6 @@ def ess_scope_warning(cfg: Any, world_size: int = 1) -> str | None:
     `update.micro_batch_size` below the sequences one rank trains per optimizer step the memory setting changes the
     objective. An explicit `objective.scope` (micro-batch, step or sequence) is a choice and silences it.
     """
-    from p3o.objectives import get_objective
-
     name = cfg.objective.name
     rec = get_objective(name)
     # the record says whether the loss couples rows through a per-micro-batch statistic (M2PO's is step-wide)
@@ -117,10 +120,8 @@ def prepare_resume(
     `allow_changes` raise one ConfigError line; damaged checkpoints newer than the intact one are named in one
     warning line each (`p3o.train.checkpoint.intact_checkpoint`).
     """
-    from pathlib import Path
-
+    # heavy: transformers start-up, not for `p3o train --help` or a refused option
     from p3o.train.checkpoint import checkpoint_step, intact_checkpoint
-    from p3o.train.resume import resume_config
     from p3o.train.wiring import resume_problem
 
     run_dir = Path(given.run_dir)
@@ -150,8 +151,6 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
     """Entry point of `p3o train` (see the module docstring); returns the exit status. `remote_source`: what builds
     the rollout workers' batch source (`p3o.cli` passes `p3o.cluster.RaySource`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    from p3o.config import config_help, load_config
-
     if any(a in {"-h", "--help"} for a in argv):
         print("usage: p3o train [--config PRESET_OR_YAML] [--resume [--allow-changes]] [--key value ...]\n")
         print(config_help())
@@ -168,8 +167,7 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
             if resumed is None:
                 return 0
             cfg, changes, start = resumed
-        from p3o.models.hub import check_model_name
-        from p3o.rollout.capabilities import check_rollout_backend
+        from p3o.models.hub import check_model_name  # heavy: transformers start-up, once the options are read
 
         # a name, or a setting this machine's rollout backend cannot run, stops here, before any model loads
         check_model_name(cfg.model.name)
@@ -185,7 +183,7 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
                 "rollout.engine: 'vllm' needs vLLM in this interpreter: on a GPU `pip install \"p3o[vllm]\"`; on a "
                 "CPU build .venv-vllm with `bash scripts/vllm_env.sh` and run p3o from it (docs/vllm.md)"
             )
-        from p3o import dist
+        # heavy: transformers start-up, not for a refused setting (and a call-time lookup: tests patch loop.run)
         from p3o.train.checkpoint import CheckpointWarning, run_outputs
         from p3o.train.loop import run
 
@@ -195,8 +193,6 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
         if warning and not refused:
             _say(warning)
         if changes and os.environ.get("RANK", "0") == "0":
-            from p3o.train.resume import HISTORY_FILE, describe_changes, record_changes
-
             record_changes(cfg.run_dir, start, changes, allowed=allow_changes)
             _say(f"p3o train: resuming at step {start} with {describe_changes(changes)} (in {HISTORY_FILE})")
 
@@ -209,8 +205,6 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
         dist.destroy()
     except P3OError as err:
         print(f"p3o train: error: {err}", file=sys.stderr)
-        from p3o.train.checkpoint import CheckpointWriteError
-
         return 1 if isinstance(err, CheckpointWriteError) else 2
     return 0
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o import options
+from p3o.config import TrainConfig, load_config, to_dict
 from p3o.errors import ConfigError
 
 __all__ = [
@@ -65,8 +66,6 @@ def change_kind(key: str, run_cfg: Any) -> str:
 
 def _flat(cfg: Any) -> dict[str, Any]:
     """Dotted key -> value of a TrainConfig (objective hyper-parameters resolved, lists as leaves)."""
-    from p3o.config import to_dict
-
     return dict(options._flatten(to_dict(cfg, resolve_objective=True)))
 
 
@@ -102,8 +101,6 @@ def _apply(cfg: Any, changes: dict[str, Any]) -> Any:
 
 def run_config(run_dir: str | Path) -> Any | None:
     """The run's current settings: its ``config.yaml`` with the history applied; None without a config.yaml."""
-    from p3o.config import load_config
-
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         return None
@@ -128,8 +125,6 @@ def resume_config(argv: list[str], given: Any, *, allow_changes: bool = False) -
     run_cfg = run_config(run_dir)
     if run_cfg is None:
         return given, {}
-    from p3o.config import TrainConfig
-
     keys = options.given_keys(argv, TrainConfig, skip_files=[run_dir / CONFIG_FILE])
     old, new = _flat(run_cfg), _flat(given)
     changes = {k: [old.get(k), new[k]] for k in keys if k not in _ACTIONS and k in new and old.get(k) != new[k]}

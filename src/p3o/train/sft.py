@@ -15,8 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from p3o.config import config_help, load_config
 from p3o.errors import ConfigError
+from p3o.eval.runner import evaluate
+from p3o.models import load_pretrained
 from p3o.models.warmstart import SFTConfig, ensure_base, resolve_model_name, warm_start
+from p3o.tasks import default_verifier, load_task
 
 __all__ = ["SFTConfig", "ensure_base", "main", "pass_at_1", "resolve_model_name"]
 
@@ -38,9 +42,6 @@ def pass_at_1(
     Sampled and scored by `p3o.eval.runner.evaluate` (the one evaluation sampler); the verifier is `verifier`, else
     the task's own (`p3o.tasks.default_verifier`). 0.0 for no problems.
     """
-    from p3o.eval.runner import evaluate
-    from p3o.tasks import default_verifier
-
     if not problems:
         return 0.0
     result = evaluate(
@@ -62,9 +63,6 @@ def pass_at_1(
 
 def report(cfg: SFTConfig, path: Path) -> dict[str, Any]:
     """{"pass_at_1", "eval_s"} of the base at `path` on `cfg.eval_n` held-out problems of `cfg.difficulty`."""
-    from p3o.models import load_pretrained
-    from p3o.tasks import load_task
-
     if cfg.eval_n <= 0:
         return {"pass_at_1": None, "eval_s": 0.0}
     t0 = time.perf_counter()
@@ -88,8 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     Options are parsed by `p3o.config.load_config(cls=SFTConfig)`: the same types, bounds, nearest-name errors and
     `--help` as `p3o train` (`--batch-size` and `--batch_size` are the same key).
     """
-    from p3o.config import config_help, load_config
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in {"-h", "--help"} for a in argv):
         print("usage: p3o sft [--size 5m] [--steps N] [--out DIR] [--force] [--key value ...]\n")
@@ -111,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             rest.append(argv[i])
         i += 1
     cfg = load_config(rest, cls=SFTConfig)
-    if out:
-        stats = warm_start(cfg, out)
+    if out:  # a one-off base outside the cache: its init (the main base) comes from the cache all the same
+        init = ensure_base(cfg.size, seed=cfg.seed) if cfg.init == "tiny" else None
+        stats = warm_start(cfg, out, init_dir=init)
         path = Path(out)
     else:
         path = ensure_base(cfg.size, task=cfg.task, difficulty=cfg.difficulty, seed=cfg.seed, force=force, sft=cfg)

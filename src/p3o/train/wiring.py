@@ -13,6 +13,7 @@ update sections; the task decides its default verifier (`p3o.tasks.default_verif
 from __future__ import annotations
 
 import copy
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +22,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from p3o import dist
+from p3o import dist, models  # models.load_policy looked up at call time: tests replace it
 from p3o.dist import resolve_device
 from p3o.errors import ConfigError
+from p3o.models.lora import is_lora, merged_copy, merged_weights
+from p3o.rewards import make_reward_fn
+from p3o.rollout.factory import make_engine as _make
+from p3o.rollout.settings import EngineSettings
+from p3o.tasks import format_prompt, load_eval_problems, load_train_problems, task_verifier
+from p3o.train import checkpoint  # called through the module: tests patch its functions
 from p3o.train.sources import BatchSource
 from p3o.train.step import make_optimizer, make_scheduler
 from p3o.types import Rollouts
@@ -96,13 +103,10 @@ class Components:
 
 
 def build_trainer_side(cfg: Any) -> tuple[nn.Module, Any, nn.Module | None]:
-    """(policy, tokenizer, frozen reference or None): the model named by `cfg.model`, on its device and dtype."""
-    from p3o.models import load_policy
-    from p3o.train.sft import resolve_model_name
-
+    """(policy, tokenizer, frozen reference or None): the model named by `cfg.model`, on its device and dtype
+    ("tiny": the warm-started base, built on first use by `load_policy`)."""
     device = resolve_device(cfg.model.device)
-    model_name = resolve_model_name(cfg.model.name, cfg.model.cache_dir)  # "tiny": the warm-started base, built once
-    policy, tokenizer = load_policy(model_name, cache_dir=cfg.model.cache_dir)
+    policy, tokenizer = models.load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)
     policy = policy.to(device=device, dtype=getattr(torch, cfg.model.dtype))
     if cfg.train.gradient_checkpointing and hasattr(policy, "gradient_checkpointing_enable"):
         policy.gradient_checkpointing_enable()
@@ -114,10 +118,7 @@ def build_trainer_side(cfg: Any) -> tuple[nn.Module, Any, nn.Module | None]:
 
 def load_tokenizer(cfg: Any) -> Any:
     """The tokenizer of `cfg.model.name` alone (a rollout worker loads its model through the engine factory)."""
-    from p3o.models import load_policy
-    from p3o.train.sft import resolve_model_name
-
-    return load_policy(resolve_model_name(cfg.model.name, cfg.model.cache_dir), cache_dir=cfg.model.cache_dir)[1]
+    return models.load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)[1]
 
 
 def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None) -> RolloutSide:
@@ -130,11 +131,6 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     `format_prompt(problem, tokenizer, task.template, system=task.system_prompt)`. The task and the verifier are
     resolved before the model is loaded, so a wrong path or `module:function` fails at once.
     """
-    from p3o.rewards import make_reward_fn
-    from p3o.rollout.factory import make_engine as _make
-    from p3o.rollout.settings import EngineSettings
-    from p3o.tasks import format_prompt, load_eval_problems, load_train_problems, task_verifier
-
     task = cfg.task
     problems = load_train_problems(task, seed=cfg.seed, n=task.n_train)
     eval_problems = []
@@ -193,15 +189,11 @@ def build_components(cfg: Any) -> Components:
 
 def engine_model(policy: nn.Module) -> nn.Module:
     """What a rollout engine copies: the policy, or with LoRA a plain HF model with the adapters merged."""
-    from p3o.models.lora import is_lora, merged_copy
-
     return merged_copy(policy) if is_lora(policy) else policy
 
 
 def sync_weights(policy: nn.Module) -> dict[str, Tensor]:
     """The tensors an engine sync sends: the full state dict, or with LoRA only the merged adapted layers."""
-    from p3o.models.lora import is_lora, merged_weights
-
     return merged_weights(policy) if is_lora(policy) else policy.state_dict()
 
 
@@ -232,11 +224,9 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     refused unless `overwrite`. `resume` needs something to resume (`resume_problem`): a missing or empty run_dir, a
     run with no checkpoint and one whose checkpoints are all damaged are refused with one line.
     """
-    from p3o.train.checkpoint import run_outputs
-
     problem = None
     if dist.is_main():
-        outputs = run_outputs(run_dir)
+        outputs = checkpoint.run_outputs(run_dir)
         if outputs and not resume and not overwrite:
             problem = (
                 f"run_dir {run_dir} holds an earlier run ({', '.join(outputs)}); pass --resume to continue it or "
@@ -257,10 +247,6 @@ def resume_problem(run_dir: str | Path) -> str | None:
     Missing directory (with the nearest sibling's name when one is close), an empty one, a run without a checkpoint
     (finished with ckpt.every 0, or stopped before its first), every checkpoint damaged (each named with why).
     """
-    import difflib
-
-    from p3o.train.checkpoint import intact_checkpoint, list_checkpoints, run_outputs
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         parent = run_dir.parent if str(run_dir.parent) else Path(".")
@@ -268,8 +254,8 @@ def resume_problem(run_dir: str | Path) -> str | None:
         near = difflib.get_close_matches(run_dir.name, siblings, n=1, cutoff=0.6)
         hint = f" (did you mean {parent / near[0]}?)" if near else ""
         return f"run_dir {run_dir} does not exist: nothing to resume{hint}"
-    outputs = run_outputs(run_dir)
-    if not list_checkpoints(run_dir):
+    outputs = checkpoint.run_outputs(run_dir)
+    if not checkpoint.list_checkpoints(run_dir):
         if not outputs:
             return f"run_dir {run_dir} holds no run: nothing to resume (drop --resume to start a run there)"
         if "final" in outputs:
@@ -281,7 +267,7 @@ def resume_problem(run_dir: str | Path) -> str | None:
             f"run_dir {run_dir} holds no checkpoint to resume from (the run stopped before its first one); start it "
             f"again with --overwrite (without --resume)"
         )
-    intact, damaged = intact_checkpoint(run_dir)
+    intact, damaged = checkpoint.intact_checkpoint(run_dir)
     if intact is None:
         listed = "; ".join(f"{p.name}: {why}" for p, why in damaged)
         return f"run_dir {run_dir}: no intact checkpoint to resume from ({listed})"
@@ -305,13 +291,11 @@ def save_loop_checkpoint(
     engine version is the step); the RNG states go to the checkpoint's per-rank RNG, which `load_checkpoint` restores
     on each rank.
     """
-    from p3o.train.checkpoint import gather_rng_states, save_checkpoint
-
     sources = dist.all_gather_object(source.state())
-    rng = gather_rng_states()  # every rank's own Python / NumPy / torch / CUDA generators (a collective)
+    rng = checkpoint.gather_rng_states()  # every rank's own Python / NumPy / torch / CUDA generators (a collective)
     if dist.is_main():
         loop_state = {"rank_source": dict(enumerate(sources)), **(extra or {})}
-        save_checkpoint(
+        checkpoint.save_checkpoint(
             run_dir,
             step,
             model=comps.policy,
