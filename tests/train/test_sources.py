@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -9,6 +10,7 @@ import time
 import pytest
 import torch
 
+from p3o.config import LoopConfig
 from p3o.train.sources import (
     AsyncSource,
     GeneratorCrashed,
@@ -195,7 +197,19 @@ def test_async_crash_while_trainer_waits():
 
 def test_make_source_rejects_unknown_mode():
     with pytest.raises(ValueError, match="unknown loop mode 'turbo'"):
-        make_source("turbo", produce, VersionEngine())
+        make_source(LoopConfig(mode="turbo"), produce, VersionEngine())
+
+
+def test_make_source_reads_its_mode_setting_from_the_loop_section():
+    loop = LoopConfig(staleness=3, max_lag=1, schedule="free", reuse_epochs=4)
+    assert type(make_source(dataclasses.replace(loop, mode="sync"), produce, VersionEngine())) is SyncSource
+    assert make_source(dataclasses.replace(loop, mode="stale"), produce, VersionEngine()).n == 3
+    assert make_source(dataclasses.replace(loop, mode="reuse"), produce, VersionEngine()).epochs == 4
+    src = make_source(dataclasses.replace(loop, mode="async"), produce, VersionEngine(), start=5)
+    try:
+        assert (src.max_lag, src.schedule, src.want, src.latest_version) == (1, "free", 5, 5)
+    finally:
+        src.close()
 
 
 @pytest.mark.parametrize("max_lag", [1, 2])

@@ -12,12 +12,15 @@ is used when importable; Weights & Biases only when installed *and* configured (
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
+
+import yaml
 
 from p3o.errors import DataError, P3OError
 
@@ -54,6 +57,19 @@ def _wandb_configured() -> bool:
         return "api.wandb.ai" in netrc.read_text()
     except OSError:
         return False
+
+
+def _optional(mode: Switch, module: str, key: str, what: str, extra: str) -> Any:
+    """The optional sink's module, imported; None when `mode` is False, or "auto" and it is not installed. `mode`
+    True without it: P3OError naming `key` and the extra to install."""
+    if mode is False:
+        return None
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if mode is True:
+            raise P3OError(f"{key}: true needs {what}: pip install 'p3o[{extra}]'") from None
+        return None
 
 
 class MetricsLogger:
@@ -103,30 +119,18 @@ class MetricsLogger:
         self._wandb = self._open_wandb(wandb, config, wandb_project)
 
     def _open_tensorboard(self, mode: Switch, config: Mapping[str, Any] | None) -> Any:
-        if mode is False:
+        tensorboard = _optional(mode, "torch.utils.tensorboard", "log.tensorboard", "TensorBoard", "tensorboard")
+        if tensorboard is None:
             return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            if mode is True:
-                raise P3OError("log.tensorboard: true needs TensorBoard: pip install 'p3o[tensorboard]'") from None
-            return None
-        writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        writer = tensorboard.SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
         if config:
-            import yaml
-
             text = yaml.safe_dump(dict(config), sort_keys=False)
             writer.add_text("config", "```\n" + text + "\n```", 0)
         return writer
 
     def _open_wandb(self, mode: Switch, config: Mapping[str, Any] | None, project: str) -> Any:
-        if mode is False:
-            return None
-        try:
-            import wandb
-        except ImportError:
-            if mode is True:
-                raise P3OError("log.wandb: true needs Weights & Biases: pip install 'p3o[wandb]'") from None
+        wandb = _optional(mode, "wandb", "log.wandb", "Weights & Biases", "wandb")
+        if wandb is None:
             return None
         configured = _wandb_configured()
         if mode == "auto" and not configured:

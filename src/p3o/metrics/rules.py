@@ -222,6 +222,31 @@ def _attribute(
     return "engine", why  # only fresh tokens were seen: lag 0 carries it
 
 
+def _stale_carries(
+    over: bool | None, fresh_excess: float, stale_excess: float, th: Mapping[str, float]
+) -> bool | None:
+    """Do the stale tokens carry a finding? `over`: they cross its threshold (None: no stale tokens in the window);
+    when the fresh tokens were measured, the stale ones' excess must also be ≥ `stale_margin` × theirs (else the
+    engine's share explains it). Excess: how far past clean (1 − ESS, the tail share, 1 − m_t)."""
+    if over is None:
+        return None
+    return over and (math.isnan(fresh_excess) or stale_excess >= th["stale_margin"] * fresh_excess)
+
+
+def _attributed(
+    rows: Sequence[Mapping[str, Any]],
+    name: str,
+    message: str,
+    evidence: str,
+    fresh_bad: bool | None,
+    stale_bad: bool | None,
+    why: str,
+) -> Finding:
+    """The finding `name` with its cause (`_attribute`) and the evidence followed by the fresh / stale split."""
+    cause, why = _attribute(rows, fresh_bad, stale_bad, why)
+    return Finding(name, message, f"{evidence}; {why}", "", cause)
+
+
 def _fmt_opt(x: float, spec: str = ".3f") -> str:
     return "n/a" if math.isnan(x) else format(x, spec)
 
@@ -240,22 +265,15 @@ def _low_ess(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Find
     fresh, stale = _vals(rows, "ess_lag_0"), _vals(rows, "ess_stale")
     f_med, s_med = _median(fresh), _median(stale)
     f_bad = None if not fresh else _ess_low_share(fresh, th) > th["ess_share"]
-    s_bad = (
-        None
-        if not stale
-        else (
-            _ess_low_share(stale, th) > th["ess_share"]
-            and (math.isnan(f_med) or (1 - s_med) >= th["stale_margin"] * (1 - f_med))
-        )
-    )
-    why = f"median ESS of fresh tokens {_fmt_opt(f_med)}, of stale tokens {_fmt_opt(s_med)}"
-    cause, why = _attribute(rows, f_bad, s_bad, why)
-    return Finding(
+    s_over = None if not stale else _ess_low_share(stale, th) > th["ess_share"]
+    return _attributed(
+        rows,
         "low_ess",
         f"ESS below {th['ess_threshold']} on {low} of {len(ess)} steps (threshold: more than {th['ess_share']:.0%})",
-        f"ess min {min(ess):.3f}, mean {_mean(ess):.3f}; {why}",
-        "",
-        cause,
+        f"ess min {min(ess):.3f}, mean {_mean(ess):.3f}",
+        f_bad,
+        _stale_carries(s_over, 1 - f_med, 1 - s_med, th),
+        f"median ESS of fresh tokens {_fmt_opt(f_med)}, of stale tokens {_fmt_opt(s_med)}",
     )
 
 
@@ -350,14 +368,15 @@ def _position_drift(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) 
         f"fresh tokens {'drift' if f_bad else 'do not drift' if f_bad is False else 'absent'}, "
         f"stale tokens {'drift' if s_bad else 'do not drift' if s_bad is False else 'absent'}"
     )
-    cause, why = _attribute(rows, f_bad, s_bad, why)
-    return Finding(
+    return _attributed(
+        rows,
         "position_drift",
         f"mismatch grows with position: mean |Δlogp| ×{factor:.1f} from the early to the late deciles "
         f"(threshold ×{th['drift_factor']:g} and ≥ {th['drift_floor']:g} nats)",
-        f"{desc}; {why}",
-        "",
-        cause,
+        desc,
+        f_bad,
+        s_bad,
+        why,
     )
 
 
@@ -371,19 +390,15 @@ def _ratio_tails(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> 
     fresh = _tokens_weighted(rows, "ratio_tails_lag_0", "tokens_lag_0")
     stale = _tokens_weighted(rows, "ratio_tails_stale", "tokens_stale")
     f_bad = None if math.isnan(fresh) else fresh > th["tail_share"]
-    s_bad = (
-        None
-        if math.isnan(stale)
-        else (stale > th["tail_share"] and (math.isnan(fresh) or stale >= th["stale_margin"] * fresh))
-    )
-    why = f"tails among fresh tokens {_fmt_opt(fresh, '.2%')}, among stale tokens {_fmt_opt(stale, '.2%')}"
-    cause, why = _attribute(rows, f_bad, s_bad, why)
-    return Finding(
+    s_over = None if math.isnan(stale) else stale > th["tail_share"]
+    return _attributed(
+        rows,
         "ratio_tails",
         f"heavy ratio tails: {tails:.2%} of tokens have ρ > 2 or ρ < 0.5 (threshold {th['tail_share']:.0%})",
-        f"ρ > 2: {_mean(above or [0.0]):.2%}, ρ < 0.5: {_mean(below or [0.0]):.2%}; {why}",
-        "",
-        cause,
+        f"ρ > 2: {_mean(above or [0.0]):.2%}, ρ < 0.5: {_mean(below or [0.0]):.2%}",
+        f_bad,
+        _stale_carries(s_over, fresh, stale, th),
+        f"tails among fresh tokens {_fmt_opt(fresh, '.2%')}, among stale tokens {_fmt_opt(stale, '.2%')}",
     )
 
 
@@ -404,20 +419,16 @@ def _prefix_decay(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) ->
     fresh = _tokens_weighted(rows, "m_mean_lag_0", "tokens_lag_0")
     stale = _tokens_weighted(rows, "m_mean_stale", "tokens_stale")
     f_bad = None if math.isnan(fresh) else fresh < th["m_floor"]
-    s_bad = (
-        None
-        if math.isnan(stale)
-        else (stale < th["m_floor"] and (math.isnan(fresh) or (1 - stale) >= th["stale_margin"] * (1 - fresh)))
-    )
-    why = f"m_t of fresh tokens {_fmt_opt(fresh)}, of stale tokens {_fmt_opt(stale)}"
-    cause, why = _attribute(rows, f_bad, s_bad, why)
-    return Finding(
+    s_over = None if math.isnan(stale) else stale < th["m_floor"]
+    return _attributed(
+        rows,
         "prefix_decay",
         f"MinPRO's prefix factor m_t averages {_mean(m):.3f} (threshold {th['m_floor']}): later tokens of long "
         f"responses carry little weight",
-        f"m_mean min {min(m):.3f}, mean {_mean(m):.3f}; {why}",
-        "",
-        cause,
+        f"m_mean min {min(m):.3f}, mean {_mean(m):.3f}",
+        f_bad,
+        _stale_carries(s_over, 1 - fresh, 1 - stale, th),
+        f"m_t of fresh tokens {_fmt_opt(fresh)}, of stale tokens {_fmt_opt(stale)}",
     )
 
 

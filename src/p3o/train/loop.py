@@ -55,7 +55,7 @@ from p3o.train import checkpoint  # called through the module: tests patch its f
 from p3o.train.evaluation import Evaluator
 from p3o.train.sources import BatchSource, RemoteSource, make_source, token_lag
 from p3o.train.step import ObjectiveCall, UpdateSettings, UpdateStep
-from p3o.train.stream import PromptStream, make_producer, stream_seed
+from p3o.train.stream import Producer, PromptStream, stream_seed
 from p3o.train.wiring import (
     Components,
     build_components,
@@ -234,24 +234,13 @@ class Trainer:
         stream = PromptStream(
             len(side.prompts), cfg.rollout.prompts_per_step, cfg.seed, dist.rank(), dist.world_size()
         )
-        produce = make_producer(cfg.rollout, lp, cfg.advantage, cfg.seed, side, stream)
+        produce = Producer(cfg.rollout, lp, cfg.advantage, cfg.seed, side, stream)
         engine = side.make_engine(engine_model(policy))
         if start > 0:
             engine.load_weights(sync_weights(policy), start)
         evaluator = Evaluator(side, cfg.seed)
         self.evaluator = lambda version: evaluator(version, lambda: sync_weights(policy), lambda: engine_model(policy))
-        return make_source(
-            lp.mode,
-            produce,
-            engine,
-            staleness=lp.staleness,
-            max_lag=lp.max_lag,
-            schedule=lp.schedule,
-            epochs=lp.reuse_epochs,
-            start_step=start,
-            start_version=start,
-            state=state,
-        )
+        return make_source(lp, produce, engine, start=start, state=state)
 
     # -- one step ------------------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:

@@ -21,7 +21,7 @@ a batch is produced relative to the weights the engine holds:
   `SyncSource`. A crash in the thread is re-raised in the trainer within `poll_s` seconds.
 * `ReuseSource(epochs)`: one batch is produced every `epochs` steps and trained on at each of them.
 
-    source = make_source("async", produce, engine, max_lag=2); batch = source.get(step)
+    source = make_source(LoopConfig(mode="async", max_lag=2), produce, engine); batch = source.get(step)
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ import collections
 import threading
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from p3o.types import Rollouts
+
+if TYPE_CHECKING:
+    from p3o.config import LoopConfig
 
 Batch = tuple[Rollouts, dict[str, float]]
 Produce = Callable[[int, Any], Batch]
@@ -360,35 +363,22 @@ class RemoteSource(Protocol):
 
 
 def make_source(
-    mode: str,
-    produce: Produce,
-    engine: Any,
-    *,
-    staleness: int = 0,
-    max_lag: int = 0,
-    schedule: str = "fixed",
-    epochs: int = 1,
-    start_step: int = 0,
-    start_version: int = 0,
-    state: dict[str, Any] | None = None,
+    loop: LoopConfig, produce: Produce, engine: Any, *, start: int = 0, state: dict[str, Any] | None = None
 ) -> BatchSource:
-    """The source for `loop.mode` ∈ {sync, stale, async, reuse}; `schedule` ∈ {fixed, free} for async."""
+    """The source for `loop.mode` ∈ {sync, stale, async, reuse} with its setting (`loop.staleness`, `loop.max_lag`
+    and `loop.schedule` ∈ {fixed, free}, `loop.reuse_epochs`); `start`: the first step (and the engine's version),
+    `state`: a checkpoint's `source.state()` to continue from."""
+    mode = loop.mode
     if mode == "sync":
         return SyncSource(produce, engine)
     if mode == "stale":
-        return StaleSource(produce, engine, staleness, state)
+        return StaleSource(produce, engine, loop.staleness, state)
     if mode == "async":
         return AsyncSource(
-            produce,
-            engine,
-            max_lag,
-            schedule=schedule,
-            start_version=start_version,
-            start_step=start_step,
-            state=state,
+            produce, engine, loop.max_lag, schedule=loop.schedule, start_version=start, start_step=start, state=state
         )
     if mode == "reuse":
-        return ReuseSource(produce, engine, epochs, state)
+        return ReuseSource(produce, engine, loop.reuse_epochs, state)
     raise ValueError(f"unknown loop mode '{mode}'; known: sync, stale, async, reuse")
 
 

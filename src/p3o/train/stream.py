@@ -5,14 +5,13 @@ Every batch is a pure function of (seed, b, round, rank) — no cursor to save, 
 batches an uninterrupted one would have seen:
 
     stream = PromptStream(num_prompts=len(prompts), per_step=16, seed=0)
-    produce = make_producer(cfg.rollout, cfg.loop, cfg.advantage, cfg.seed, comps, stream)
+    produce = Producer(cfg.rollout, cfg.loop, cfg.advantage, cfg.seed, comps, stream)
     rollouts, info = produce(b, engine)      # the b-th batch, with rewards and group-relative advantages
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -77,28 +76,15 @@ class PromptStream:
         return self.global_indices(b, round_)[lo : lo + share], lo
 
 
-def make_producer(
-    ro: RolloutConfig,
-    lp: LoopConfig,
-    adv_cfg: AdvantageConfig,
-    seed: int,
-    comps: Components | RolloutSide,
-    stream: PromptStream,
-    rank: int | None = None,
-) -> Callable[[int, Any], Batch]:
-    """`produce(b, engine) -> (Rollouts with rewards and advantages, info)` for batch index b (a `Producer`).
+class Producer:
+    """`produce(b, engine) -> (Rollouts with rewards and advantages, info)`: the b-th batch of the data stream.
 
-    G = `ro.group_size` completions per prompt of `stream.indices(b)`; DAPO's overlong penalty and dynamic
-    sampling (`lp`); advantages by `p3o.advantages.group_advantages` with `adv_cfg`; sampling seeds from
+    Generate (one round, or refill rounds under dynamic sampling) → verify → overlong penalty → group-relative
+    advantages. G = `ro.group_size` completions per prompt of `stream.indices(b)`; DAPO's overlong penalty and
+    dynamic sampling (`lp`); advantages by `p3o.advantages.group_advantages` with `adv_cfg`; sampling seeds from
     (seed, b, round, rank). `rank`: the trainer rank the batches are for (None: this process's; a rollout worker
     produces every rank's share).
     """
-    return Producer(ro, lp, adv_cfg, seed, comps, stream, dist.rank() if rank is None else rank)
-
-
-class Producer:
-    """The b-th batch of the data stream: generate (one round, or refill rounds under dynamic sampling) → verify →
-    overlong penalty → group-relative advantages. Built by `make_producer`; called as `produce(b, engine)`."""
 
     def __init__(
         self,
@@ -108,10 +94,10 @@ class Producer:
         seed: int,
         comps: Components | RolloutSide,
         stream: PromptStream,
-        rank: int,
+        rank: int | None = None,
     ) -> None:
         self.ro, self.lp, self.adv_cfg, self.seed = ro, lp, adv_cfg, seed
-        self.comps, self.stream, self.rank = comps, stream, rank
+        self.comps, self.stream, self.rank = comps, stream, dist.rank() if rank is None else rank
         self.g = ro.group_size
         self.tries = lp.dynamic_sampling_max_tries if lp.dynamic_sampling else 1
 
@@ -211,5 +197,7 @@ def _informative_rows(rewards: Tensor, group_ids: Tensor) -> list[int]:
             keep += rows.tolist()
     return sorted(keep)
 
+
+make_producer = Producer  # the name the rollout workers (p3o.cluster) and docs/probe.md use
 
 __all__ = ["Producer", "PromptStream", "make_producer", "stream_seed"]

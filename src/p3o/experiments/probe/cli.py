@@ -23,6 +23,18 @@ from p3o.experiments.probe.lm import probe_lm
 from p3o.experiments.probe.tables import markdown_table, plot_probe, update_doc
 from p3o.experiments.synthetic.config import parse_objective, parse_regime
 
+# The ProbeConfig fields that are options of the same name (`--ref-groups` -> ref_groups): name -> help, choices.
+_PROBE_OPTIONS: dict[str, tuple[str | None, list[str] | None]] = {
+    "points": ("probe points per trajectory", None),
+    "batches": ("batches per (trajectory, point, lag)", None),
+    "ref_groups": ("groups per prompt for g_ref", None),
+    "step_size": ("η of the fixed-length step", None),
+    "noise": ("engine logit noise of the probe batches", None),
+    "temperature": ("engine temperature of the batches", None),
+    "logprob_mode": (None, ["raw", "processed"]),
+    "seed": (None, None),
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``p3o probe``."""
@@ -38,19 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"comma list of lags L (default {','.join(map(str, d.lags))}; with --run-dir 0,1,2,4)",
     )
-    p.add_argument("--points", type=int, default=d.points, help="probe points per trajectory")
+    for name, (help_, choices) in _PROBE_OPTIONS.items():
+        default = getattr(d, name)
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=type(default), default=default, help=help_, choices=choices)
     p.add_argument("--trajectories", type=int, default=t.seeds, help="independent trajectories (seeds)")
-    p.add_argument("--batches", type=int, default=d.batches, help="batches per (trajectory, point, lag)")
-    p.add_argument("--ref-groups", type=int, default=d.ref_groups, help="groups per prompt for g_ref")
-    p.add_argument("--step-size", type=float, default=d.step_size, help="η of the fixed-length step")
     p.add_argument("--lr", type=float, default=t.lr, help="learning rate of the trajectory")
     p.add_argument("--steps", type=int, default=t.steps, help="steps of the trajectory")
     p.add_argument("--regime", default="on-policy", help="regime of the trajectory (synthetic regime spec)")
     p.add_argument("--trajectory-objective", default=t.objective, help="objective spec of the trajectory")
-    p.add_argument("--noise", type=float, default=d.noise, help="engine logit noise of the probe batches")
-    p.add_argument("--temperature", type=float, default=d.temperature, help="engine temperature of the batches")
-    p.add_argument("--logprob-mode", default=d.logprob_mode, choices=["raw", "processed"])
-    p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
         "--run-dir",
         type=Path,
@@ -96,15 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ProbeConfig(
         objectives=objectives,
         lags=tuple(int(x) for x in (args.lags or ",".join(map(str, DEFAULT_LAGS))).split(",") if x),
-        points=args.points,
-        batches=args.batches,
-        ref_groups=args.ref_groups,
-        step_size=args.step_size,
-        noise=args.noise,
-        temperature=args.temperature,
-        logprob_mode=args.logprob_mode,
-        seed=args.seed,
         trajectory=traj,
+        **{name: getattr(args, name) for name in _PROBE_OPTIONS},
     )
     result = probe_synthetic(cfg, log=lambda s: print(s, flush=True))
     return _finish(args, argv, result)

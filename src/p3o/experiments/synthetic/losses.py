@@ -73,14 +73,9 @@ def objective_loss(
             raise ConfigError("synthetic: p3o with agg=seq-mean-token-sum-norm needs layout='loop'")
         loss, st = fn(ObjectiveInputs(logp.reshape(shape), rollout_logp.reshape(shape), mask, adv, **extra), **h)
         return loss * s, st
-    if layout == "vmap":
-        try:
-            return _vmapped(fn, name, hyper, logp, rollout_logp, advantages, side)
-        except RuntimeError:  # an op without a batching rule (none today): the per-seed loop gives the same loss
-            pass
-    elif layout not in ("loop", "vmap"):
+    if layout not in ("loop", "vmap"):
         raise ConfigError(f"objective_loss: unknown layout {layout!r}; valid: auto, rows, seed-rows, vmap, loop")
-    return _looped(fn, hyper, logp, rollout_logp, advantages, side)
+    return _per_seed(fn, hyper, logp, rollout_logp, advantages, side, batched=layout == "vmap")
 
 
 def _layout(fn: Any, hyper: dict[str, Any]) -> str:
@@ -94,17 +89,46 @@ def _layout(fn: Any, hyper: dict[str, Any]) -> str:
     return "vmap"
 
 
-def _looped(
+def _per_seed(
     fn: Any,
     hyper: dict[str, Any],
     logp: Tensor,
     rollout_logp: Tensor,
     advantages: Tensor,
     side: dict[str, Tensor | None],
+    *,
+    batched: bool,
 ) -> tuple[Tensor, Stats]:
-    """Plain per-seed calls of ``fn``: Σ_s loss_s and the stats averaged over seeds."""
+    """One call of ``fn`` per seed's (n, T) batch: Σ_s loss_s and the stats averaged over seeds.
+
+    ``batched``: the calls batched with torch.func.vmap (autograd flows through the vmapped forward); M2PO's
+    batch-level cut is computed per seed by :func:`p3o.objectives.m2po_threshold` first and passed in as
+    ``ObjectiveInputs.m2po_threshold`` (exactly what the objective computes on its own batch). An op without a
+    batching rule (none today) falls back to plain per-seed calls, which give the same loss.
+    """
     s, n, t_len = logp.shape
     mask = torch.ones((n, t_len), dtype=torch.bool)
+    if batched:
+        keys = [k for k, v in side.items() if v is not None]
+        args = [side[k] for k in keys]
+        if "m2po_threshold" in fn.inputs_needed(hyper):
+            tau = float(fn.resolve(hyper)["tau"])
+            lr = logp.detach() - rollout_logp
+            try:
+                thr = torch.func.vmap(lambda x: m2po_threshold(x, mask, tau))(lr)
+            except RuntimeError:  # pragma: no cover - depends on torch's batching rules
+                thr = torch.stack([m2po_threshold(lr[i], mask, tau) for i in range(s)])
+            args.append(thr)
+            keys.append("m2po_threshold")
+
+        def one(lp: Tensor, rl: Tensor, adv: Tensor, *xs: Tensor) -> tuple[Tensor, Stats]:
+            return fn(ObjectiveInputs(lp, rl, mask, adv, **dict(zip(keys, xs))), **hyper)
+
+        try:
+            losses, stats = torch.func.vmap(one)(logp, rollout_logp, advantages, *args)
+            return losses.sum(), {k: v.float().mean() for k, v in stats.items()}
+        except RuntimeError:  # an op without a batching rule (none today): the per-seed loop gives the same loss
+            pass
     total = logp.new_zeros(())
     acc: dict[str, Tensor] = {}
     for i in range(s):
@@ -114,42 +138,6 @@ def _looped(
         for k, v in st.items():
             acc[k] = acc.get(k, torch.zeros(())) + v
     return total, {k: v / s for k, v in acc.items()}
-
-
-def _vmapped(
-    fn: Any,
-    name: str,
-    hyper: dict[str, Any],
-    logp: Tensor,
-    rollout_logp: Tensor,
-    advantages: Tensor,
-    side: dict[str, Tensor | None],
-) -> tuple[Tensor, Stats]:
-    """Per-seed calls of ``fn`` batched with torch.func.vmap (autograd flows through the vmapped forward).
-
-    M2PO's batch-level cut is computed per seed by :func:`p3o.objectives.m2po_threshold` first and passed in as
-    ``ObjectiveInputs.m2po_threshold`` (exactly what the objective computes on its own batch).
-    """
-    s, n, t_len = logp.shape
-    mask = torch.ones((n, t_len), dtype=torch.bool)
-    keys = [k for k, v in side.items() if v is not None]
-    args = [side[k] for k in keys]
-    rec = get_objective(name)
-    if "m2po_threshold" in rec.inputs_needed(hyper):
-        tau = float(rec.resolve(hyper)["tau"])
-        lr = logp.detach() - rollout_logp
-        try:
-            thr = torch.func.vmap(lambda x: m2po_threshold(x, mask, tau))(lr)
-        except RuntimeError:  # pragma: no cover - depends on torch's batching rules
-            thr = torch.stack([m2po_threshold(lr[i], mask, tau) for i in range(s)])
-        args.append(thr)
-        keys.append("m2po_threshold")
-
-    def one(lp: Tensor, rl: Tensor, adv: Tensor, *xs: Tensor) -> tuple[Tensor, Stats]:
-        return fn(ObjectiveInputs(lp, rl, mask, adv, **dict(zip(keys, xs))), **hyper)
-
-    losses, stats = torch.func.vmap(one)(logp, rollout_logp, advantages, *args)
-    return losses.sum(), {k: v.float().mean() for k, v in stats.items()}
 
 
 def batch_diagnostics(log_ratio: Tensor) -> dict[str, Tensor]:
