@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,27 +171,42 @@ def render_claims(claims: list[dict[str, Any]], studies: list[Study], page: Path
     return "\n".join(lines).rstrip() + "\n"
 
 
+#: Width of the README's generated lines (the project's line length is 120).
+WIDTH = 118
+
+
+def wrap(text: str, width: int = WIDTH, indent: str = "  ") -> list[str]:
+    """`text` as lines of at most `width` characters (words never split), continuation lines indented."""
+    lines = textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    return lines or [""]
+
+
+def row_counts(found: list[Found]) -> str:
+    """How a row's verdicts fall, in a fixed order: "supported 3, inconclusive 1" (marked ones counted apart)."""
+    counts: dict[str, int] = {}
+    for f in found:
+        key = f.verdict + mark(f).split(" (today")[0]
+        counts[key] = counts.get(key, 0) + 1
+    order = ("supported", "contradicted", "negligible", "inconclusive")
+    keys = sorted(counts, key=lambda k: (next((i for i, o in enumerate(order) if k.startswith(o)), 9), k))
+    return ", ".join(f"{k} {counts[k]}" for k in keys)
+
+
 def summary_lines(claims: list[dict[str, Any]], studies: list[Study], readme: Path, page: Path) -> list[str]:
-    """The README's statements: one line per claim, for each of our regimes with verdicts the verdicts and what each
-    tested (regime included), nothing more; claims with no verdict are listed at the end."""
+    """The README's statements, one bullet per claim: for each of our regimes with verdicts, how its verdicts fall
+    (counts per verdict, the pooled family's), nothing more; each comparison, with its effect, CI and n, is in the
+    claims table. Claims with no verdict are listed at the end. Lines are wrapped at WIDTH characters."""
     lines = [f"What the verdicts say, claim by claim ([{page.name}]({os.path.relpath(page, readme.parent)})):", ""]
     rows = rows_of(claims, studies)
     untested = []
     for claim in claims:
-        parts = []
-        for _, row, found in [x for x in rows if x[0] is claim and x[2]]:
-            multi = len({f.record["regime"] for f in found}) > 1
-            groups: dict[str, list[str]] = {}
-            for f in found:
-                groups.setdefault(f.verdict + mark(f), []).append(test_text(f, multi))
-            said = "; ".join(f"{v}: {', '.join(dict.fromkeys(tests))}" for v, tests in groups.items())
-            parts.append(f"{row['regime']} — {said}")
+        parts = [f"{row['regime']}: {row_counts(found)}" for c, row, found in rows if c is claim and found]
         if parts:
-            lines.append(f"- **{claim['claim']}** ({claim['paper']}). " + ". ".join(parts) + ".")
+            lines += wrap(f"- **{claim['claim']}** ({claim['paper']}) — " + " · ".join(parts) + ".")
         else:
             untested.append(claim["claim"])
     if untested:
-        lines += ["", f"No verdict yet: {'; '.join(untested)} (see the table for why)."]
+        lines += ["", *wrap(f"No verdict yet: {'; '.join(untested)} (see the table for why).", indent="")]
     return [*lines, ""]
 
 

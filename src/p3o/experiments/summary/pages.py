@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -336,10 +337,13 @@ def render_block(studies: list[Study], readme: Path, pages: dict[str, Path], lin
     lines = [START, ""]
     lines += lines_in or []
     links = [f"[{role}]({rel(p)})" for role, p in pages.items()]
-    lines.append(
+    lines += textwrap.wrap(
         f"{len(pooled)} confirmatory verdicts from {len(names)} pre-registered "
         f"stud{'y' if len(names) == 1 else 'ies'}, one Holm family across them: {_counts(records, 'verdict_pool')} "
-        f"({', '.join(links)})."
+        f"({', '.join(links)}).",
+        118,
+        break_long_words=False,
+        break_on_hyphens=False,
     )
     lines += ["", END]
     return "\n".join(lines)
