@@ -280,8 +280,6 @@ REASONS_PENDING: dict[str, str] = {
     "p3o/cluster/source.py": "the cluster work",
     "p3o/cluster/weights.py": "the cluster work (ray is optional)",
     "p3o/cluster/worker.py": "the cluster work (ray is optional; the p3o imports could move to the top)",
-    "p3o/config.py": "the config's owner (the objectives import torch, which `p3o train --help` does not need)",
-    "p3o/rollout/vllm.py": "the vLLM engine's owner (vllm is optional)",
 }
 
 

@@ -348,7 +348,7 @@ class TrainConfig:
 
     def _extra_keys(self) -> list[str]:
         """The chosen objective's ``objective.<hyper>`` keys (nearest-name hints for a mistyped key)."""
-        from p3o.objectives import OBJECTIVES
+        from p3o.objectives import OBJECTIVES  # heavy: torch, not needed by --help
 
         return [f"objective.{h}" for h in getattr(OBJECTIVES.get(self.objective.name), "hypers", {})]
 
@@ -360,7 +360,7 @@ class TrainConfig:
 
 def objective_hyper(cfg: ObjectiveConfig) -> dict[str, Any]:
     """Every keyword hyper-parameter of the objective: ``cfg.hyper`` over its defaults (the record's ``resolve``)."""
-    from p3o.objectives import get_objective
+    from p3o.objectives import get_objective  # heavy: torch, not needed by --help
 
     return get_objective(cfg.name).resolve(cfg.hyper, key_prefix="objective.")
 
@@ -371,7 +371,7 @@ def _check_objective(cfg: ObjectiveConfig) -> None:
     The record's ``resolve`` is the one resolver: unknown keywords (one line with the nearest one and the objectives
     it belongs to), deprecated spellings (renamed with a warning) and both spellings at once (refused).
     """
-    from p3o.objectives import get_objective
+    from p3o.objectives import get_objective  # heavy: torch, not needed by --help
 
     rec = get_objective(cfg.name)
     cfg.hyper = rec.resolve(cfg.hyper, key_prefix="objective.", check=options.check_value, given_only=True)
@@ -442,7 +442,7 @@ def config_help(cls: type | None = None, extra: Sequence[tuple[str, str]] | None
     if cls not in (None, TrainConfig):
         default_row = ("--config PATH", "YAML file of these keys (applied before the command-line options)")
         return options.config_help(cls, [default_row, *(extra or [])])
-    from p3o.objectives import OBJECTIVES
+    from p3o.objectives import OBJECTIVES  # heavy: torch, not needed by --help
 
     general = [
         ("--config PATH_OR_PRESET", "YAML file or preset: " + ", ".join(list_presets())),

@@ -125,7 +125,7 @@ def _write_model_dir(model: nn.Module, weights: dict[str, Tensor], model_dir: Pa
     Not `save_pretrained`: under torch.distributed it writes on rank 0 only, and every data-parallel rank needs its
     own copy. `weights` are separate contiguous CPU tensors (tied ones too; vLLM skips a tied head by itself).
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # heavy: only when a model is handed to vLLM as weights
 
     cfg = copy.deepcopy(model.config)
     cfg.architectures = [type(model).__name__]  # what save_pretrained records, and how vLLM picks its model class
@@ -140,7 +140,7 @@ def _config_sources(model_or_dir: nn.Module | Path, tokenizer: Any) -> tuple[Any
     """(tokenizer, config, generation config) of an in-memory model or a model directory, for `stop_and_pad_ids`."""
     if isinstance(model_or_dir, nn.Module):
         return tokenizer, getattr(model_or_dir, "config", None), getattr(model_or_dir, "generation_config", None)
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig  # heavy: only when a model is handed to vLLM as weights
 
     cfg = AutoConfig.from_pretrained(model_or_dir)
     try:
@@ -306,8 +306,8 @@ class VLLMEngine:
             },
         ):
             try:
-                import vllm
-                from vllm.platforms import current_platform
+                import vllm  # optional: vllm
+                from vllm.platforms import current_platform  # optional: vllm
             except ImportError:
                 raise ConfigError(_INSTALL_HINT) from None
             _quiet_vllm_warnings()
@@ -414,7 +414,7 @@ class VLLMEngine:
     ) -> tuple[list[list[int]], list[list[float]]]:
         """One vLLM call: row i continues `prompts[i]` by up to `max_tokens` tokens with request seed `seeds[i]`;
         returns (tokens, recorded log-probs) per row. Called with the engine lock held."""
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional: vllm
 
         params = [
             SamplingParams(
@@ -579,7 +579,7 @@ def _config_key(model_dir: Path) -> str:
 
 def _read_dir_weights(model_dir: Path) -> dict[str, Tensor]:
     """A checkpoint directory's tensors (CPU): the engine's copy of its current weights."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # heavy: only when a model is handed to vLLM as weights
 
     out: dict[str, Tensor] = {}
     for f in sorted(model_dir.glob("*.safetensors")):
