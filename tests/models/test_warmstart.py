@@ -51,8 +51,7 @@ def test_load_policy_builds_tiny_and_a_testbed_base(quick_recipes: Path) -> None
     path = base_dir(bed["size"], quick_recipes, task=bed["task"], difficulty=bed["difficulty"])
     assert path.name.startswith("tiny-1m-arithmetic-dpad-s0-c") and (path / "model.safetensors").is_file()
     cfg = json.loads((path / "sft.json").read_text())["config"]
-    assert cfg["train_levels"] == "pad" and cfg["difficulty"] == "pad" and cfg["init"] == "tiny"
-    assert (base_dir(cache_dir=quick_recipes) / "model.safetensors").is_file()  # its starting point, built first
+    assert cfg["train_levels"] == "pad-1,pad" and cfg["difficulty"] == "pad" and cfg["init"] == ""  # from scratch
     assert ws.resolve_model_name("tiny-pad") == str(path)
     assert ws.resolve_model_name("tiny-random") == "tiny-random" and ws.resolve_tiny("smollm2") is None
 
@@ -83,9 +82,20 @@ def test_init_starts_from_the_given_weights(tmp_path: Path) -> None:
     assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(a.parameters(), b.parameters()))  # lr ~ 0
 
 
+def test_sft_out_with_init_tiny_starts_from_the_cached_main_base(quick_recipes: Path, tmp_path: Path) -> None:
+    """`p3o sft --out DIR --init tiny` (a one-off base outside the cache) starts from the main base, as the cached
+    path does: it once trained from a random init instead."""
+    out = tmp_path / "one-off"
+    argv = ["sft", "--out", str(out), "--init", "tiny", "--steps", "1", "--batch_size", "2", "--warmup_steps", "1"]
+    assert p3o_main([*argv, "--lr", "1e-9", "--max_new_tokens", "4", "--eval_n", "0"]) == 0
+    main, _ = load_policy(str(ws.ensure_base("1m")))
+    got, _ = load_policy(str(out))
+    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(main.parameters(), got.parameters()))  # lr ~ 0
+
+
 def test_testbed_recipe_is_the_default_of_its_key() -> None:
     pad = ws.testbed_recipe("pad")
-    assert pad.train_levels == "pad" and pad.init == "tiny" and ws.recipe_hash(pad) is None
+    assert pad.train_levels == "pad-1,pad" and pad.init == "" and ws.recipe_hash(pad) is None
     assert ws.recipe_hash(replace(pad, eval_n=3, threads=2)) is None  # the pass@1 report is not the recipe
     assert ws.recipe_hash(replace(pad, steps=pad.steps + 1)) is not None
     assert ws.testbed_recipe(2) == ws.SFTConfig()
