@@ -239,6 +239,8 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     class Steps(TrainerCallback):
         def on_step_end(self, *a: Any, **kw: Any) -> None:
             timer.step_ends.append((time.perf_counter(), timer.inside))
+            print(f"trl: iteration {len(timer.step_ends)} ends at {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            sys.stderr.flush()
 
     t0 = time.perf_counter()
     trainer = GRPOTrainer(
@@ -301,11 +303,16 @@ def run_child(args: argparse.Namespace, pipeline: str, argv: list[str]) -> dict[
     """One pipeline in a fresh interpreter; its result is the last stdout line (JSON)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", pipeline, *argv]
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, env=child_env(args, pipeline), capture_output=True, text=True, timeout=args.timeout)
+    row: dict[str, Any] = {"pipeline": pipeline, "name": PIPELINES[pipeline]}
+    try:
+        done = subprocess.run(cmd, env=child_env(args, pipeline), capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired as err:  # the others still run; the row says why it has no figures
+        tail = err.stderr.decode(errors="replace") if isinstance(err.stderr, bytes) else err.stderr or ""
+        return {**row, "failed": f"timed out after {args.timeout:.0f} s", "stderr_tail": tail[-2000:]}
     if done.returncode != 0:
-        raise SystemExit(f"benchmarks/iteration.py: {pipeline} failed (rc {done.returncode}):\n{done.stderr[-4000:]}")
+        return {**row, "failed": f"rc {done.returncode}", "stderr_tail": done.stderr[-2000:]}
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"pipeline": pipeline, "name": PIPELINES[pipeline], **result, "process_s": time.perf_counter() - t0}
+    return {**row, **result, "process_s": time.perf_counter() - t0}
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -313,6 +320,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("| " + " | ".join(heads) + " |")
     print("|" + "---|" * len(heads))
     for r in rows:
+        if "failed" in r:
+            print(f"| {r['name']} | {r['failed']} |" + " |" * (len(heads) - 2))
+            continue
         cells = [
             r["name"],
             f"{r['completions_per_s']:.2f}",
@@ -327,7 +337,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
     """completions/s of the p3o pipelines over TRL's, and async-with-a-worker over p3o sync."""
-    by = {r["pipeline"]: r["completions_per_s"] for r in rows}
+    by = {r["pipeline"]: r["completions_per_s"] for r in rows if "failed" not in r}
     out = {}
     if "trl" in by:
         out.update({f"{p} / trl": by[p] / by["trl"] for p in ("p3o-worker", "p3o-sync") if p in by})
@@ -371,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for p in names:
         rows.append(run_child(args, p, child_argv))
-        print(f"  {PIPELINES[p]}: {rows[-1]['process_s']:.0f} s", file=sys.stderr, flush=True)
+        took = rows[-1].get("failed") or f"{rows[-1]['process_s']:.0f} s"
+        print(f"  {PIPELINES[p]}: {took}", file=sys.stderr, flush=True)
     end = machine()
     print(
         f"machine: {start['cpu']}, {start['cores']} cores, AVX2 {'yes' if start['avx2'] else 'no'}, AVX-512 "
@@ -386,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     for k, v in ratios(rows).items():
         print(f"ratio {k}: {v:.2f}")
-    trl = next((r for r in rows if r["pipeline"] == "trl"), None)
+    trl = next((r for r in rows if r["pipeline"] == "trl" and "failed" not in r), None)
     if trl is not None and not trl["same_prompt_ids_as_p3o"]:
         print("note: TRL tokenized the prompts differently from p3o (special tokens); see the JSON")
     if args.json:
