@@ -129,7 +129,10 @@ def test_base_is_not_mutated():
         (["--group_size", "2"], "unknown key 'group_size' (did you mean 'rollout.group_size'?)"),
         (["--optim.lr", "abc"], "optim.lr: expected a float, got 'abc'"),
         (["--rollout.group_size", "2.5"], "rollout.group_size: expected an int, got '2.5'"),
-        (["--rollout.precision", "fp9"], "rollout.precision: expected one of fp32, bf16, fp16, int8, fp8, fp8-tensor, got 'fp9'"),
+        (
+            ["--rollout.precision", "fp9"],
+            "rollout.precision: expected one of fp32, bf16, fp16, int8, fp8, fp8-tensor, got 'fp9'",
+        ),
         (["--loop.mode", "lazy"], "loop.mode: expected one of sync, stale, async, reuse, got 'lazy'"),
         (["--optim.lr", "0"], "optim.lr: must be > 0, got 0.0"),
         (["--optim.lr=-1e-3"], "optim.lr: must be > 0, got -0.001"),

@@ -46,8 +46,8 @@ class EngineSettings:
     engine: str = "hf"
     """Which engine `p3o.rollout.factory.make_engine` builds: "hf" (p3o's own sampler) or "vllm"."""
     precision: str = "fp32"
-    """The engine copy's precision: "fp32" | "bf16" | "fp16" | "int8" | "fp8" | "fp8-tensor" (each engine refuses what it cannot
-    run: vLLM has no int8, and its fp8 needs a GPU)."""
+    """The engine copy's precision: "fp32" | "bf16" | "fp16" | "int8" | "fp8" | "fp8-tensor" (each engine refuses
+    what it cannot run: vLLM has no int8 and no fp8-tensor, and its fp8 needs a GPU)."""
     temperature: float = 1.0
     """τ ≥ 0 (0 = greedy)."""
     top_p: float = 1.0
