@@ -4,11 +4,20 @@ of the file is kept byte for byte (``<!-- NAME:begin -->`` … ``<!-- NAME:end -
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from p3o.errors import ConfigError
 
 START, END = "<!-- verdicts:start -->", "<!-- verdicts:end -->"
+#: Width of generated Markdown lines (the project's line length is 120).
+WIDTH = 118
+
+
+def wrap(text: str, width: int = WIDTH, indent: str = "  ") -> list[str]:
+    """`text` as lines of at most `width` characters (words never split), continuation lines indented."""
+    lines = textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    return lines or [""]
 
 
 def write_block(path: str | Path, block: str, body: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-import textwrap
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from p3o.errors import ConfigError
+from p3o.experiments.summary.blocks import wrap
 from p3o.experiments.summary.pages import Study, pool
 
 #: Verdict colours of the forest plot.
@@ -102,13 +103,17 @@ def _effect(f: Found) -> str:
 TESTS = {"better": "{a} > {b}", "worse": "{a} < {b}", "tracks": "{a} ≈ {b}", "identical": "{a} ≡ {b}"}
 
 
-def mark(f: Found) -> str:
+def role_mark(f: Found) -> str:
     """Empty for a verdict of the pooled family, else why not: " (secondary)" or " (exploratory)"."""
     if f.pooled:
         return ""
-    why = " (secondary)" if f.study.confirmatory and f.record.get("role") == "secondary" else " (exploratory)"
-    was = f.record.get("verdict_report")
-    return why + (f" (today's rule; its report says {was})" if was else "")
+    return " (secondary)" if f.study.confirmatory and f.record.get("role") == "secondary" else " (exploratory)"
+
+
+def mark(f: Found) -> str:
+    """`role_mark`, and for a non-pooled verdict that today's rule decides otherwise than its report, that report's."""
+    was = None if f.pooled else f.record.get("verdict_report")
+    return role_mark(f) + (f" (today's rule; its report says {was})" if was else "")
 
 
 def test_text(f: Found, with_regime: bool = False) -> str:
@@ -171,31 +176,19 @@ def render_claims(claims: list[dict[str, Any]], studies: list[Study], page: Path
     return "\n".join(lines).rstrip() + "\n"
 
 
-#: Width of the README's generated lines (the project's line length is 120).
-WIDTH = 118
-
-
-def wrap(text: str, width: int = WIDTH, indent: str = "  ") -> list[str]:
-    """`text` as lines of at most `width` characters (words never split), continuation lines indented."""
-    lines = textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
-    return lines or [""]
-
-
 def row_counts(found: list[Found]) -> str:
-    """How a row's verdicts fall, in a fixed order: "supported 3, inconclusive 1" (marked ones counted apart)."""
-    counts: dict[str, int] = {}
-    for f in found:
-        key = f.verdict + mark(f).split(" (today")[0]
-        counts[key] = counts.get(key, 0) + 1
-    order = ("supported", "contradicted", "negligible", "inconclusive")
-    keys = sorted(counts, key=lambda k: (next((i for i, o in enumerate(order) if k.startswith(o)), 9), k))
-    return ", ".join(f"{k} {counts[k]}" for k in keys)
+    """How a row's verdicts fall, in COLORS' order: "supported 3, inconclusive 1" (secondary / exploratory ones
+    counted apart)."""
+    counts = Counter((f.verdict, role_mark(f)) for f in found)
+    order = [*COLORS]
+    keys = sorted(counts, key=lambda k: (order.index(k[0]) if k[0] in order else len(order), k))
+    return ", ".join(f"{verdict}{why} {counts[verdict, why]}" for verdict, why in keys)
 
 
 def summary_lines(claims: list[dict[str, Any]], studies: list[Study], readme: Path, page: Path) -> list[str]:
     """The README's statements, one bullet per claim: for each of our regimes with verdicts, how its verdicts fall
     (counts per verdict, the pooled family's), nothing more; each comparison, with its effect, CI and n, is in the
-    claims table. Claims with no verdict are listed at the end. Lines are wrapped at WIDTH characters."""
+    claims table. Claims with no verdict are listed at the end. Lines are wrapped (`blocks.wrap`)."""
     lines = [f"What the verdicts say, claim by claim ([{page.name}]({os.path.relpath(page, readme.parent)})):", ""]
     rows = rows_of(claims, studies)
     untested = []

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 from p3o.errors import ConfigError
 from p3o.experiments.stats.ledger import ledger, load_records
 from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, holm, verdict
-from p3o.experiments.summary.blocks import END, START
+from p3o.experiments.summary.blocks import END, START, wrap
 
 
 @dataclass
@@ -337,13 +336,11 @@ def render_block(studies: list[Study], readme: Path, pages: dict[str, Path], lin
     lines = [START, ""]
     lines += lines_in or []
     links = [f"[{role}]({rel(p)})" for role, p in pages.items()]
-    lines += textwrap.wrap(
+    lines += wrap(
         f"{len(pooled)} confirmatory verdicts from {len(names)} pre-registered "
         f"stud{'y' if len(names) == 1 else 'ies'}, one Holm family across them: {_counts(records, 'verdict_pool')} "
         f"({', '.join(links)}).",
-        118,
-        break_long_words=False,
-        break_on_hyphens=False,
+        indent="",
     )
     lines += ["", END]
     return "\n".join(lines)
