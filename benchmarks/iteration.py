@@ -162,10 +162,10 @@ def run_p3o(args: argparse.Namespace, pipeline: str) -> dict[str, Any]:
 # -- the TRL pipeline (child process) -------------------------------------------------------------------------------
 def batch_prompts(args: argparse.Namespace) -> tuple[Any, str, list[str], list[str], list[list[int]]]:
     """(tokenizer, verifier name, prompt texts, answers, prompt token ids) of p3o's batches 0 .. steps − 1 under the
-    shared settings, in p3o's order (`p3o.train.stream.PromptStream`)."""
+    shared settings, in p3o's order (`p3o.train.sources.PromptStream`)."""
     from p3o.config import load_config
     from p3o.tasks import format_prompt, load_train_problems, task_verifier
-    from p3o.train.stream import PromptStream
+    from p3o.train.sources import PromptStream
     from p3o.train.wiring import build_rollout_side
 
     cfg = load_config(p3o_argv(args, Path(tempfile.mkdtemp(prefix="p3o-iteration-trl-")), "p3o-sync"))

@@ -585,7 +585,7 @@ def _dp_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as tdist
 
     from p3o.train.loop import run
-    from p3o.train.stream import PromptStream
+    from p3o.train.sources import PromptStream
 
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

@@ -7,7 +7,7 @@ from train_fakes import fake_components
 
 from p3o.eval.runner import heldout_metrics
 from p3o.train.evaluation import Evaluator
-from p3o.train.stream import stream_seed
+from p3o.train.sources import stream_seed
 from p3o.train.wiring import engine_model, sync_weights
 
 

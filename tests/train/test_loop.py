@@ -16,7 +16,6 @@ from p3o.train.checkpoint import latest_checkpoint, load_checkpoint
 from p3o.train.loop import run
 from p3o.train.sources import GeneratorCrashed
 from p3o.train.step import UpdateStep
-from p3o.train.stream import PromptStream
 
 CONTRACT_KEYS = [
     "step", "reward_mean", "accuracy", "ess", "kl_weight", "capped_frac", "band_frac", "ratio_max", "approx_kl",
@@ -186,16 +185,6 @@ def test_reference_kl_and_epochs_run(tmp_path):
     )
     rows = _metrics(run(cfg, components=fake_components()))
     assert all(r["optimizer_steps"] == 4 for r in rows) and "ref_kl" in rows[-1]
-
-
-def test_prompt_stream_is_a_function_of_the_index():
-    a, b = PromptStream(10, 4, seed=3), PromptStream(10, 4, seed=3)
-    seq = [a.global_indices(i) for i in range(5)]
-    assert seq == [b.global_indices(i) for i in reversed(range(5))][::-1]  # order of queries does not matter
-    first_epoch = sorted(x for batch in seq[:2] for x in batch) + sorted(seq[2][:2])
-    assert sorted(first_epoch) == list(range(10))  # an epoch visits every prompt once
-    r0, r1 = PromptStream(10, 4, seed=3, rank=0, world_size=2), PromptStream(10, 4, seed=3, rank=1, world_size=2)
-    assert r0.indices(1)[0] + r1.indices(1)[0] == seq[1]
 
 
 def test_objective_hyper_parameters_are_resolved_once_per_run(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""Batch sources: the FIFO delay is exactly n steps, async never exceeds max_lag, crashes surface fast."""
+"""Batch sources: the prompt stream is a function of the index, the FIFO delay is exactly n steps, async never exceeds
+max_lag, crashes surface fast."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from p3o.config import LoopConfig
 from p3o.train.sources import (
     AsyncSource,
     GeneratorCrashed,
+    PromptStream,
     ReuseSource,
     StaleSource,
     SyncSource,
@@ -268,3 +270,13 @@ def test_async_fixed_state_holds_every_batch_of_an_older_version():
 def test_async_rejects_unknown_schedule():
     with pytest.raises(ValueError, match="unknown async schedule 'eager'"):
         AsyncSource(produce, VersionEngine(), 1, schedule="eager")
+
+
+def test_prompt_stream_is_a_function_of_the_index():
+    a, b = PromptStream(10, 4, seed=3), PromptStream(10, 4, seed=3)
+    seq = [a.global_indices(i) for i in range(5)]
+    assert seq == [b.global_indices(i) for i in reversed(range(5))][::-1]  # order of queries does not matter
+    first_epoch = sorted(x for batch in seq[:2] for x in batch) + sorted(seq[2][:2])
+    assert sorted(first_epoch) == list(range(10))  # an epoch visits every prompt once
+    r0, r1 = PromptStream(10, 4, seed=3, rank=0, world_size=2), PromptStream(10, 4, seed=3, rank=1, world_size=2)
+    assert r0.indices(1)[0] + r1.indices(1)[0] == seq[1]

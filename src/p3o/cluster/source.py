@@ -6,7 +6,7 @@
 
 Each of the N actors (`p3o.cluster.worker.RolloutWorker`) hosts an engine built by `p3o.rollout.factory` from the
 config alone and the task's verifier; the trainer hands out batch indices (the prompts of batch b are a function of
-(seed, b): `p3o.train.stream.PromptStream`) and the policy version each must be generated from:
+(seed, b): `p3o.train.sources.PromptStream`) and the policy version each must be generated from:
 
 * `loop.mode sync`: batch s from version s (one worker busy at a time); bit-identical to `rollout.workers 0` when the
   engines compute alike (HF engine, fp32, same torch thread count: the workers take the trainer's).

@@ -57,7 +57,7 @@ class RolloutWorker:
         from p3o.models import load_policy
         from p3o.models.warmstart import resolve_model_name
         from p3o.train.evaluation import Evaluator
-        from p3o.train.stream import PromptStream, make_producer
+        from p3o.train.sources import Producer, PromptStream
         from p3o.train.wiring import build_rollout_side, resolve_device
 
         torch.set_num_threads(max(1, int(threads)))
@@ -70,7 +70,7 @@ class RolloutWorker:
         self.engine = side.make_engine(self.model)
         self.engine.version = -1  # holds no trainer version yet: the first request loads one
         self._producers = [
-            make_producer(
+            Producer(
                 cfg.rollout,
                 cfg.loop,
                 cfg.advantage,

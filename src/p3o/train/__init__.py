@@ -1,5 +1,6 @@
-"""Training: the one update step (``step.py``), the sync / stale / async / reuse loops (``loop.py``), the rollout
-buffer (``buffer.py``), checkpoints (``checkpoint.py``) and the ``p3o train`` command (``cli.py``).
+"""Training: the one update step (``step.py``), the sync / stale / async / reuse loops (``loop.py``), the batch
+sources (``sources.py``: the prompt stream, the producer and the sources), checkpoints (``checkpoint.py``) and the
+``p3o train`` command (``cli.py``).
 
     from p3o.config import load_config
     from p3o.train import run

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from p3o.eval.runner import heldout_metrics
-from p3o.train.stream import stream_seed
+from p3o.train.sources import stream_seed
 
 if TYPE_CHECKING:
     from p3o.train.wiring import RolloutSide

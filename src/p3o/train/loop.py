@@ -25,7 +25,7 @@ step s is compared against trainer version s, and `lag = s − policy_version` o
 Data parallel (torchrun, gloo/nccl): every rank generates prompts_per_step / world_size prompts with its own seed,
 the update all-reduces the token count, ESS sums and gradients, rank 0 writes metrics and checkpoints.
 
-The data stream and producer are `p3o.train.stream`; turning the config into objects is `p3o.train.wiring`. With
+The data stream and the producer are `p3o.train.sources` too; the config turns into objects in `p3o.train.wiring`. With
 `rollout.workers` > 0 the batch source is the caller's `remote_source` (`p3o train` hands over
 `p3o.cluster.RaySource`, rollout workers as Ray actors: docs/training.md); train/ never imports the Ray layer.
 """
@@ -53,9 +53,8 @@ from p3o.models.lora import AdaptersOff, apply_lora, is_lora
 from p3o.objectives import get_objective
 from p3o.train import checkpoint  # called through the module: tests patch its functions
 from p3o.train.evaluation import Evaluator
-from p3o.train.sources import BatchSource, RemoteSource, make_source, token_lag
+from p3o.train.sources import BatchSource, Producer, PromptStream, RemoteSource, make_source, stream_seed, token_lag
 from p3o.train.step import ObjectiveCall, UpdateSettings, UpdateStep
-from p3o.train.stream import Producer, PromptStream, stream_seed
 from p3o.train.wiring import (
     Components,
     build_components,

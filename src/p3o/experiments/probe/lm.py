@@ -36,7 +36,7 @@ from p3o.objectives import ObjectiveInputs, effective_sample_size, get_objective
 from p3o.rollout.factory import make_engine
 from p3o.rollout.settings import EngineSettings
 from p3o.train.checkpoint import load_policy_weights
-from p3o.train.stream import Producer, PromptStream, stream_seed
+from p3o.train.sources import Producer, PromptStream, stream_seed
 from p3o.train.wiring import build_components
 
 Spec = tuple[str, str, dict[str, Any]]
