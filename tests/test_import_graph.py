@@ -271,16 +271,8 @@ def test_the_docs_draw_the_same_floors() -> None:
 # base); each says which in a comment that starts with one of REASONS, on its line or on a comment line right above
 # it (one such line covers the imports right below it). The ceiling holds the count: lower it when a change removes
 # some, never raise it silently.
-LOCAL_IMPORT_CEILING = 76
+LOCAL_IMPORT_CEILING = 67
 REASONS = ("optional", "heavy", "call-time", "cycle", "pinned")
-# Files owned by other work whose function-level imports do not say why yet: file -> who annotates them. The test
-# fails for any other file, and for a listed file that no longer needs its place here (then remove it).
-REASONS_PENDING: dict[str, str] = {
-    "p3o/cluster/runtime.py": "the cluster work (ray is optional; dist and torch could move to the top)",
-    "p3o/cluster/source.py": "the cluster work",
-    "p3o/cluster/weights.py": "the cluster work (ray is optional)",
-    "p3o/cluster/worker.py": "the cluster work (ray is optional; the p3o imports could move to the top)",
-}
 
 
 def _comments(text: str) -> dict[int, tuple[str, bool]]:
@@ -370,10 +362,7 @@ def test_imports_inside_functions_stay_under_the_ceiling() -> None:
 def test_every_import_inside_a_function_says_why() -> None:
     found = local_imports(SRC)
     silent = [f"{file}:{line} import {name}" for file, line, name, reason in found if reason is None]
-    bad = [s for s in silent if s.split(":", 1)[0] not in REASONS_PENDING]
-    assert bad == [], (
+    assert silent == [], (
         f"imports inside function bodies without a reason (a comment starting with one of {REASONS}): import them "
-        "at the top, or say why not\n" + "\n".join(bad)
+        "at the top, or say why not\n" + "\n".join(silent)
     )
-    done = sorted(set(REASONS_PENDING) - {s.split(":", 1)[0] for s in silent})
-    assert done == [], f"these files' function-level imports all say why now: remove them from REASONS_PENDING {done}"

@@ -18,13 +18,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from p3o import dist
 from p3o.errors import ConfigError
 
 
 def import_ray() -> Any:
     """The `ray` module, or a one-line ConfigError naming the extra to install."""
     try:
-        import ray
+        import ray  # optional: ray (extra ray)
     except ImportError as err:
         raise ConfigError(
             'rollout.workers: Ray rollout workers need Ray (pip install "p3o[ray]"); workers 0 runs in-process'
@@ -83,8 +86,6 @@ def check_worker_python(python: str | None, *, engine: str, driver_ray: str) -> 
 
 def check_weight_sync(kind: str, backend: str) -> None:
     """`rollout.weight_sync collective` needs torch.distributed with a backend that can form the group here."""
-    from p3o import dist
-
     if kind == "collective" and not dist.backend_available(backend):
         raise ConfigError(
             f"rollout.weight_sync: collective needs a torch.distributed {backend} backend, which this torch build or "
@@ -111,8 +112,6 @@ def check_resources(ray: Any, *, gpus_per_worker: float, workers: int, resource:
 
 def gpus_per_worker(workers: int, colocate: bool) -> float:
     """GPUs one rollout worker asks Ray for: 0 without CUDA here; 1 / (N + 1) colocated with the trainer, else 1."""
-    import torch
-
     if not torch.cuda.is_available():  # unverified with GPUs: none on the machines this was written on
         return 0.0
     return 1.0 / (workers + 1) if colocate else 1.0
@@ -126,8 +125,6 @@ def preflight(cfg: Any) -> None:
     ray_cfg = getattr(cfg, "ray", cfg)
     _check_address(ray_cfg)
     ro = getattr(cfg, "rollout", None)
-    from p3o import dist
-
     if ro is None or dist.rank() != 0:  # trainer rank 0 alone joins Ray and owns the workers
         return
 

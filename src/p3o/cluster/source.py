@@ -48,6 +48,8 @@ import torch
 from p3o import dist
 from p3o.cluster.runtime import connect, gpus_per_worker, import_ray, preflight
 from p3o.cluster.weights import make_channel
+from p3o.cluster.worker import RolloutWorker
+from p3o.config import to_dict
 from p3o.errors import P3OError
 from p3o.train.sources import Batch, _batch_from_state, _batch_state, rollouts_from_state, rollouts_to_state
 
@@ -78,9 +80,6 @@ class RaySource:
         state: dict[str, Any] | None = None,
         object_store_memory: int | None = None,
     ) -> None:
-        from p3o.cluster.worker import RolloutWorker
-        from p3o.config import to_dict
-
         ray = import_ray()
         self.ray = ray
         lp, ro = cfg.loop, cfg.rollout

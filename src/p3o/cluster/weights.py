@@ -139,7 +139,7 @@ def broadcast_state(
 def node_address() -> str:
     """This process's address as other nodes see it (Ray's node IP when Ray is up, else the host's)."""
     try:
-        import ray
+        import ray  # optional: ray (extra ray); without it, the host's address
 
         if ray.is_initialized():
             return str(ray.util.get_node_ip_address())

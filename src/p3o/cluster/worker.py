@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 
 from p3o.cluster.weights import HeldVersions, TensorSpec
+from p3o.config import from_dict
+from p3o.train.sources import Producer, PromptStream, rollouts_to_state
 
 
 def _fetch(box: list[Any]) -> dict[str, Tensor]:
@@ -36,7 +38,7 @@ def _fetch(box: list[Any]) -> dict[str, Tensor]:
     item = box[0]
     if isinstance(item, dict):
         return item
-    import ray
+    import ray  # optional: ray (extra ray); only an object-store reference needs it
 
     return ray.get(item)
 
@@ -53,18 +55,16 @@ class RolloutWorker:
     """
 
     def __init__(self, cfg_dict: dict[str, Any], worker_id: int, threads: int = 1, world: int = 1) -> None:
-        from p3o.config import from_dict
+        # heavy: transformers start-up (p3o.models), kept out of `p3o train --help`, which imports p3o.cluster
         from p3o.models import load_policy
-        from p3o.models.warmstart import resolve_model_name
         from p3o.train.evaluation import Evaluator
-        from p3o.train.sources import Producer, PromptStream
         from p3o.train.wiring import build_rollout_side, resolve_device
 
         torch.set_num_threads(max(1, int(threads)))
         cfg = from_dict(cfg_dict)
         self.cfg, self.worker_id = cfg, worker_id
-        name = resolve_model_name(cfg.model.name, cfg.model.cache_dir)
-        model, tokenizer = load_policy(name, cache_dir=cfg.model.cache_dir)
+        # a tiny base name is built on first use by load_policy itself (p3o.models.warmstart.ensure_base)
+        model, tokenizer = load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)
         self.model = model.to(device=resolve_device(cfg.model.device), dtype=getattr(torch, cfg.model.dtype)).eval()
         side = build_rollout_side(cfg, lambda: tokenizer)
         self.engine = side.make_engine(self.model)
@@ -109,7 +109,7 @@ class RolloutWorker:
         node id)."""
         node = node_ip = ""
         try:
-            import ray
+            import ray  # optional: ray (extra ray); in-process use has none
 
             if ray.is_initialized():
                 node = ray.get_runtime_context().get_node_id()
@@ -143,8 +143,6 @@ class RolloutWorker:
     ) -> tuple[list[tuple[dict[str, Any], dict[str, float]]] | None, int]:
         """Batch `index` for every trainer rank (one share per rank, in rank order) from policy `version`; None
         when the version came over the weight group and this (restarted) process never received it."""
-        from p3o.train.sources import rollouts_to_state
-
         if self.engine.version != version:
             if not weights and version not in self.held.versions:  # a restarted process: the group is formed again
                 return None, os.getpid()
