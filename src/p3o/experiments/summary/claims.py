@@ -220,7 +220,10 @@ def plot_forest(claims: list[dict[str, Any]], studies: list[Study], path: Path) 
             label = f"{r['a']} − {r['b']}, {r['regime']}{mark(f)}"
             points.append((row["regime"], label, scale, f.verdict))
     with plt.rc_context(RC):
-        fig, ax = plt.subplots(figsize=(8.0, 0.18 * len(points) + 1.2))
+        height = 0.18 * len(points) + 1.2
+        fig, ax = plt.subplots(figsize=(12.0, height))
+        # fixed margins, not tight_layout: the y labels (left) and regime names (right) keep the axis ~4 inches wide
+        fig.subplots_adjust(left=0.30, right=0.62, top=1 - 0.2 / height, bottom=0.9 / height)
         ax.axvspan(-1, 1, color="#d9d9d9", lw=0)
         ax.axvline(0, color="black", lw=0.6)
         last = None
@@ -238,7 +241,6 @@ def plot_forest(claims: list[dict[str, Any]], studies: list[Study], path: Path) 
         handles = [plt.Line2D([], [], color=c, marker="o", lw=1.2, ms=3) for c in COLORS.values()]
         fig.legend(handles, list(COLORS), fontsize=6, loc="lower right", ncol=4)
         ax.set_ylim(-len(points) + 0.5, 0.5)
-        fig.tight_layout(rect=(0, 0.02, 1, 1))
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png", metadata={"Software": None})
         plt.close(fig)
