@@ -87,6 +87,16 @@ def test_one_holm_family_across_the_confirmatory_studies(tmp_path: Path) -> None
     assert "[results-lm.md](../results-lm.md)" in rows[0] and "10–15" in rows[0]
 
 
+def test_a_study_without_verdicts_gets_a_line_not_an_empty_table(tmp_path: Path) -> None:
+    calib = _write(tmp_path / "calib.verdicts.json", [])
+    lm = _write(tmp_path / "results-lm.verdicts.json", [_record("a", 0.012)])
+    out, index = tmp_path / "results" / "verdicts.md", tmp_path / "results" / "README.md"
+    assert main([str(calib), str(lm), "--out", str(out), "--index", str(index)]) == 0
+    section = out.read_text().split("## [calib](calib.md)")[1].split("## [")[0]
+    assert "No verdicts: a descriptive study" in section and "| claim |" not in section
+    assert "Primary verdicts: 1 supported" in out.read_text()
+
+
 def test_a_significant_pooled_family_can_undo_a_per_study_verdict(tmp_path: Path) -> None:
     """Each study alone: p 0.03 < 0.05. Pooled over 3: Holm 0.09 — inconclusive, not supported."""
     files = [_write(tmp_path / f"results-{i}.verdicts.json", [_record(str(i), 0.03)]) for i in range(3)]

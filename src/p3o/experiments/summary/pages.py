@@ -198,13 +198,12 @@ def render_page(studies: list[Study], command: str) -> str:
         )
     lines.append("")
     for study in studies:
-        prim = [r for r in study.records if _primary(r)]
         lines += [f"## [{study.name}]({study.name}.md)", "", f"Pre-registration: {_mode(study)}.", ""]
         if not study.records:
             lines += ["No verdicts: a descriptive study (its report's tables are the result).", ""]
             continue
         lines += [
-            f"Primary verdicts: {_counts(prim)}.",
+            f"Primary verdicts: {_counts([r for r in study.records if _primary(r)])}.",
             "",
             "| claim | regime | A | B | metric | role | n | A − B [95% CI] | p (Holm) | verdict |",
             "|---|---|---|---|---|---|---:|---|---:|---|",
