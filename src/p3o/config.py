@@ -463,10 +463,9 @@ def config_help(cls: type | None = None, extra: Sequence[tuple[str, str]] | None
 
 
 def default_preset_text() -> str:
-    """The text of configs/default.yaml: every key of the embedded defaults under the preset header.
+    """The text of the preset p3o/configs/default.yaml: every key of the embedded defaults under the preset header.
 
-    Regenerate both copies after changing a default:
-    ``python -m p3o.config > configs/default.yaml && cp configs/default.yaml src/p3o/configs/``
+    Regenerate it after changing a default: ``python -m p3o.config > src/p3o/configs/default.yaml``
     """
     header = (
         "# p3o train --config default\n"

@@ -314,22 +314,17 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def _preset_dirs() -> list[Path | Any]:
-    """Where presets live: the repository's configs/ (source checkout / editable install), then the packaged copy."""
-    dirs: list[Path | Any] = []
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / "pyproject.toml").is_file() and (repo / "configs").is_dir():
-        dirs.append(repo / "configs")
+    """Where presets live: the package's ``p3o/configs/`` (the one copy; a wheel ships it as package data)."""
     try:
         packaged = files("p3o") / "configs"
-        if packaged.is_dir():
-            dirs.append(packaged)
     except (ModuleNotFoundError, TypeError):  # pragma: no cover - namespace/zip oddities
-        pass
-    return dirs
+        return []
+    return [packaged] if packaged.is_dir() else []
 
 
 def list_presets() -> list[str]:
-    """Training presets accepted by ``--config NAME``: the files configs/<name>.yaml (sub-folders are not presets)."""
+    """Training presets accepted by ``--config NAME``: the files p3o/configs/<name>.yaml (sub-folders are not
+    presets), found from any working directory."""
     names: set[str] = set()
     for d in _preset_dirs():
         names |= {p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml") and p.is_file()}
@@ -337,7 +332,7 @@ def list_presets() -> list[str]:
 
 
 def preset_path(name_or_path: str) -> Path:
-    """Resolve ``--config`` to a file: an existing path, else a preset name (configs/<name>.yaml)."""
+    """Resolve ``--config`` to a file: an existing path, else a preset name (p3o/configs/<name>.yaml)."""
     p = Path(name_or_path).expanduser()
     if p.is_file():
         return p
