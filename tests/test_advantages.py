@@ -21,7 +21,8 @@ def _loop(rewards: list[float], ids: list[int], std: str, scale: str, baseline: 
     for r, g in zip(rewards, ids):
         grp = [x for x, h in zip(rewards, ids) if h == g]
         mean, sd = (statistics.fmean(grp), pstd(grp)) if len(grp) > 1 else (0.0, 1.0)
-        b = mean if baseline == "mean" else mean - alpha * sd
+        low = min(grp) if len(grp) > 1 else 0.0
+        b = {"mean": mean, "asymre": mean - alpha * (mean - low), "lowered": mean - alpha * sd}[baseline]
         denom = {"group": sd + eps, "batch": batch_std + eps, "none": 1.0}[scale]
         out.append((r - b) / denom)
     return out
@@ -44,6 +45,44 @@ def test_hand_values() -> None:
     assert adv.tolist() == [1.0, -1.0]
 
 
+def test_asymre_worked_values_from_the_minpro_paper() -> None:
+    # appendix D: Â = (R − (mean − α·(mean − min))) / std, α = 0.5, population std. Pass rate 0.75, binary rewards:
+    # mean 0.75, min 0, baseline 0.375, std sqrt(0.75·0.25) = 0.4330 -> correct 0.625/0.433 = 1.443, wrong −0.866
+    ids = torch.zeros(4, dtype=torch.long)
+    adv, _ = group_advantages(torch.tensor([1.0, 1, 1, 0]), ids, baseline="asymre")
+    assert adv.tolist() == pytest.approx([1.443376, 1.443376, 1.443376, -0.866025], abs=5e-6)
+    # the earlier reconstruction (mean − α·std) at the same pass rate: 1.077 / −1.232; the two agree at 0.5 only
+    old, _ = group_advantages(torch.tensor([1.0, 1, 1, 0]), ids, baseline="lowered")
+    assert old.tolist() == pytest.approx([1.077350, 1.077350, 1.077350, -1.232051], abs=5e-6)
+    half = torch.tensor([1.0, 0, 1, 0])
+    a, _ = group_advantages(half, ids, baseline="asymre")
+    b, _ = group_advantages(half, ids, baseline="lowered")
+    torch.testing.assert_close(a, b)
+
+
+def test_asymre_float64_reference_and_edge_cases() -> None:
+    # non-binary rewards, several groups, both std conventions, α ≠ 0.5, against the formula in float64
+    g = torch.Generator().manual_seed(3)
+    ids = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2, 3])
+    r = torch.rand(10, generator=g, dtype=torch.float64)
+    r[7:9] = 0.25  # an all-equal group: mean = min, std = 0 -> A = 0
+    for std, ddof in (("population", 0), ("bessel", 1)):
+        adv, stats = group_advantages(r, ids, baseline="asymre", alpha=0.3, std=std)
+        for grp in range(3):
+            x = r[ids == grp]
+            base = x.mean() - 0.3 * (x.mean() - x.min())
+            want = (x - base) / (x.std(correction=ddof) + 1e-6)
+            torch.testing.assert_close(adv[ids == grp].double(), want, rtol=1e-6, atol=1e-6)
+        assert adv[9].item() == pytest.approx(r[9].item() / (1 + 1e-6), rel=1e-6)  # singleton: baseline 0
+        assert stats["zero_adv_groups"].item() == 1.0
+    # α = 0 is GRPO's mean baseline; α = 1 puts the baseline at the group's minimum (the worst sample gets A = 0)
+    a0, _ = group_advantages(r, ids, baseline="asymre", alpha=0.0)
+    m, _ = group_advantages(r, ids)
+    torch.testing.assert_close(a0, m)
+    a1, _ = group_advantages(r, ids, baseline="asymre", alpha=1.0)
+    assert all(a1[ids == grp].min().item() == pytest.approx(0.0, abs=1e-6) for grp in range(3))
+
+
 def test_singleton_group_convention() -> None:
     # a group of size 1: mean 0, std 1 -> A = r / (1 + 1e-6)
     adv, stats = group_advantages(torch.tensor([0.7, 0.0]), torch.tensor([0, 1]))
@@ -53,7 +92,7 @@ def test_singleton_group_convention() -> None:
 
 @pytest.mark.parametrize("std", ["population", "bessel"])
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
-@pytest.mark.parametrize("baseline", ["mean", "lowered"])
+@pytest.mark.parametrize("baseline", ["mean", "asymre", "lowered"])
 def test_matches_loop(std: str, scale: str, baseline: str) -> None:
     g = torch.Generator().manual_seed(0)
     ids = torch.tensor([5, 2, 5, 2, 9, 5, 2, 2, 11, 9])

@@ -1,5 +1,5 @@
-"""Advantage estimators: group-relative advantages (GRPO Eq. 3, Dr.GRPO, AsymRE lowered baseline) and DAPO's
-soft overlong penalty.
+"""Advantage estimators: group-relative advantages (GRPO Eq. 3, Dr.GRPO, the MinPRO paper's AsymRE baseline and an
+earlier std-lowered one) and DAPO's soft overlong penalty.
 
 Usage: ``adv, stats = group_advantages(rollouts.rewards, rollouts.group_ids)``.
 """
@@ -12,7 +12,7 @@ from p3o.errors import ConfigError
 
 STD_MODES = ("population", "bessel")
 SCALE_MODES = ("group", "batch", "none")
-BASELINES = ("mean", "lowered")
+BASELINES = ("mean", "asymre", "lowered")
 
 
 def _check(name: str, value: str, valid: tuple[str, ...]) -> None:
@@ -32,9 +32,18 @@ def group_advantages(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group-relative advantages, one per sequence (broadcast over its tokens by the objectives).
 
-        A_i = (r_i − b_g) / (σ + ε),   b_g = mean_g r  (``baseline="mean"``)  or  mean_g r − α·std_g r  (``"lowered"``,
-        AsymRE as adapted in the MinPRO paper; reconstructed), σ = std_g r (``scale="group"``), the batch std
-        (``"batch"``) or no division at all (``"none"``, Dr.GRPO).
+        A_i = (r_i − b_g) / (σ + ε),   σ = std_g r (``scale="group"``), the batch std (``"batch"``) or no division
+        at all (``"none"``, Dr.GRPO), with the baseline
+
+        b_g = mean_g r                                  (``baseline="mean"``, GRPO)
+        b_g = mean_g r − α·(mean_g r − min_g r)         (``"asymre"``: AsymRE as the MinPRO paper's appendix D
+                                                          adapts it, α = 0.5)
+        b_g = mean_g r − α·std_g r                      (``"lowered"``: an earlier, wrong reconstruction of that
+                                                          formula, kept under its own name for the studies that ran it)
+
+    Worked values (binary rewards, pass rate 0.75: group {1, 1, 1, 0}, population std 0.433, α = 0.5): ``asymre``
+    gives correct / wrong 1.443 / −0.866 (the paper's), ``lowered`` 1.077 / −1.232; the two agree only at a pass
+    rate of 0.5. A group with all rewards equal gets A = 0 under every baseline (mean = min, std = 0).
 
     ``std="population"`` divides by n (the paper's text), ``"bessel"`` by n − 1 (the authors' code). A group of
     size 1 has mean 0 and std 1 by convention (so A = r/(1+ε) for scale="group"). Groups whose advantages are
@@ -62,7 +71,16 @@ def group_advantages(
     single = cnt <= 1
     mean = torch.where(single, torch.zeros_like(mean), mean)  # documented convention for singleton groups
     gstd = torch.where(single, torch.ones_like(gstd), gstd)
-    base = mean if baseline == "mean" else mean - alpha * gstd
+    if baseline == "mean":
+        base = mean
+    elif baseline == "asymre":
+        gmin = torch.full((g,), torch.inf, dtype=torch.float64, device=r.device).scatter_reduce(
+            0, inv, r, reduce="amin", include_self=True
+        )
+        gmin = torch.where(single, torch.zeros_like(gmin), gmin)  # singleton: mean 0 by convention, min likewise
+        base = mean - alpha * (mean - gmin)
+    else:
+        base = mean - alpha * gstd
     adv = r - base[inv]
     if scale == "group":
         adv = adv / (gstd[inv] + eps)

@@ -227,8 +227,12 @@ class AdvantageConfig:
 
     std: Literal["population", "bessel"] = _f("population", "group standard deviation: population (paper) or Bessel")
     scale: Literal["group", "batch", "none"] = _f("group", "divide by the group std, batch std, or nothing (Dr.GRPO)")
-    baseline: Literal["mean", "lowered"] = _f("mean", "baseline: group mean, or lowered mean - alpha*std (AsymRE)")
-    alpha: float = _f(0.5, "lowered baseline: alpha in mean - alpha*std", ge=0)
+    baseline: Literal["mean", "asymre", "lowered"] = _f(
+        "mean",
+        "baseline: group mean; asymre = mean - alpha*(mean - min) (the MinPRO paper's AsymRE); lowered = mean - "
+        "alpha*std (an earlier reconstruction, kept for the studies that ran it)",
+    )
+    alpha: float = _f(0.5, "asymre / lowered baseline: alpha", ge=0)
     eps: float = _f(1e-6, "added to the std before dividing", gt=0)
 
 

@@ -103,6 +103,21 @@ def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
         while k < len(vals) and sum(vals[k:]) / len(vals[k:]) >= hp.get("tau", 0.04):
             k += 1
         cut = vals[k - 1] if k else math.inf
+    if name == "m2po_clip":  # brute force: the largest harmful v whose cap keeps Σ min(v_i, cap) under τ·n
+        harm = [
+            lr[i][t] ** 2
+            for i in range(n_rows)
+            for t in range(n_cols)
+            if mask[i][t] and ((adv[i] > 0 and lr[i][t] > 0) or (adv[i] < 0 and lr[i][t] < 0))
+        ]
+        tau = hp.get("tau", 0.04)
+        if not harm or sum(harm) / len(harm) <= tau:
+            lo_eps, hi_eps = 1.0, math.inf
+        else:
+            fits = [v for v in harm if sum(min(u, v) for u in harm) < tau * len(harm)]
+            cap = math.sqrt(max(fits)) if fits else 0.0
+            lo_eps = max(1 - math.exp(-cap), hp.get("floor_low", 0.3))
+            hi_eps = max(math.exp(cap) - 1, hp.get("floor_high", 0.5))
     e_b = ess(valid_lr)
     if name == "p3o_two_anchor":
         e_p = ess([logp[i][t] - prox[i][t] for i in range(n_rows) for t in range(n_cols) if mask[i][t]])
@@ -120,7 +135,7 @@ def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
     for i in range(n_rows):
         seq_sum = sum(lr[i][t] for t in range(n_cols) if mask[i][t])
         seq_lr = [lr[i][t] for t in range(n_cols) if mask[i][t]]
-        run_min = math.inf
+        seen_rho: list[float] = []  # the ratios of row i's valid tokens so far (MinPRO)
         for t in range(n_cols):
             if not mask[i][t]:
                 continue
@@ -171,11 +186,26 @@ def oracle(name: str, d: dict, **hp: float) -> tuple[float, list[list[float]]]:
             elif name == "m2po":
                 keep = x * x < cut
                 val, g = (-rho * a, -rho * a) if keep else (0.0, 0.0)
+            elif name == "m2po_clip":
+                val, g = ppo_token(rho, a, lo_eps, hi_eps)
             elif name == "minpro":
-                m = 1.0 if run_min == math.inf else run_min
-                w = clip(m * rho, 1 - hp.get("trunc_eps_low", 1.0), 1 + hp.get("trunc_eps_high", 4.0))
+                including = hp.get("prefix_scope", "preceding") == "including"
+                seen = [*seen_rho, rho] if including else list(seen_rho)
+                stat = hp.get("prefix_stat", "min")
+                if not seen:
+                    s_val = 1.0
+                elif stat == "min":
+                    s_val = min(seen)
+                elif stat == "mean":
+                    s_val = sum(seen) / len(seen)
+                elif stat == "geomean":
+                    s_val = math.prod(seen) ** (1 / len(seen))
+                else:
+                    s_val = math.prod(seen)
+                raw = s_val if including else s_val * rho
+                w = clip(raw, 1 - hp.get("trunc_eps_low", 1.0), 1 + hp.get("trunc_eps_high", 4.0))
                 val, g = -w * a * logp[i][t], -w * a
-                run_min = min(run_min, rho)
+                seen_rho.append(rho)
             elif name == "sapo":
                 tau = hp.get("tau_pos", 1.0) if a > 0 else hp.get("tau_neg", 1.05)
                 sig = 1 / (1 + math.exp(-tau * (rho - 1)))

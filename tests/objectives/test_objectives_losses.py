@@ -18,6 +18,7 @@ from p3o.objectives import (
     cispo,
     effective_sample_size,
     get_objective,
+    m2po_clip_bounds,
     m2po_threshold,
     objective_defaults,
     p3o_token_loss,
@@ -207,6 +208,14 @@ def test_extra_terms_and_rollout_correction() -> None:
         ("m2po", {"tau": 0.01}),
         ("minpro", {}),
         ("minpro", {"trunc_eps_low": 0.5, "trunc_eps_high": 0.5}),
+        ("minpro", {"prefix_stat": "mean"}),
+        ("minpro", {"prefix_stat": "mean", "prefix_scope": "including"}),
+        ("minpro", {"prefix_stat": "geomean", "prefix_scope": "including"}),
+        ("minpro", {"prefix_stat": "prod", "prefix_scope": "including", "trunc_eps_high": 0.3}),
+        ("minpro", {"prefix_stat": "min", "prefix_scope": "including"}),
+        ("m2po_clip", {}),
+        ("m2po_clip", {"tau": 0.01, "floor_low": 0.0, "floor_high": 0.0}),
+        ("m2po_clip", {"tau": 5.0}),
         ("p3o", {"agg": "seq-mean-token-sum-norm"}),
         ("gmpo", {}),
         ("gmpo", {"clip_eps_low": 0.1, "clip_eps_high": 0.2}),
@@ -344,7 +353,10 @@ def test_property_finite_everywhere(seed: int, scale: float, name: str) -> None:
 
 
 # kl_cov / clip_cov choose their tokens per call (coupling "batch", as verl does per micro-batch)
-@pytest.mark.parametrize("name", [n for n in OBJECTIVES if n not in ("p3o_two_anchor", "kl_cov", "clip_cov")])
+# m2po_clip sets its clip range per call (as verl calls M2PO's loss per micro-batch)
+@pytest.mark.parametrize(
+    "name", [n for n in OBJECTIVES if n not in ("p3o_two_anchor", "kl_cov", "clip_cov", "m2po_clip")]
+)
 def test_gradient_accumulation_matches_one_batch(name: str) -> None:
     d = _random_data(6, n=6, t=5)
     mask = d["mask"]
@@ -460,3 +472,30 @@ def test_truncation_caps_keep_their_old_spelling_for_one_release(name: str) -> N
     torch.testing.assert_close(g_new, g_old)
     with pytest.raises(ObjectiveError, match="'clip_eps_high' and 'trunc_eps_high' are the same keyword"):
         get_objective(name)(inp, clip_eps_high=1.0, trunc_eps_high=1.0)
+
+
+def test_m2po_clip_bounds_hand_values() -> None:
+    # harmful tokens: A > 0 with lr > 0, A < 0 with lr < 0. Row 0 (A = 1): lr 0.1, 0.5, −0.3 -> harmful 0.1, 0.5;
+    # row 1 (A = −1): lr −0.2, 0.4 -> harmful −0.2. v sorted: 0.01, 0.04, 0.25 (M2 0.1); τ = 0.04 -> budget 0.12:
+    # cap at v_(0): 0.01·3 = 0.03 < 0.12; at v_(1): 0.01 + 0.04·2 = 0.09 < 0.12; at v_(2): 0.30 ≥ 0.12 -> k = 2,
+    # cap c = sqrt(0.04) = 0.2 -> ε_l = max(1 − e^{−0.2}, 0.3) = 0.3, ε_h = max(e^{0.2} − 1, 0.5) = 0.5
+    lr = torch.tensor([[0.1, 0.5, -0.3], [-0.2, 0.4, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    adv = torch.tensor([[1.0] * 3, [-1.0] * 3])
+    lo, hi, m2 = m2po_clip_bounds(lr, mask, adv, 0.04)
+    assert (lo, hi) == (0.3, 0.5) and m2 == pytest.approx(0.1)
+    lo, hi, _ = m2po_clip_bounds(lr, mask, adv, 0.04, floor_low=0.0, floor_high=0.0)
+    assert lo == pytest.approx(1 - math.exp(-0.2)) and hi == pytest.approx(math.exp(0.2) - 1)
+    # τ = 0.005: even the smallest cap overshoots (0.03 ≥ 0.015) -> c = 0 -> the floors
+    assert m2po_clip_bounds(lr, mask, adv, 0.005, floor_low=0.0, floor_high=0.0)[:2] == (0.0, 0.0)
+    # M2 ≤ τ, or no harmful token: unconstrained
+    assert m2po_clip_bounds(lr, mask, adv, 0.2)[:2] == (1.0, math.inf)
+    assert m2po_clip_bounds(lr, mask, torch.zeros_like(adv), 0.04) == (1.0, math.inf, 0.0)
+    # the loss: a PPO clip with that range (gradient 0 on the clipped tokens)
+    loss, grad, stats = _run("m2po_clip", _inp(lr.tolist(), [[0.0] * 3] * 2, [1.0, -1.0], mask=mask.tolist()))
+    assert stats["m2po_eps_low"].item() == pytest.approx(0.3) and stats["m2po_eps_high"].item() == pytest.approx(0.5)
+    # ρ(0.5) = 1.65 > 1.5 with A > 0: clipped; every other token inside [0.7, 1.5]
+    assert grad[0, 1].item() == 0.0 and grad[0, 0].item() == pytest.approx(-math.exp(0.1) / 5, rel=1e-6)
+    want = (-math.exp(0.1) - 1.5 - math.exp(-0.3) + math.exp(-0.2) + math.exp(0.4)) / 5
+    assert loss.item() == pytest.approx(want, rel=1e-6)
+    assert stats["clipfrac"].item() == pytest.approx(1 / 5)

@@ -97,3 +97,74 @@ def test_minpro_diagnostics_function() -> None:
     assert s["weight_decile_9"].item() == 0.0
     empty = minpro_diagnostics(log_m, weight, torch.zeros(2, 6, dtype=torch.bool))
     assert empty["m_median"].item() == 1.0 and empty["m_mean"].item() == 0.0
+
+
+def _loop_including(lrs: list[float], valid: list[bool], stat: str) -> list[float]:
+    """Slow float64 oracle of the paper's ablation: S(ρ_1 … ρ_t), the current valid token included."""
+    out, seen = [], []
+    for x, ok in zip(lrs, valid):
+        rho = [math.exp(v) for v in seen] + ([math.exp(x)] if ok else [])
+        if not rho:
+            out.append(1.0)
+        elif stat == "min":
+            out.append(min(rho))
+        elif stat == "mean":
+            out.append(sum(rho) / len(rho))
+        elif stat == "geomean":
+            out.append(math.prod(rho) ** (1 / len(rho)))
+        else:
+            out.append(math.prod(rho))
+        if ok:
+            seen.append(x)
+    return out
+
+
+@pytest.mark.parametrize("stat", ["min", "mean", "geomean", "prod"])
+def test_including_prefix_stats_match_float64_loop(stat: str) -> None:
+    g = torch.Generator().manual_seed(5)
+    lr = torch.randn(4, 9, generator=g) * 0.7
+    mask = torch.rand(4, 9, generator=g) > 0.3
+    mask[1, :2] = False
+    lr = torch.where(mask, lr, float("nan"))
+    got = torch.exp(prefix_log_stat(lr, mask, stat, including=True))
+    for i in range(4):
+        want = torch.tensor(_loop_including(lr[i].tolist(), mask[i].tolist(), stat), dtype=torch.float64)
+        valid = mask[i]
+        torch.testing.assert_close(got[i][valid].double(), want[valid], rtol=1e-5, atol=1e-7)
+
+
+def test_ablation_weights_replace_the_whole_weight() -> None:
+    # ρ = (2, 0.5, 4): the paper's ablation weights (current token included) vs strict-prefix × ρ_t
+    lr = torch.log(torch.tensor([[2.0, 0.5, 4.0]], dtype=torch.float64))
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    adv = torch.tensor([1.0])
+    want = {
+        "mean": [2.0, 1.25, 6.5 / 3],  # (1/t)Σ_{i≤t} ρ_i
+        "geomean": [2.0, 1.0, 4.0 ** (1 / 3)],  # (Π_{i≤t} ρ_i)^{1/t}
+        "prod": [2.0, 1.0, 4.0],  # Π_{i≤t} ρ_i = ρ_{1:t}
+        "min": [2.0, 0.5, 0.5],
+    }
+    for stat, w in want.items():
+        logp = (lr.float() - 1.0).requires_grad_()
+        inp = ObjectiveInputs(logp, torch.full((1, 3), -1.0), mask, adv)
+        loss, stats = get_objective("minpro")(inp, prefix_stat=stat, prefix_scope="including", trunc_eps_high=10.0)
+        (grad,) = torch.autograd.grad(loss, logp)
+        # token-mean: ∂/∂logp_t = −w_t·A/3, the weight detached
+        torch.testing.assert_close(grad.double(), -torch.tensor([w], dtype=torch.float64) / 3, rtol=1e-6, atol=1e-7)
+        # the diagnostic factor is w_t/ρ_t
+        m = torch.tensor(w, dtype=torch.float64) / torch.tensor([2.0, 0.5, 4.0], dtype=torch.float64)
+        assert stats["m_mean"].item() == pytest.approx(m.mean().item(), rel=1e-5)
+    # the strict-prefix mean differs (weights 1·2, 2·0.5, mean(2, 0.5)·4 = 5, not 6.5/3); the product is the same
+    logp = (lr.float() - 1.0).requires_grad_()
+    inp = ObjectiveInputs(logp, torch.full((1, 3), -1.0), mask, adv)
+    loss, _ = get_objective("minpro")(inp, prefix_stat="mean", trunc_eps_high=10.0)
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(
+        grad.double(), -torch.tensor([[2.0, 1.0, 5.0]], dtype=torch.float64) / 3, rtol=1e-6, atol=0
+    )
+
+
+def test_prefix_scope_is_checked() -> None:
+    inp = ObjectiveInputs(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.ones(1))
+    with pytest.raises(ValueError, match="prefix_scope"):
+        get_objective("minpro")(inp, prefix_scope="all")

@@ -75,9 +75,11 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "cispo": [{"trunc_eps_low": 0.5, "trunc_eps_high": 0.2}],
     "decoupled_ppo": [{"weight_mode": "clamp", "weight_cap": 1.2, "clip_eps_high": 0.1}],
     "m2po": [{"tau": 0.01}],
+    "m2po_clip": [{"tau": 0.01, "floor_low": 0.1, "floor_high": 0.2}],
     "minpro": [
         {"prefix_stat": "mean", "include_one": True},
         {"prefix_stat": "prod", "trunc_eps_low": 0.3, "trunc_eps_high": 0.5},
+        {"prefix_stat": "geomean", "prefix_scope": "including"},
     ],
     "gmpo": [{"clip_eps_low": 0.1, "clip_eps_high": 0.2}],
     "sapo": [{"tau_pos": 2.0, "tau_neg": 0.5}],

@@ -29,8 +29,11 @@ from p3o.objectives.core import (
 )
 from p3o.objectives.p3o_family import (
     P3O_CAPS,
+    PREFIX_SCOPES,
     PREFIX_STATS,
     m2po,
+    m2po_clip,
+    m2po_clip_bounds,
     m2po_threshold,
     minpro,
     minpro_diagnostics,
@@ -59,6 +62,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "OBJECTIVES",
     "P3O_CAPS",
+    "PREFIX_SCOPES",
     "PREFIX_STATS",
     "ROLLOUT_CORRECTIONS",
     "ROW_REJECTIONS",
@@ -83,6 +87,8 @@ __all__ = [
     "k3",
     "kl_estimate",
     "m2po",
+    "m2po_clip",
+    "m2po_clip_bounds",
     "m2po_threshold",
     "masked_mean",
     "minpro",

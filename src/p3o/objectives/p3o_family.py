@@ -1,5 +1,5 @@
 """P3O, its two-anchor variant, and the two off-policy objectives it is measured against most closely: MinPRO
-(the minimum prefix ratio) and M2PO (second-moment masking).
+(the minimum prefix ratio) and M2PO (second-moment masking, and the public code's form: its threshold as a PPO clip).
 
 Each objective is written as its policy term over the prepared micro-batch (N sequences, T tokens) and its own
 keywords; :func:`p3o.objectives.shared.with_shared` wraps it in the rollout correction, the reference-KL and entropy
@@ -40,6 +40,8 @@ from p3o.objectives.shared import Stats, with_shared
 
 PrefixStat = Literal["min", "mean", "geomean", "prod"]
 PREFIX_STATS: tuple[str, ...] = get_args(PrefixStat)
+PrefixScope = Literal["preceding", "including"]
+PREFIX_SCOPES: tuple[str, ...] = get_args(PrefixScope)
 TwoAnchorVariant = Literal["sum", "mixture"]
 P3oCap = Literal["ess", "clip"]
 P3O_CAPS: tuple[str, ...] = get_args(P3oCap)
@@ -332,18 +334,96 @@ def m2po(prep: Prepared, *, tau: float = 0.04) -> PolicyTerm:
     return PolicyTerm(per_token, stats, extra_mask=keep)
 
 
+def m2po_clip_bounds(
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    adv: torch.Tensor,
+    tau: float = 0.04,
+    floor_low: float = 0.3,
+    floor_high: float = 0.5,
+) -> tuple[float, float, float]:
+    """The clip range (ε_l, ε_h) of M2PO's public code (Infini-AI-Lab/M2PO, ``compute_m2po_policy_loss``) and the
+    second moment it starts from, all Python floats.
+
+    Only the "harmful" tokens count: H = {valid t: A_t > 0 and lr_t > 0, or A_t < 0 and lr_t < 0}, v_t = lr_t².
+    If H is empty or M̂2 = mean_H v ≤ τ nothing is constrained (ε_l = 1, ε_h = +inf). Otherwise, with v sorted
+    ascending (v_(0) ≤ … ≤ v_(n−1)), k is the first index whose cap reaches the budget,
+    Σ_{j≤k} v_(j) + (n − k − 1)·v_(k) ≥ τ·n, and the cap is c = v_(k−1)^{1/2} (c = 0 when k = 0): the largest
+    sorted value at which capping |lr| keeps the harmful tokens' M2 under τ. Then
+
+        ε_l = max(1 − e^{−c}, floor_low),   ε_h = max(e^{c} − 1, floor_high)        (code defaults 0.3 / 0.5)
+
+    Returns (ε_l, ε_h, M̂2 of the harmful tokens; 0 when there are none).
+    """
+    assert log_ratio.shape == mask.shape == adv.shape, (log_ratio.shape, mask.shape, adv.shape)
+    with torch.no_grad():
+        lr = log_ratio.detach().double()
+        harm = mask & (((adv > 0) & (lr > 0)) | ((adv < 0) & (lr < 0)))
+        v = torch.sort(lr[harm] ** 2).values
+        n = v.numel()
+        if n == 0:
+            return 1.0, math.inf, 0.0
+        m2 = float(v.mean())
+        if m2 <= tau:
+            return 1.0, math.inf, m2
+        csum = torch.cumsum(v, 0)
+        capped = csum + v * (n - 1 - torch.arange(n, dtype=v.dtype, device=v.device))
+        k = int(torch.argmax((capped >= tau * n).to(torch.uint8)))
+        cap = 0.0 if k == 0 else math.sqrt(float(v[k - 1]))
+        return max(1.0 - math.exp(-cap), floor_low), max(math.expm1(cap), floor_high), m2
+
+
+@with_shared()
+def m2po_clip(prep: Prepared, *, tau: float = 0.04, floor_low: float = 0.3, floor_high: float = 0.5) -> PolicyTerm:
+    """M2PO as its public code runs it (and as the MinPRO paper describes M2PO: hard clipping): the second-moment
+    budget τ sets ONE clip range for this call's tokens (:func:`m2po_clip_bounds`), applied as a PPO clip
+
+        ℓ_t = − min(ρ_t·A_t, clip(ρ_t, 1 − ε_l, 1 + ε_h)·A_t)   (gradient through ρ; no dual clip)
+
+    where :func:`m2po` (the M2PO paper's form) masks the tokens with the largest lr² instead. The range is computed
+    per call (one micro-batch, as verl calls its loss), so its ``coupling`` is ``batch``. τ = 0.04, floors 0.3 / 0.5
+    (the code's ``miniclip_low`` / ``miniclip_high`` defaults). Token-mean. Stats: clipfrac, m2po_eps_low,
+    m2po_eps_high (inf reported as 1e6), m2 (M̂2 of the harmful tokens).
+    """
+    if not tau > 0:
+        raise ObjectiveError(f"tau must be > 0, got {tau}")
+    if not (0 <= floor_low <= 1 and floor_high >= 0):
+        raise ObjectiveError(f"floor_low must be in [0, 1] and floor_high >= 0, got {floor_low} and {floor_high}")
+    mask, lr, adv = prep.mask, prep.log_ratio, prep.adv
+    eps_low, eps_high, m2 = m2po_clip_bounds(lr, mask, adv, tau, floor_low, floor_high)
+    ratio = torch.exp(lr.clamp(-RATIO_LOG_CLAMP, RATIO_LOG_CLAMP))
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    per_token = torch.maximum(unclipped, clipped)
+    stats = baseline_stats(prep)
+    with torch.no_grad():
+        stats["clipfrac"] = masked_mean((clipped > unclipped).float(), mask)
+        stats["m2po_eps_low"] = torch.tensor(eps_low, device=lr.device)
+        stats["m2po_eps_high"] = torch.tensor(min(eps_high, 1e6), device=lr.device)
+        stats["m2"] = torch.tensor(m2, device=lr.device)
+    return PolicyTerm(per_token, stats)
+
+
 # ----------------------------------------------------------------------------------------------- MinPRO
 
 
 def prefix_log_stat(
-    log_ratio: torch.Tensor, mask: torch.Tensor, stat: str = "min", *, include_one: bool = False
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    stat: str = "min",
+    *,
+    include_one: bool = False,
+    including: bool = False,
 ) -> torch.Tensor:
-    """log m_t: a statistic of the ratios of the STRICTLY preceding valid tokens of each row (detached, (N, T)).
+    """log of a statistic of each row's prefix ratios (detached, (N, T)).
 
-    ``min``: m_t = min_{j<t valid} ρ_j (cumulative min of lr, shifted right by one; masked positions count as
-    +inf); ``mean``: arithmetic mean of those ρ_j (log-cum-sum-exp); ``geomean``: exp(mean lr_j); ``prod``:
-    Π_{j<t} ρ_j (so m_t·ρ_t is the exact cumulative prefix ratio ρ_{1:t}). An empty prefix gives m = 1.
-    ``include_one``: the prefix also holds an implicit ρ = 1 (min: min(1, ·); mean / geomean: one more term).
+    The prefix is the STRICTLY preceding valid tokens j < t (``including=False``: MinPRO's m_t, multiplied by ρ_t
+    afterwards) or the valid tokens j ≤ t, the current one included (``including=True``: the MinPRO paper's
+    ablation, whose statistic is the whole weight). ``min``: min_j ρ_j (cumulative min of lr; masked positions count
+    as +inf); ``mean``: the arithmetic mean of the ρ_j (log-cum-sum-exp); ``geomean``: exp(mean lr_j); ``prod``:
+    Π_j ρ_j (strict: m_t·ρ_t is the exact cumulative prefix ratio ρ_{1:t}; including: it is ρ_{1:t} itself).
+    An empty prefix gives 1. ``include_one``: the prefix also holds an implicit ρ = 1 (min: min(1, ·); mean /
+    geomean: one more term; prod: unchanged).
     """
     if stat not in PREFIX_STATS:
         raise ObjectiveError(f"prefix_stat: unknown value {stat!r}; valid: {', '.join(PREFIX_STATS)}")
@@ -354,9 +434,11 @@ def prefix_log_stat(
             return lr
 
         def shift(x: torch.Tensor, fill: float) -> torch.Tensor:
+            if including:
+                return x
             return torch.cat([torch.full((n, 1), fill, device=x.device, dtype=x.dtype), x[:, :-1]], dim=1)
 
-        count = shift(torch.cumsum(mask, 1).float(), 0.0)  # number of strictly preceding valid tokens
+        count = shift(torch.cumsum(mask, 1).float(), 0.0)  # number of valid tokens in the prefix
         if stat == "min":
             prev = shift(torch.cummin(torch.where(mask, lr, math.inf), 1).values, math.inf)
             if include_one:
@@ -416,22 +498,39 @@ def minpro(
     trunc_eps_high: float = 4.0,
     prefix_stat: PrefixStat = "min",
     include_one: bool = False,
+    prefix_scope: PrefixScope = "preceding",
 ) -> PolicyTerm:
     """MinPRO: the token's ratio scaled by the minimum ratio of its strictly preceding valid tokens.
 
         m_t = min_{j<t, j valid} ρ_j  (m = 1 on an empty prefix),  ℓ_t = −sg(clip(m_t·ρ_t, 1−ε_l, 1+ε_h))·A_t·logp_t
 
-    ε_l = 1, ε_h = 4 (the paper's table). ``prefix_stat`` ∈ {min, mean, geomean, prod} swaps the statistic
-    (ablation; ``prod`` gives the cumulative prefix ratio ρ_{1:t}); ``include_one`` adds an implicit ρ = 1 to the
-    prefix. Stats add the diagnostics of :func:`minpro_diagnostics` , ``trunc_frac`` (m_t·ρ_t
-    outside [1 − ε_l, 1 + ε_h]) and ``trunc_high_frac`` (above 1 + ε_h). ``trunc_eps_low`` / ``trunc_eps_high`` were
-    ``clip_eps_low`` / ``clip_eps_high`` (deprecated aliases).
+    ε_l = 1, ε_h = 4 (the paper's table). The weight never carries gradient (sg, as in CISPO): ∂ℓ_t/∂logp_t =
+    −w_t·A_t. ``prefix_stat`` ∈ {min, mean, geomean, prod} swaps the statistic. ``prefix_scope``:
+
+    * ``"preceding"`` (default): w_t = clip(S(ρ_{j<t})·ρ_t) — the statistic over the strictly earlier tokens times
+      the current ratio (MinPRO itself with ``min``; ``prod`` gives ρ_{1:t});
+    * ``"including"``: w_t = clip(S(ρ_1 … ρ_t)) — the MinPRO paper's prefix-statistic ablation (section 5.3), where
+      the statistic of the prefix, the current token included, REPLACES the whole weight m_t·ρ_t: (1/t)·Σ_{i≤t} ρ_i,
+      (Π_{i≤t} ρ_i)^{1/t}, Π_{i≤t} ρ_i (the last equals ``preceding``'s prod), with the same clip and the same
+      stop-gradient. Its diagnostic factor m_t is reported as w_t/ρ_t before the clip (what multiplies ρ_t).
+
+    ``include_one`` adds an implicit ρ = 1 to the prefix. Stats add the diagnostics of :func:`minpro_diagnostics`,
+    ``trunc_frac`` (the unclipped weight outside [1 − ε_l, 1 + ε_h]) and ``trunc_high_frac`` (above 1 + ε_h).
+    ``trunc_eps_low`` / ``trunc_eps_high`` were ``clip_eps_low`` / ``clip_eps_high`` (deprecated aliases).
     """
     check_eps("trunc_eps_low", trunc_eps_low, upper=1.0)
     check_eps("trunc_eps_high", trunc_eps_high)
+    if prefix_scope not in PREFIX_SCOPES:
+        raise ObjectiveError(f"prefix_scope: unknown value {prefix_scope!r}; valid: {', '.join(PREFIX_SCOPES)}")
     mask, lr = prep.mask, prep.log_ratio
-    log_m = prefix_log_stat(lr, mask, prefix_stat, include_one=include_one)
-    log_w = log_m + lr.detach()
+    including = prefix_scope == "including"
+    log_s = prefix_log_stat(lr, mask, prefix_stat, include_one=include_one, including=including)
+    if including:
+        log_w = log_s
+        log_m = torch.where(mask, log_s - lr.detach(), torch.zeros((), device=lr.device))
+    else:
+        log_m = log_s
+        log_w = log_m + lr.detach()
     log_hi = math.log1p(trunc_eps_high)
     weight = torch.exp(log_w.clamp(max=log_hi)).clamp(min=1.0 - trunc_eps_low)
     per_token = -(weight * prep.adv) * prep.logp

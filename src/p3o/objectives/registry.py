@@ -291,6 +291,12 @@ _RECORDS = (
         summary="mask the largest second-moment tokens (M2PO)",
     ),
     Objective(
+        "m2po_clip",
+        p3o_family.m2po_clip,
+        coupling="batch",
+        summary="M2PO's second-moment budget as one PPO clip range per call (its public code)",
+    ),
+    Objective(
         "minpro",
         p3o_family.minpro,
         aliases=_TRUNC_ALIASES,
