@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ def test_aime_amc_numeric_answers(tmp_path: Path) -> None:
 
 
 def test_saved_hf_dataset_dirs(tmp_path: Path) -> None:
-    import datasets
+    datasets = pytest.importorskip("datasets", reason="optional: the extra p3o[data] (TRL's extra brings it too)")
 
     ds = datasets.Dataset.from_dict({"question": ["a?", "b?"], "answer": ["#### 1", "#### 2"]})
     ds.save_to_disk(str(tmp_path / "flat"))
@@ -175,3 +176,15 @@ def test_a_task_owns_its_default_verifier(tmp_path: Path) -> None:
     # task.verifier overrides the task's own
     assert task_verifier(SimpleNamespace(name="arithmetic", verifier=None)) == "exact-int"
     assert task_verifier(SimpleNamespace(name="arithmetic", verifier="math+format")) == "math+format"
+
+
+def test_saved_dataset_without_the_data_extra_is_one_line_naming_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError, as when not installed
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "dataset_info.json").write_text("{}")
+    with pytest.raises(
+        DataError, match=r'saved `datasets` directory needs the datasets package: pip install "p3o\[data\]"'
+    ):
+        load_task("gsm8k", "all", path=str(tmp_path / "saved"))
+    f = _jsonl(tmp_path / "mine.jsonl", [{"question": "a?", "answer": "#### 1"}])
+    assert [p.answer for p in load_task("gsm8k", "all", path=str(f))] == ["1"]  # JSONL needs no extra

@@ -107,8 +107,13 @@ def read_rows(path: str | Path, split: str | None = None) -> Iterator[tuple[str,
     if not path.exists():
         raise DataError(f"{path}: no such file or directory")
     if _is_saved_dataset(path):
-        import datasets  # heavy: datasets start-up (~1.6 s), only for a saved `datasets` directory
-
+        try:  # optional (extra `p3o[data]`): heavy, and only a saved `datasets` directory needs it
+            import datasets
+        except ImportError:
+            raise DataError(
+                f'{path}: a saved `datasets` directory needs the datasets package: pip install "p3o[data]" '
+                "(or save the rows as .jsonl)"
+            ) from None
         try:
             ds = datasets.load_from_disk(str(path))
         except Exception as err:
@@ -125,11 +130,11 @@ def read_rows(path: str | Path, split: str | None = None) -> Iterator[tuple[str,
     suffix = path.suffix.lower().lstrip(".")
     if suffix == "parquet":
         try:
-            import pyarrow.parquet as pq  # optional: pyarrow (not a dependency of p3o)
+            import pyarrow.parquet as pq  # optional: pyarrow (extra `p3o[data]`, through datasets)
 
             table = pq.read_table(path)
         except ImportError:
-            raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+            raise DataError(f'{path}: reading parquet needs pyarrow: pip install "p3o[data]" (or pyarrow)') from None
         except Exception as err:
             raise DataError(f"{path}: cannot read parquet ({type(err).__name__}: {err})") from None
         for i, row in enumerate(table.to_pylist()):
