@@ -58,6 +58,78 @@ def last_boxed(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
     return None  # unbalanced or longer than max_chars
 
 
+MAX_BOXES = 16  # final_boxed joins at most this many boxes
+_SEPARATOR = re.compile(r"\b(?:and|or)\b|,|;")
+
+
+def _box_at(text: str, start: int, stop: int, max_chars: int) -> tuple[str, int] | None:
+    """(content, index of its closing brace) of the `\\boxed{`/`\\fbox{` starting at `start`, braces matched before
+    `stop`; None when it has no brace, is unbalanced there, longer than `max_chars` or nested too deep."""
+    i = start + (6 if text.startswith("\\boxed", start) else 5)
+    while i < stop and text[i].isspace():
+        i += 1
+    if i >= stop or text[i] != "{":
+        return None
+    depth, j, end = 0, i, min(stop, i + max_chars + 2)
+    while j < end:
+        c = text[j]
+        if c == "{":
+            depth += 1
+            if depth > MAX_BRACE_DEPTH:
+                return None
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j].strip(), j
+        j += 1
+    return None
+
+
+def final_boxed(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
+    """The final boxed answer as math-verify reads it: the last `\\boxed{}` / `\\fbox{}`, joined by "," with the boxes
+    right before it that belong to the same answer; None if there is none (or it is empty, unbalanced, too long).
+
+    A box before an already taken one joins the answer when the text between them is shorter than 10 characters,
+    or shorter than 70, contains "and", "or", "," or ";", and the two contents differ
+    (latex2sympy2_extended's `extract_boxed_content(mode="last")`, which math-verify applies to a `\\boxed` answer).
+    Repeated equal neighbours count once. `\\boxed{3} and \\boxed{5}` -> "3,5"; `\\boxed{1}. Let me check ...
+    the answer is \\boxed{2}` -> "2". Bounded: at most MAX_BOXES boxes and `max_chars` characters in all.
+    """
+    if not isinstance(text, str):
+        return None
+    results: list[str] = []
+    stop = len(text)
+    later_start = -1  # start of the box taken last (to the right)
+    total = 0
+    while len(results) < MAX_BOXES:
+        start = max(text.rfind("\\boxed", 0, stop), text.rfind("\\fbox", 0, stop))
+        if start < 0:
+            break
+        box = _box_at(text, start, stop, max_chars)
+        if box is None:
+            if not results:
+                return last_boxed(text[:stop], max_chars) if text.startswith("\\boxed", start) else None
+            break
+        content, close = box
+        if results:
+            between = text[close + 1 : later_start]
+            joins = len(between) < 10 or (
+                content != results[-1] and len(between) < 70 and _SEPARATOR.search(between) is not None
+            )
+            if not joins:
+                break
+        if not results or results[-1] != content:
+            results.append(content)
+            total += len(content) + 1
+            if total > max_chars + 1:
+                return None
+        later_start = start
+        stop = start
+    if not results or not results[0]:
+        return None
+    return ",".join(reversed(results))
+
+
 def hash_answer(text: str) -> str | None:
     """The number after the last `####` (GSM8K style), commas removed; None when absent or not a number."""
     if not isinstance(text, str):

@@ -24,6 +24,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from p3o.rewards.tally import record
+
 _WORKERS: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
@@ -91,7 +93,8 @@ class _Child:
 class Worker:
     """Runs `python -m module *args` in a child process; `call` sends a request, waits at most `timeout_s`.
 
-    Thread-safe (a lock serialises calls). `restarts` counts kills after overruns.
+    Thread-safe (a lock serialises calls). `restarts` counts kills after overruns and deaths, `timeouts` overruns;
+    each is also recorded in the open `p3o.rewards.tally` tallies of the calling thread (as are `errors`).
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class Worker:
         self.spare: _Child | None = None
         self.started = False
         self.restarts = 0
+        self.timeouts = 0
         self._lock = threading.Lock()
         _WORKERS.add(self)
 
@@ -115,9 +119,10 @@ class Worker:
 
     def _activate(self, deadline: float) -> _Child | None:
         """A ready worker, or None if none got ready before `deadline` (the first start waits start_timeout_s)."""
-        if self.active is not None and not self.active.alive:
+        if self.active is not None and not self.active.alive:  # it died since its last reply
             self.active.kill()
             self.active = None
+            self._restarted()
         if self.active is None:
             self.active, self.spare = (
                 (self.spare, None) if self.spare is not None else (_Child(self.module, self.args), None)
@@ -138,7 +143,24 @@ class Worker:
         return value if status == "ok" else None
 
     def request(self, request: dict[str, Any], timeout_s: float = 1.0) -> tuple[str, Any]:
-        """(status, value): ("ok", value), ("error", message) or ("timeout", None) — killed after `timeout_s`."""
+        """(status, value): ("ok", value), ("error", message) or ("timeout", None) — killed after `timeout_s`.
+
+        Counted (`p3o.rewards.tally.record`): "timeout" as a timeout, "error" as an error, a killed or dead worker
+        as a restart.
+        """
+        status, value = self._request(request, timeout_s)
+        if status == "timeout":
+            self.timeouts += 1
+            record("timeouts")
+        elif status == "error":
+            record("errors")
+        return status, value
+
+    def _restarted(self) -> None:
+        self.restarts += 1
+        record("restarts")
+
+    def _request(self, request: dict[str, Any], timeout_s: float) -> tuple[str, Any]:
         with self._lock:
             first = not self.started
             deadline = time.monotonic() + timeout_s
@@ -154,13 +176,14 @@ class Worker:
             except (BrokenPipeError, OSError):
                 child.kill()
                 self.active = None
+                self._restarted()
                 return "error", "the worker process died"
             line = child.read_line(max(0.0, deadline - time.monotonic()))
             if line is None:
                 died = time.monotonic() < deadline  # read_line returns early only at EOF: the worker exited
                 child.kill()
                 self.active = None
-                self.restarts += 1
+                self._restarted()
                 if self.spare is None:
                     self.spare = _Child(self.module, self.args)  # warm up a replacement while the caller moves on
                 return ("error", "the worker process died") if died else ("timeout", None)

@@ -17,16 +17,20 @@ deeply nested, or carry huge exponents / factorials before sympy sees them.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from p3o.errors import ConfigError, VerifierError
 from p3o.rewards.custom import CustomVerifier
-from p3o.rewards.extract import MAX_ANSWER_CHARS, hash_answer, last_boxed, parse_int, parse_number
+from p3o.rewards.extract import MAX_ANSWER_CHARS, final_boxed, hash_answer, last_boxed, parse_int, parse_number
 from p3o.rewards.sandbox import Worker
+from p3o.rewards.tally import Tally, record, tally
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -37,17 +41,17 @@ Verifier = Callable[[str, str], float]
 
 
 _WORKER: Worker | None = None
-# Exponents with 4+ digits or nested powers, factorials of 3+ digit numbers, many-digit literals: sympy can spend
-# unbounded time on these, and no real answer needs them.
+# What sympy can spend unbounded time or memory on, and no real answer needs: exponents with 4+ digits, nested
+# powers and towers, Python's `**`, factorials of 4+ digit numbers, huge scientific notation, sums / products /
+# limits / integrals, 41+ digit literals, `__`, macro definitions. Only cost decides what is here: anything else
+# goes to math-verify, whose worker has a time and a memory limit.
 _HOSTILE = re.compile(
-    r"\^\s*\{?\s*[-+]?\d{4,}|\^\s*\{[^{}]*\^|\d\s*\^\s*\{?\s*\d+\s*\}?\s*\^|\*\*|(?<!\\)!|\d[eE][-+]?\d{3,}|\\(?:fact|prod|sum|lim|int)(?![a-zA-Z])|\d{41,}|__|\\def|\\newcommand"
+    r"\^\s*\{?\s*[-+]?\d{4,}|\^\s*\{[^{}]*\^|\d\s*\^\s*\{?\s*\d+\s*\}?\s*\^|\*\*|\d{4,}\s*!|\d[eE][-+]?\d{3,}"
+    r"|\\(?:fact|prod|sum|lim|int)(?![a-zA-Z])|\d{41,}|__|\\def|\\newcommand"
 )
-
+_TRAILING_DOT = re.compile(r"\\.\s*$|\\.\s")  # "12." math-verify cannot read
 _EXPONENT = re.compile(r"\^\s*\{?\s*[-+]?(\d+)")
-_MATH_UNICODE = set("π√∞°±×÷≤≥≠·−∈∪∩ℝ")
-_BAD_CHARS = set('$#"@`?;')
-_COMMAND = re.compile(r"\\[a-zA-Z]+(?:\{[a-zA-Z* ]*\})?")  # \frac, \text{Monday}, \begin{pmatrix}
-_BARE_WORD = re.compile(r"[a-zA-Z]{4,}")  # words outside commands (lambda, eval, import) are not answers
+MAX_POWERS = 16  # more `^` than this in one answer: no real answer, sympy's expansion can take minutes
 
 
 def _worker() -> Worker:
@@ -58,42 +62,30 @@ def _worker() -> Worker:
 
 
 def _normalise(s: str) -> str:
-    """Cheap LaTeX normalisation for string equality (spacing, \\left/\\right, \\dfrac, surrounding $, text{})."""
+    """Cheap LaTeX normalisation for string equality: surrounding `$`, `\\text{}`, `\\left`/`\\right`, `\\dfrac` /
+    `\\tfrac`, whitespace. Only rewrites math-verify reads the same way (so equal results are equal to it too)."""
     s = s.strip().strip("$").strip()
     s = re.sub(r"\\text\{\s*([^{}]*?)\s*\}", r"\1", s)
-    for a, b in (
-        ("\\left", ""),
-        ("\\right", ""),
-        ("\\dfrac", "\\frac"),
-        ("\\tfrac", "\\frac"),
-        ("\\!", ""),
-        ("\\,", ""),
-        ("\\;", ""),
-        ("\\ ", ""),
-        ("^\\circ", ""),
-        ("^{\\circ}", ""),
-    ):
+    for a, b in (("\\left", ""), ("\\right", ""), ("\\dfrac", "\\frac"), ("\\tfrac", "\\frac")):
         s = s.replace(a, b)
-    return re.sub(r"\s+", "", s).rstrip(".")
+    return re.sub(r"\s+", "", s)
 
 
 def safe_for_sympy(s: str) -> bool:
-    """False for inputs the pre-filter rejects before sympy sees them.
+    """False for the few inputs that are kept from sympy because of their cost alone.
 
-    Rejected: longer than MAX_ANSWER_CHARS; control characters or non-ASCII beyond a few math symbols; any of
-    `$#"@`?;`; bare words of 4+ letters outside LaTeX commands (`lambda`, `eval`, `import`); 4+ digit or
-    nested exponents, more than 4 powers, `**`, huge scientific notation; factorials (`!`);
-    sums/products/limits/integrals; 41+ digit literals; `__`; macro definitions; braces unbalanced or nested
-    deeper than 10.
+    Rejected: longer than MAX_ANSWER_CHARS; control characters other than tab and newline; 4+ digit or nested
+    exponents, more than MAX_POWERS powers or 7+ exponent digits in all, `**`, factorials of 4+ digit numbers,
+    huge scientific notation; sums / products / limits / integrals; 41+ digit literals; `__`; macro definitions;
+    braces unbalanced or nested deeper than 10. Words, units, punctuation and unicode pass: math-verify reads them
+    (`12 apples`, `3\\;\\text{m}`), and its worker's time and memory limits are the safety net.
     """
     if len(s) > MAX_ANSWER_CHARS or _HOSTILE.search(s):
         return False
-    if any((ord(c) < 32 and c not in "\t\n") or (ord(c) > 126 and c not in _MATH_UNICODE) for c in s):
-        return False
-    if _BAD_CHARS.intersection(s) or _BARE_WORD.search(_COMMAND.sub(" ", s)):
+    if any(ord(c) < 32 and c not in "\t\n" for c in s):
         return False
     exponents = _EXPONENT.findall(s)
-    if s.count("^") > 4 or sum(len(e) for e in exponents) > 6:
+    if s.count("^") > MAX_POWERS or sum(len(e) for e in exponents) > 6:
         return False
     depth = 0
     for c in s:
@@ -129,11 +121,22 @@ def gsm8k(completion: str, answer: str) -> float:
         return 0.0
 
 
+def _dotted(s: str) -> bool:
+    """A trailing period: `parse_number` reads "12." as 12, math-verify cannot read it."""
+    return s.rstrip().endswith(".")
+
+
 def math_equal(pred: str, gold: str, timeout_s: float = 1.0) -> bool:
-    """Are two final answers equal? Exact rationals, then normalised strings, then math-verify (time-limited)."""
+    """Are two final answers equal, as math-verify judges them (each read as the content of a `\\boxed{}`)?
+
+    Fast paths may only accept: equal exact rationals (`parse_number`: "1,234" = "1234", "\\frac34" = "0.75",
+    "50\\%" = "50"), then equal normalised strings (`_normalise`). Everything they do not accept goes to
+    math-verify in the worker process (`p3o.rewards.mv_worker`), killed after `timeout_s` (then False, counted as
+    a timeout in the open `p3o.rewards.tally` tallies), unless `safe_for_sympy` keeps it away for its cost.
+    """
     a, b = parse_number(pred), parse_number(gold)
-    if a is not None and b is not None:
-        return a == b
+    if a is not None and b is not None and a == b and not _dotted(pred) and not _dotted(gold):
+        return True
     if _normalise(pred) == _normalise(gold):
         return True
     if not (safe_for_sympy(pred) and safe_for_sympy(gold)):
@@ -145,15 +148,18 @@ def math_equal(pred: str, gold: str, timeout_s: float = 1.0) -> bool:
 
 
 def math_reward(completion: str, answer: str, timeout_s: float = 1.0) -> float:
-    """1.0 iff the last `\\boxed{}` (else `#### n`) of the completion is mathematically equal to `answer`.
+    """1.0 iff the completion's final answer is mathematically equal to `answer`, as math-verify judges it.
 
-    The call returns within `timeout_s` once the worker is up (its one-time start-up, ~1–3 s, is not counted).
+    The final answer is the last `\\boxed{}` / `\\fbox{}` with the boxes math-verify joins to it (`final_boxed`:
+    `\\boxed{3} and \\boxed{5}` is the set {3, 5}), else the number after `#### ` (GSM8K); no marker, no reward
+    (see DIFFERENCES). The call returns within `timeout_s` once the worker is up (its one-time start-up, ~1–3 s, is
+    not counted).
     """
     t0 = time.perf_counter()
     try:
         if not isinstance(completion, str):
             return 0.0
-        pred = last_boxed(completion)
+        pred = final_boxed(completion)
         if pred is None:
             pred = hash_answer(completion)
         gold = str(answer).strip()
@@ -227,7 +233,8 @@ def score(
 
     Built-in verifiers are bounded by construction (short scans) and `math` gives sympy at most `timeout_s` in a
     worker process; so does a `module:function` name (`CustomVerifier`). A callable passed directly runs
-    in-process, without a time limit; an exception from it scores 0.0.
+    in-process, without a time limit; an exception from it scores 0.0. Each pair is counted as a verification in
+    the open `p3o.rewards.tally` tallies (timeouts and worker restarts are counted where they happen).
     """
     assert len(completions) == len(answers), (len(completions), len(answers))
     fn = get_verifier(verifier) if isinstance(verifier, str) else verifier
@@ -239,25 +246,60 @@ def score(
             out.append(float(r))
         except Exception:
             out.append(0.0)
+    record("verifications", len(out))
     return out
 
 
-def make_reward_fn(
-    verifier: str | Verifier, *, timeout_s: float = 1.0, option: str = "task.verifier"
-) -> Callable[[Rollouts], Tensor]:
+TIMEOUT_WARN_RATE = 0.01  # warn once per run when more than this share of verifications timed out
+
+
+class RewardFn:
+    """``reward_fn(rollouts) -> (N,) float32``: r_i = verifier(rollouts.texts[i], rollouts.answers[i]), counted.
+
+    Attributes:
+        verifier: the resolved verifier; timeout_s: the per-call limit.
+        tally: this function's lifetime `Tally` (verifications, timeouts, restarts, errors), every thread's calls.
+        warned: whether the timeout warning was printed (once, when timeouts exceed TIMEOUT_WARN_RATE of the
+            verifications so far).
+    """
+
+    def __init__(self, verifier: Verifier, timeout_s: float, name: str) -> None:
+        self.verifier, self.timeout_s, self.name = verifier, timeout_s, name
+        self.tally = Tally()
+        self.warned = False
+        self._lock = threading.Lock()
+
+    def __call__(self, r: Rollouts) -> Tensor:
+        import torch  # heavy: torch start-up; the reward workers import p3o.rewards, and need no torch
+
+        with tally() as t:
+            rewards = score(r.texts, r.answers, self.verifier, timeout_s=self.timeout_s)
+        with self._lock:
+            self.tally.add(t)
+            total = copy.copy(self.tally)
+            warn = not self.warned and total.timeouts > TIMEOUT_WARN_RATE * total.verifications
+            self.warned = self.warned or warn
+        if warn:
+            print(
+                f"p3o: warning: verifier {self.name!r}: {total.timeouts} of {total.verifications} verifications "
+                f"({100 * total.timeout_rate:.1f}%) ran over the {self.timeout_s:g}s limit and scored 0 "
+                f"(task.reward_timeout_s; reward/timeouts in metrics.jsonl; reported once)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return torch.tensor(rewards, dtype=torch.float32)
+
+
+def make_reward_fn(verifier: str | Verifier, *, timeout_s: float = 1.0, option: str = "task.verifier") -> RewardFn:
     """The reward of a batch of rollouts: ``reward_fn(r) -> (N,) float32``, r_i = verifier(r.texts[i], r.answers[i]).
 
-    Each call is time-limited as in :func:`score` (``timeout_s``). A verifier name is resolved once, here, so an
-    unknown name or an unusable ``module:function`` fails at once: ConfigError ``"<option>: ..."``.
+    Each call is time-limited as in :func:`score` (``timeout_s``) and counted (`RewardFn.tally`); more than 1 %
+    timeouts is reported once on stderr. A verifier name is resolved once, here, so an unknown name or an unusable
+    ``module:function`` fails at once: ConfigError ``"<option>: ..."``.
     """
     try:
         fn = get_verifier(verifier) if isinstance(verifier, str) else verifier
     except ConfigError as err:
         raise ConfigError(f"{option}: {err}") from None
-
-    def reward_fn(r: Rollouts) -> Tensor:
-        import torch  # heavy: torch start-up; the reward workers import p3o.rewards, and need no torch
-
-        return torch.tensor(score(r.texts, r.answers, fn, timeout_s=timeout_s), dtype=torch.float32)
-
-    return reward_fn
+    name = verifier if isinstance(verifier, str) else getattr(verifier, "__name__", "verifier")
+    return RewardFn(fn, timeout_s, name)
