@@ -6,6 +6,7 @@ Usage:
     p3o compare configs/experiments/synthetic.yaml --report docs/results/synthetic.md
     p3o compare configs/experiments/lm.yaml --report-only           # re-aggregate finished runs only
     p3o compare my-draft.yaml --exploratory                          # not pre-registered: marked, kept out of README
+    p3o compare --check docs/results/lag.verdicts.json               # recompute its verdicts from per-seed values
 
 A confirmatory study (the default) must be committed and unchanged, its out_dir must hold only runs of the same
 decision rule, and its seeds must be fresh (:mod:`p3o.experiments.stats.prereg`); otherwise exit 2 with one line.
@@ -58,7 +59,11 @@ class CompareOptions:
     )
 
 
-USAGE = "usage: p3o compare EXPERIMENT.yaml [--jobs N] [--report PATH] [--key value ...]"
+USAGE = (
+    "usage: p3o compare EXPERIMENT.yaml [--jobs N] [--report PATH] [--key value ...]\n"
+    "       p3o compare --check FILE.verdicts.json [...]   recompute every verdict from its per-seed values (exit 1 "
+    "on any difference; p3o.experiments.stats.check)"
+)
 
 
 def parse_args(argv: list[str]) -> CompareOptions:
@@ -239,6 +244,10 @@ def main(argv: list[str]) -> int:
     if any(a in {"-h", "--help"} for a in argv):
         print(help_text())
         return 0
+    if argv and argv[0] == "--check":
+        from p3o.experiments.stats.check import main as check_main
+
+        return check_main(argv[1:])
     args = parse_args(argv)
     if _instrument(args.experiment) == "synthetic":  # the tabular toy: cells of many paired seeds, no subprocesses
         return _synthetic(args, argv)

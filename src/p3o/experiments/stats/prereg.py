@@ -195,7 +195,20 @@ def record(out_dir: Path, name: str, digest: str, pre: Preregistration) -> None:
         fh.write(json.dumps(line) + "\n")
 
 
-def verdict_file(pre: Preregistration | None, records: list[dict[str, Any]]) -> str:
-    """The text of a ``*.verdicts.json``: ``{"preregistration": ..., "verdicts": [...]}``."""
-    doc = {"preregistration": None if pre is None else pre.to_dict(), "verdicts": records}
+def verdict_file(
+    pre: Preregistration | None,
+    records: list[dict[str, Any]],
+    *,
+    runs: list[dict[str, Any]] | None = None,
+    runs_reason: str | None = None,
+) -> str:
+    """The text of a ``*.verdicts.json``: ``{"preregistration": ..., "runs": [...], "verdicts": [...]}``.
+
+    ``runs``: one record per run or cell (``started_at`` / ``ended_at`` ISO 8601, ``wall_s``, ``cpu``,
+    ``base_key``, ...), which ``p3o compare --check`` compares with the study file's commit time; None with
+    ``runs_reason`` saying why they are not there."""
+    doc: dict[str, Any] = {"preregistration": None if pre is None else pre.to_dict(), "runs": runs}
+    if runs is None:
+        doc["runs_reason"] = runs_reason or "the writer of this file did not record its runs"
+    doc["verdicts"] = records
     return json.dumps(doc, indent=1, default=float) + "\n"

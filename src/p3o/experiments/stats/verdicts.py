@@ -2,16 +2,21 @@
 instrument, one verdict record and one verdict table.
 
 An instrument supplies the per-seed values of a metric for two objectives in a regime (``values(regime, a, b,
-metric) -> (xa, xb)``, aligned by seed); :func:`decide` pairs them (:func:`p3o.experiments.stats.paired.paired`),
-applies Holm's correction over the family of primary verdicts (every decisive claim × regime on its metric) and
-labels each (see :mod:`p3o.experiments.stats.paired`: supported, contradicted, negligible, inconclusive). Each
-metric of the primary block's ``secondary`` list gets its verdict beside the primary one, labelled ``secondary``, in
-a Holm family of its own. A claim whose B names a baseline family (:class:`p3o.experiments.grid.spec.BaselineFamily`)
-is tested against each member (``rule: each``) or against the member that scored best on the family's selection
-seeds (``rule: best``):
+metric) -> (xa, xb)`` or ``(xa, xb, seeds)``, aligned by seed); :func:`decide` pairs them
+(:func:`p3o.experiments.stats.paired.paired`), applies Holm's correction over the family of primary verdicts
+(every decisive claim × regime on its metric) and labels each (see :mod:`p3o.experiments.stats.paired`: supported,
+contradicted, negligible, inconclusive). Each metric of the primary block's ``secondary`` list gets its verdict
+beside the primary one, labelled ``secondary``, in a Holm family of its own. A claim whose B names a baseline family
+(:class:`p3o.experiments.grid.spec.BaselineFamily`) is tested against each member (``rule: each``) or against the
+member that scored best on the family's selection seeds (``rule: best``):
 
     decisions = decide(exp.claims, exp.primary, values, families=exp.baselines, selection=sel)
     records = [d.to_dict() for d in decisions]      # the "verdicts" of *.verdicts.json
+
+Every record keeps the raw data it was decided from: ``values_a`` and ``values_b`` (the per-seed values of A and B
+on the record's metric, (n,) each, NaN pairs included as NaN) and ``seeds`` (the seed of each pair, or None when the
+instrument did not name them), so ``p3o compare --check FILE`` (:mod:`p3o.experiments.stats.check`) can recompute
+every verdict of a file.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ from p3o.errors import ConfigError
 from p3o.experiments.grid.spec import DECISIVE_KINDS, BaselineFamily, Claim, PrimarySpec
 from p3o.experiments.stats.paired import KIND_TEXT, VERDICTS, PairedResult, decide_family, paired
 
-#: ``values(regime, a, b, metric)`` -> per-seed values of A and B, aligned by seed.
-PairedValues = Callable[[str, str, str, str], tuple[Sequence[float], Sequence[float]]]
+#: ``values(regime, a, b, metric)`` -> per-seed values of A and B, aligned by seed (optionally the seeds third).
+PairedValues = Callable[[str, str, str, str], tuple[Any, ...]]
 #: ``selection(regime, objective, metric)`` -> the objective's values on its family's selection seeds.
 SelectionValues = Callable[[str, str, str], Sequence[float]]
 
@@ -49,6 +54,12 @@ class Decision:
     """B when the claim names a baseline family: the member compared (None: the claim's own B)."""
     baseline: dict[str, Any] | None = None
     """The family, its rule and, for ``best``, each member's mean on the selection seeds."""
+    values_a: list[float] = field(default_factory=list)
+    """(n,) A's value on each paired seed (the raw data of ``result``)."""
+    values_b: list[float] = field(default_factory=list)
+    """(n,) B's value on each paired seed."""
+    seeds: list[int] | None = None
+    """(n,) the seed of each pair (None: the instrument did not name them)."""
 
     @property
     def pair(self) -> tuple[str, str]:
@@ -75,7 +86,18 @@ class Decision:
         }
         if self.baseline is not None:
             out["baseline"] = self.baseline
-        return {**out, **self.result.to_dict()}
+        raw = {"seeds": self.seeds, "values_a": self.values_a, "values_b": self.values_b}
+        return {**out, **self.result.to_dict(), **raw}
+
+
+def _per_seed(values: PairedValues, regime: str, a: str, b: str, metric: str) -> dict[str, Any]:
+    """``values_a``, ``values_b`` and ``seeds`` of one comparison, as :class:`Decision` keeps them."""
+    got = tuple(values(regime, a, b, metric))
+    seeds = None if len(got) < 3 or got[2] is None else [int(s) for s in got[2]]
+    xa, xb = ([math.nan if v is None else float(v) for v in x] for x in got[:2])
+    if seeds is not None and len(seeds) != len(xa):
+        raise ValueError(f"values({regime!r}, {a!r}, {b!r}, {metric!r}): {len(seeds)} seeds for {len(xa)} values")
+    return {"values_a": xa, "values_b": xb, "seeds": seeds}
 
 
 def _select(
@@ -130,17 +152,17 @@ def decide(
             for member in members:
                 shared = {"exploratory": exploratory, "alpha": primary.alpha, "baseline": how}
                 shared["b"] = member if how is not None else None
-                xa, xb = values(regime, a, member, claim.metric)
-                res = paired(xa, xb, margin=margin, alpha=primary.alpha, bootstrap=2000)
-                primaries.append(Decision(claim, regime, claim.metric, res, **shared))
+                raw = _per_seed(values, regime, a, member, claim.metric)
+                res = paired(raw["values_a"], raw["values_b"], margin=margin, alpha=primary.alpha, bootstrap=2000)
+                primaries.append(Decision(claim, regime, claim.metric, res, **shared, **raw))
                 if claim.kind == "identical":
                     continue
                 for metric in primary.secondary:
                     if metric == claim.metric:
                         continue
-                    xa, xb = values(regime, a, member, metric)
-                    res = paired(xa, xb, margin=margin, alpha=primary.alpha, bootstrap=2000)
-                    d = Decision(claim, regime, metric, res, role="secondary", **shared)
+                    raw = _per_seed(values, regime, a, member, metric)
+                    res = paired(raw["values_a"], raw["values_b"], margin=margin, alpha=primary.alpha, bootstrap=2000)
+                    d = Decision(claim, regime, metric, res, role="secondary", **shared, **raw)
                     secondaries.setdefault(len(primaries) - 1, []).append(d)
                     second.append(d)
     for family in (primaries, second):
