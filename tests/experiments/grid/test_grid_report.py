@@ -156,3 +156,73 @@ def test_calibration_table_gives_the_gain_over_the_base_with_its_interval(tmp_pa
     assert seed_gains(collect(exp), "p3o") == (
         "- **on-policy**, Δ pass@1 vs base by seed: 0: +0.100, 1: +0.110, 2: +0.120 (3/3 seeds ≥ +0.05)"
     )
+
+
+def _with_evals(tmp_path: Path) -> object:
+    """The synthetic grid with in-loop evaluations (step 0, 4, 8) and MinPRO's diagnostics on the cispo arm."""
+    exp = make_grid(tmp_path)
+    for spec in expand(exp):
+        k = spec.seed
+        lines = (spec.run_dir / "metrics.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines]
+        rows.insert(0, {"step": 0, "eval_accuracy": 0.5})
+        rows[4]["eval_accuracy"] = 0.6 + 0.01 * k  # step 4: the peak
+        rows[8]["eval_accuracy"] = 0.4 + 0.01 * k  # step 8: the final one
+        for row in rows[1:]:
+            row["offpolicy/m_mean"] = 0.8
+            if spec.objective == "cispo":
+                row.update({"m_mean": 0.3, "m_median": 0.25, "m_frac_above_0.5": 0.2, "m_frac_above_0.2": 0.6})
+                row.update({f"weight_decile_{d}": 0.25 - 0.005 * d for d in range(10)})
+        (spec.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        done = {"started_at": "2026-01-01T00:00:00+00:00", "ended_at": "2026-01-01T00:02:00+00:00", "wall_s": 120.0}
+        (spec.run_dir / "DONE").write_text(json.dumps({**done, "cpu": "X (avx2)", "base_key": "tiny-b"}))
+    return exp
+
+
+def test_peak_and_final_are_reported_and_recorded(tmp_path: Path) -> None:
+    from p3o.experiments.grid.report import peak_final_table, run_records
+
+    summary = collect(_with_evals(tmp_path))
+    run = summary.cell("on-policy", "p3o")[1]
+    assert [st for st, _ in run.evals] == [0, 4, 8]
+    assert [v for _, v in run.evals] == pytest.approx([0.5, 0.61, 0.41])
+    assert run.metrics["eval_peak"] == pytest.approx(0.61) and run.metrics["eval_peak_step"] == 4.0
+    assert run.metrics["eval_final"] == pytest.approx(0.41)
+    table = peak_final_table(summary, "on-policy")
+    # p3o pass@1 = final/2 (0.310 ± 0.010); in-loop final 0.41 ± 0.01, peak 0.61 ± 0.01, peak − final 0.2
+    assert "| p3o | 3 | 0.310 ± 0.010 | 0.410 ± 0.010 | 0.610 ± 0.010 | 0.200 ± 0.000 | 4 |" in table
+    assert "step 0, the starting policy, scores 0.500" in table
+    records = run_records(summary)
+    assert len(records) == 9
+    rec = next(r for r in records if r["objective"] == "p3o" and r["seed"] == 1)
+    assert rec["regime"] == "on-policy" and rec["started_at"] == "2026-01-01T00:00:00+00:00"
+    assert rec["wall_s"] == 120.0 and rec["cpu"] == "X (avx2)" and rec["base_key"] == "tiny-b"
+    assert [st for st, _ in rec["evals"]] == [0, 4, 8] and rec["eval_peak"] == pytest.approx(0.61)
+    assert rec["pass@1"] == pytest.approx(0.31)
+    # a peak can be a study's primary metric: paired by seed like any per-run summary key
+    from p3o.experiments.grid.report import paired_values
+
+    xa, xb = paired_values(summary, "on-policy", "p3o", "cispo", "eval_peak")[:2]
+    assert xa == pytest.approx([0.60, 0.61, 0.62]) and xa == pytest.approx(xb)
+
+
+def test_minpro_tables_seven_and_eight(tmp_path: Path) -> None:
+    from p3o.experiments.grid.report import minpro_stats_tables
+
+    summary = collect(_with_evals(tmp_path))
+    text = minpro_stats_tables(summary, "on-policy")
+    assert "| cispo | 0.800 | 0.300 | 0.250 | 0.200 | 0.600 | – | – |" in text  # the arm's own m_t
+    assert "| p3o | 0.800 | – |" in text  # every arm: the data's m_t (the monitor's)
+    assert "| cispo | 0.250 | 0.245 | 0.240 |" in text and "Table 8" in text
+    report = write_report(summary, tmp_path / "r" / "rep.md")
+    body = report.read_text()
+    assert "Peak and final held-out pass@1" in body and "tables 7 and 8" in body
+    # runs without in-loop evaluations or MinPRO stats get neither section
+    plain = collect(make_grid(tmp_path / "plain"))
+    assert peak_or_empty(plain) == ("", "")
+
+
+def peak_or_empty(summary: object) -> tuple[str, str]:
+    from p3o.experiments.grid.report import minpro_stats_tables, peak_final_table
+
+    return peak_final_table(summary, "on-policy"), minpro_stats_tables(summary, "on-policy")  # type: ignore[arg-type]

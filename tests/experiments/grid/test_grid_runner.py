@@ -227,3 +227,23 @@ def test_base_and_every_run_are_evaluated_on_the_grids_one_engine(
     assert seen == [engine, engine]
     assert json.loads((spec.run_dir / "eval.json").read_text())["engine"] == engine
     assert json.loads((exp.out_dir / "base_eval.json").read_text())["engine"] == engine
+
+
+def test_done_records_when_and_where_a_run_ran(tmp_path: Path) -> None:
+    from datetime import datetime
+
+    from p3o.experiments.grid.runner import base_key, cpu_kind
+
+    exp = parse_experiment({**experiment(tmp_path, ["p3o"], seeds=1), "base": {"steps": 3, "model.name": "tiny"}})
+    spec = expand(exp)[0]
+    [outcome] = run_grid([spec], log_root=exp.out_dir / "logs", train_cmd=FAKE)
+    assert outcome.status == "done"
+    done = json.loads((spec.run_dir / "DONE").read_text())
+    start, end = datetime.fromisoformat(done["started_at"]), datetime.fromisoformat(done["ended_at"])
+    assert start.utcoffset() is not None and start.utcoffset().total_seconds() == 0 and start <= end
+    assert 0 < done["wall_s"] <= (end - start).total_seconds() + 0.01
+    assert done["cpu"] == cpu_kind() and "(" in done["cpu"]
+    assert done["base_key"] == "tiny"  # the fake's final/config.json names no directory: the configured name
+    (spec.run_dir / "final" / "config.json").write_text(json.dumps({"_name_or_path": "/c/models/tiny-1m-abc"}))
+    assert base_key(spec.run_dir, "tiny") == "tiny-1m-abc"
+    assert base_key(tmp_path / "nowhere", None) is None

@@ -33,7 +33,38 @@ METRIC_LABELS = {
     "final_accuracy": "final accuracy",
     "collapsed": "collapse rate",
     "late_eval": "held-out accuracy over the last third",
+    "eval_peak": "peak held-out pass@1 (best in-loop evaluation after step 0)",
+    "eval_final": "final held-out pass@1 (last in-loop evaluation)",
 }
+#: The per-step statistics averaged over a run's steps into its summary (with min_/max_/p10_ companions): the ESS
+#: and clip / truncation shares, and MinPRO's diagnostics (the MinPRO paper's tables 7 and 8: the prefix factor m_t
+#: and the effective weight per relative-position decile, logged by the minpro objective) beside the monitor's
+#: ``offpolicy/m_mean`` (the same m_t of the data, logged for every objective).
+STEP_KEYS: tuple[str, ...] = (
+    "ess",
+    "kl_weight",
+    "capped_frac",
+    "band_frac",
+    "clipfrac",
+    "trunc_frac",
+    "approx_kl",
+    "ratio_max",
+    "lag_mean",
+    "m_mean",
+    "m_frac_above_0_5",
+    "m_frac_below_0_1",
+    "m_median",
+    "m_frac_above_0.5",
+    "m_frac_above_0.2",
+    "m_frac_above_0.1",
+    "m_frac_above_0.05",
+    *(f"weight_decile_{d}" for d in range(10)),
+    "offpolicy/m_mean",
+    "offpolicy/m_frac_above_0_5",
+    "offpolicy/m_frac_below_0_1",
+)
+#: The fields of a run's record (DONE, written by the runner), in the order the verdict files list them.
+RECORD_FIELDS = ("started_at", "ended_at", "wall_s", "cpu", "base_key")
 
 
 @dataclass
@@ -47,6 +78,21 @@ class RunSummary:
     collapse: CollapseInfo | None
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = math.nan
+    evals: list[tuple[int, float]] = field(default_factory=list)
+    """The in-loop held-out pass@1 at every evaluation, (step, value), step 0 = the starting policy."""
+    done: dict[str, Any] = field(default_factory=dict)
+    """The run's DONE record (command, ``started_at``, ``ended_at``, ``wall_s``, ``cpu``, ``base_key``)."""
+
+    def record(self) -> dict[str, Any]:
+        """One run's entry of a verdict file's ``runs``: regime, objective, seed, the DONE record's fields (None
+        where the runner did not write them), every evaluation, the peak and final pass@1."""
+        out: dict[str, Any] = {"regime": self.spec.regime, "objective": self.spec.objective, "seed": self.spec.seed}
+        out.update({k: self.done.get(k) for k in RECORD_FIELDS})
+        out["evals"] = [[step, value] for step, value in self.evals]
+        for key in ("eval_peak", "eval_peak_step", "eval_final", "pass@1"):
+            value = self.metrics.get(key)
+            out[key] = None if value is None or not math.isfinite(value) else value
+        return out
 
 
 @dataclass
@@ -107,7 +153,7 @@ def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
     config = _load_yaml(spec.run_dir / "config.yaml")
     ev = load_json(spec.run_dir / "eval.json")
     done = load_json(spec.run_dir / "DONE") or {}
-    summary = RunSummary(spec, curves, config, ev, None)
+    summary = RunSummary(spec, curves, config, ev, None, done=done)
     seconds = done.get("seconds")
     if isinstance(seconds, (int, float)):
         summary.seconds = float(seconds)
@@ -137,20 +183,13 @@ def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
             m["late_eval"] = float(ev_curve[ok][late].mean())
             m["first_eval"] = float(ev_curve[ok][0])
             m["delta_eval"] = float(ev_curve[ok][-1] - ev_curve[ok][0])
-    for key in (
-        "ess",
-        "kl_weight",
-        "capped_frac",
-        "band_frac",
-        "clipfrac",
-        "trunc_frac",
-        "approx_kl",
-        "ratio_max",
-        "lag_mean",
-        "m_mean",
-        "m_frac_above_0_5",
-        "m_frac_below_0_1",
-    ):
+            summary.evals = [(int(st), float(v)) for st, v in zip(steps, ev_curve[ok])]
+            m["eval_final"] = float(ev_curve[ok][-1])
+            trained = [(v, st) for st, v in summary.evals if st > 0]
+            if trained:  # the best evaluation of a trained policy (the MinPRO paper reports its best checkpoint)
+                best, at = max(trained, key=lambda x: (x[0], -x[1]))  # the earliest of equal peaks
+                m["eval_peak"], m["eval_peak_step"] = best, float(at)
+    for key in STEP_KEYS:
         if key in curves and np.isfinite(curves[key]).any():
             m[key] = float(np.nanmean(curves[key]))
             m[f"min_{key}"] = float(np.nanmin(curves[key]))

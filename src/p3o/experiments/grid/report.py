@@ -153,6 +153,87 @@ def claim_verdict(summary: GridSummary, claim: Claim) -> list[str]:
     return out
 
 
+def peak_final_table(summary: GridSummary, regime: str) -> str:
+    """Peak and final held-out pass@1 of one regime, mean ± sample std over seeds: the final evaluation (the
+    study's ``eval:`` block), the last in-loop evaluation, and the best in-loop evaluation after step 0 (the MinPRO
+    paper reports its best checkpoint) with the step it fell on. Empty when no run evaluated in the loop."""
+    cells = [(arm.label, summary.cell(regime, arm.label)) for arm in summary.exp.objectives]
+    cells = [(label, cell) for label, cell in cells if label in summary.exp.objectives_in(regime)]
+    if not any(r.evals for _, cell in cells for r in cell):
+        return ""
+    start = [v for _, cell in cells for r in cell for st, v in r.evals if st == 0]
+    rows = [
+        "| objective | seeds | final pass@1 (final evaluation) | final pass@1 (in-loop) | peak pass@1 (in-loop) "
+        "| peak − final (in-loop) | peak step (mean) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, cell in cells:
+
+        def f(metric: str, _cell: list[RunSummary] = cell) -> str:
+            return _fmt(*mean_std([r.metrics.get(metric, math.nan) for r in _cell]))
+
+        gap = mean_std([r.metrics.get("eval_peak", math.nan) - r.metrics.get("eval_final", math.nan) for r in cell])
+        at = mean_std([r.metrics.get("eval_peak_step", math.nan) for r in cell])[0]
+        rows.append(
+            f"| {label} | {len(cell)} | {f('pass@1')} | {f('eval_final')} | {f('eval_peak')} | {_fmt(*gap)} "
+            f"| {f'{at:.0f}' if math.isfinite(at) else '–'} |"
+        )
+    steps = sorted({st for _, cell in cells for r in cell for st, _ in r.evals})
+    note = (
+        f"In-loop evaluations at steps {', '.join(map(str, steps))} (held-out problems, one sample each); "
+        f"step 0, the starting policy, scores {np.mean(start):.3f} on average and is not a candidate for the peak."
+        if start
+        else f"In-loop evaluations at steps {', '.join(map(str, steps))}."
+    )
+    return "\n".join(rows) + "\n\n" + note
+
+
+#: MinPRO's diagnostics in the MinPRO paper's tables 7 (the prefix factor m_t) and 8 (effective weight per decile).
+M_KEYS = ("m_mean", "m_median", "m_frac_above_0.5", "m_frac_above_0.2", "m_frac_above_0.1", "m_frac_above_0.05")
+
+
+def minpro_stats_tables(summary: GridSummary, regime: str) -> str:
+    """The MinPRO paper's tables 7 and 8 for one regime, each run's per-step means averaged over its steps, then
+    over seeds: the data's m_t (the monitor's ``offpolicy/m_mean``, min of the earlier ratios, every arm) and, for
+    the arms of the minpro objective, their own m_t's distribution and the effective weight per decile of relative
+    position (the paper at n = 4: mean 0.301, 22 % above 0.5; weights 0.25 → 0.20). Empty without such stats."""
+    cells = [(a.label, summary.cell(regime, a.label)) for a in summary.exp.objectives]
+    cells = [(label, cell) for label, cell in cells if cell and label in summary.exp.objectives_in(regime)]
+
+    def f(cell: list[RunSummary], key: str) -> str:
+        m, _, n = mean_std([r.metrics.get(key, math.nan) for r in cell])
+        return "–" if n == 0 or not math.isfinite(m) else f"{m:.3f}"
+
+    data = [(label, cell) for label, cell in cells if any("offpolicy/m_mean" in r.metrics for r in cell)]
+    own = [(label, cell) for label, cell in cells if any("weight_decile_0" in r.metrics for r in cell)]
+    if not data and not own:
+        return ""
+    rows = [
+        "| objective | data's mean m_t (monitor) | mean m_t | median m_t | m_t > 0.5 | m_t > 0.2 | m_t > 0.1 "
+        "| m_t > 0.05 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, cell in cells:
+        if (label, cell) in data or (label, cell) in own:
+            rows.append(
+                f"| {label} | {f(cell, 'offpolicy/m_mean')} | " + " | ".join(f(cell, k) for k in M_KEYS) + " |"
+            )
+    out = ["Table 7 (the prefix factor m_t):", "", *rows]
+    if own:
+        deciles = " | ".join(f"{10 * d}–{10 * d + 10} %" for d in range(10))
+        out += ["", "Table 8 (effective token weight per decile of relative position):", ""]
+        out += [f"| objective | {deciles} |", "|---" * 11 + "|"]
+        for label, cell in own:
+            out.append(f"| {label} | " + " | ".join(f(cell, f"weight_decile_{d}") for d in range(10)) + " |")
+    return "\n".join(out)
+
+
+def run_records(summary: GridSummary) -> list[dict[str, Any]]:
+    """Every run's record for the verdict file (:meth:`RunSummary.record`), in the grid's order; runs without
+    metrics are left out."""
+    return [r.record() for r in summary.runs if r.curves]
+
+
 def paired_values(summary: GridSummary, regime: str, a: str, b: str, metric: str) -> tuple[list[float], list[float]]:
     """Per-seed values of `metric` for objectives a and b in `regime`, over the seeds both have (seed order)."""
     by_seed = {
@@ -411,6 +492,12 @@ def _figure_lines(summary: GridSummary, figure_dir: Path, rel: Path) -> list[str
         fig = plot_regime(summary, arm.label, figure_dir / f"{exp.name}-{arm.label}.png")
         lines += [f"### {arm.label}", "", f"Overrides: {_kv(arm.overrides) or '(none)'}", ""]
         lines += [f"![{arm.label}]({rel / fig.name})", "", regime_table(summary, arm.label), ""]
+        peak = peak_final_table(summary, arm.label)
+        if peak:
+            lines += ["#### Peak and final held-out pass@1", "", peak, ""]
+        tables = minpro_stats_tables(summary, arm.label)
+        if tables:
+            lines += ["#### MinPRO's statistics per arm (the MinPRO paper's tables 7 and 8)", "", tables, ""]
     return lines
 
 

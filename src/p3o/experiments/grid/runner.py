@@ -3,7 +3,8 @@
 Each run is a subprocess `python -m p3o train --key value ...` (the same overrides a user would type), or with
 `in_process=True` a call of `p3o.train.cli.main` with the same arguments in this process (no interpreter start-up
 per run; one run at a time). Its output goes to `out_dir/logs/<regime>/<objective>/seed<k>.log`. A run whose
-directory holds a `DONE` marker (written here on success) or a `final/` checkpoint is finished and is never re-run
+directory holds a `DONE` marker (written here on success: the command, its wall time and the run's record, see
+:func:`run_record_fields`) or a `final/` checkpoint is finished and is never re-run
 (if its DONE records other settings than the grid now asks for, the run is reported as failed instead: results of
 different settings are never mixed, nor deleted); a run that was started by the grid but did not finish is started
 again from scratch.
@@ -27,6 +28,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import cache
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -70,6 +73,56 @@ def train_argv(spec: RunSpec, train_cmd: Sequence[str] = DEFAULT_TRAIN_CMD) -> l
     for key, value in spec.overrides.items():
         argv += [f"--{key}", format_value(value)]
     return argv
+
+
+def utc_now() -> str:
+    """The current time, ISO 8601 in UTC with its offset (``2026-12-02T07:31:23.123456+00:00``)."""
+    return datetime.now(timezone.utc).isoformat()
+
+
+@cache
+def cpu_kind() -> str:
+    """This machine's CPU as one string: /proc/cpuinfo's model name and the ISA extensions the results depend on
+    (``"AMD EPYC 9B14 (avx512, avx512_bf16)"``; ``"unknown"`` parts where /proc/cpuinfo is not readable)."""
+    model, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in flags] or [f for f in ("avx2",) if f in flags]
+    names = {"avx512f": "avx512", "amx_tile": "amx"}
+    return f"{model or 'unknown'} ({', '.join(names.get(f, f) for f in isa) or 'unknown ISA'})"
+
+
+def base_key(run_dir: Path, model_name: str | None) -> str | None:
+    """The key of the policy a run started from: the cache directory name of a warm-started base (its
+    ``final/config.json`` names the directory it was loaded from, ``_name_or_path``), else the configured
+    ``model.name``; None when neither is known."""
+    try:
+        loaded = json.loads((run_dir / "final" / "config.json").read_text()).get("_name_or_path")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        loaded = None
+    if isinstance(loaded, str) and loaded:
+        return Path(loaded).name if os.sep in loaded else loaded
+    return model_name
+
+
+def run_record_fields(spec: RunSpec, started_at: str, ended_at: str, seconds: float) -> dict[str, Any]:
+    """What DONE records about a run besides its command: ``started_at`` / ``ended_at`` (ISO 8601 UTC),
+    ``wall_s``, ``cpu`` (:func:`cpu_kind`) and ``base_key`` (:func:`base_key`)."""
+    name = spec.overrides.get("model.name")
+    return {
+        "started_at": started_at,
+        "ended_at": ended_at,
+        "wall_s": round(seconds, 2),
+        "cpu": cpu_kind(),
+        "base_key": base_key(spec.run_dir, None if name is None else str(name)),
+    }
 
 
 def _read_done(run_dir: Path) -> dict[str, Any] | None:
@@ -125,6 +178,7 @@ def run_one(
         shutil.rmtree(spec.run_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = train_argv(spec, train_cmd)
+    started_at = utc_now()
     start = time.perf_counter()
     rc: int | None
     if in_process:
@@ -146,6 +200,7 @@ def run_one(
         return RunOutcome(spec, "failed", seconds, rc, log_path, why)
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     done = {"seconds": round(seconds, 2), "argv": argv, "args": args}
+    done.update(run_record_fields(spec, started_at, utc_now(), seconds))
     (spec.run_dir / "DONE").write_text(json.dumps(done) + "\n")
     return RunOutcome(spec, "done", seconds, rc, log_path)
 
