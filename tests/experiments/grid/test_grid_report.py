@@ -202,8 +202,11 @@ def test_peak_and_final_are_reported_and_recorded(tmp_path: Path) -> None:
     # a peak can be a study's primary metric: paired by seed like any per-run summary key
     from p3o.experiments.grid.report import paired_values
 
-    xa, xb = paired_values(summary, "on-policy", "p3o", "cispo", "eval_peak")[:2]
-    assert xa == pytest.approx([0.60, 0.61, 0.62]) and xa == pytest.approx(xb)
+    xa, xb, seeds = paired_values(summary, "on-policy", "p3o", "cispo", "eval_peak")
+    assert xa == pytest.approx([0.60, 0.61, 0.62]) and xa == pytest.approx(xb) and seeds == [0, 1, 2]
+    verdicts = json.loads(write_report(summary, tmp_path / "v" / "rep.md").with_suffix(".verdicts.json").read_text())
+    assert len(verdicts["runs"]) == 9 and verdicts["runs"][0]["base_key"] == "tiny-b"
+    assert all(v["seeds"] == [0, 1, 2] for v in verdicts["verdicts"] if v.get("seeds"))
 
 
 def test_minpro_tables_seven_and_eight(tmp_path: Path) -> None:

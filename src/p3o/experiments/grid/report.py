@@ -234,13 +234,16 @@ def run_records(summary: GridSummary) -> list[dict[str, Any]]:
     return [r.record() for r in summary.runs if r.curves]
 
 
-def paired_values(summary: GridSummary, regime: str, a: str, b: str, metric: str) -> tuple[list[float], list[float]]:
-    """Per-seed values of `metric` for objectives a and b in `regime`, over the seeds both have (seed order)."""
+def paired_values(
+    summary: GridSummary, regime: str, a: str, b: str, metric: str
+) -> tuple[list[float], list[float], list[int]]:
+    """Per-seed values of `metric` for objectives a and b in `regime`, over the seeds both have (seed order), and
+    those seeds (the verdict file stores them beside the values)."""
     by_seed = {
         obj: {r.spec.seed: r.metrics.get(metric, math.nan) for r in summary.cell(regime, obj)} for obj in (a, b)
     }
     seeds = [s for s in summary.exp.seeds if s in by_seed[a] and s in by_seed[b]]
-    return [by_seed[a][s] for s in seeds], [by_seed[b][s] for s in seeds]
+    return [by_seed[a][s] for s in seeds], [by_seed[b][s] for s in seeds], seeds
 
 
 def grid_decisions(summary: GridSummary, *, exploratory: bool = False) -> list[Decision]:
@@ -546,5 +549,6 @@ def write_report(
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(text)
     records = [d.to_dict() for d in decisions]
-    report_path.with_suffix(".verdicts.json").write_text(verdict_file(preregistration, records))
+    runs = run_records(summary)
+    report_path.with_suffix(".verdicts.json").write_text(verdict_file(preregistration, records, runs=runs))
     return report_path
