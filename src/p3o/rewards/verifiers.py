@@ -54,6 +54,33 @@ _EXPONENT = re.compile(r"\^\s*\{?\s*[-+]?(\d+)")
 MAX_POWERS = 16  # more `^` than this in one answer: no real answer, sympy's expansion can take minutes
 
 
+# Where p3o's `math` verifier deliberately scores a pair otherwise than math-verify called directly on the whole
+# completion (`verify(parse("\\boxed{" + answer + "}"), parse(completion))`). Everywhere else they agree: the
+# committed corpus tests/rewards/data/math_corpus.jsonl checks it pair by pair (docs/tasks.md, "Verifiers").
+DIFFERENCES: dict[str, str] = {
+    "no-marker": (
+        "no \\boxed{}, \\fbox{} or '#### n' in the completion: p3o scores 0 (the policy must commit to a final "
+        "answer); math-verify falls back to the last number or LaTeX anywhere in the text, so an unmarked chain "
+        "of thought is rewarded when an intermediate number matches, and its plain-text path runs sympy's "
+        "parse_expr, which evaluates the text as Python"
+    ),
+    "fbox": (
+        "a final answer in \\fbox{} with no \\boxed{}: p3o reads the box; math-verify finds no answer "
+        "(it reads \\fbox only beside a \\boxed)"
+    ),
+    "hash": (
+        "'#### n' with no box: p3o reads the number after the last '####' (GSM8K's marker); math-verify does not "
+        "know the marker and prefers an 'answer is X' phrase anywhere in the text ('So the answer is 17. #### 18' "
+        "is 17 to math-verify, 18 to p3o)"
+    ),
+    "unreadable-box": (
+        "a \\boxed{} answer math-verify's LaTeX grammar cannot read (`x~=~3`, `x = 2.`): p3o scores the box "
+        "alone (0); math-verify falls back to a plain number anywhere in the completion ('Step 2: ... "
+        "\\boxed{x~=~3}' matches the answer 2)"
+    ),
+}
+
+
 def _worker() -> Worker:
     global _WORKER
     if _WORKER is None:

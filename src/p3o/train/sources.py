@@ -49,6 +49,7 @@ from torch import Tensor
 from p3o import dist
 from p3o.advantages import group_advantages, overlong_penalty
 from p3o.errors import ConfigError
+from p3o.rewards.tally import tally
 from p3o.types import Rollouts
 
 if TYPE_CHECKING:
@@ -148,9 +149,10 @@ class Producer:
 
     def __call__(self, b: int, engine: Any) -> Batch:
         """(Rollouts of batch b with rewards and advantages, info: accuracy, score and advantage statistics, rows
-        generated, generation rounds, time_gen_s)."""
+        generated, generation rounds, time_gen_s, the verifier's reward/timeouts, reward/restarts, reward/errors)."""
         t0 = time.perf_counter()
-        batch, scores = self.sample(b, engine)
+        with tally() as verifier_counts:  # this thread's verifier timeouts / worker restarts while producing
+            batch, scores = self.sample(b, engine)
         adv_cfg = self.adv_cfg
         adv, adv_stats = group_advantages(
             batch.rewards,
@@ -176,6 +178,7 @@ class Producer:
         info["generated"] = float(all_scores.numel())
         info["gen_rounds"] = float(len(scores))
         info["time_gen_s"] = time.perf_counter() - t0
+        info.update(verifier_counts.metrics())  # reward/timeouts, reward/restarts, reward/errors
         return batch, info
 
     def sample(self, b: int, engine: Any) -> tuple[Rollouts, list[Tensor]]:
