@@ -12,7 +12,9 @@ sampling temperature for processed log-probs, at 1 for raw ones). With lr_t = lo
 KL(π_engine ‖ π_trainer), and the greedy agreement (the engine at temperature 0 against the fp32 trainer's own
 greedy decoding, position by position); then the same by decode position, in deciles of ``--max-new-tokens``
 (plot: ``mismatch.png`` under ``--out``), and one plain-language line per finding with its threshold
-(:func:`p3o.metrics.monitor.find`).
+(:func:`p3o.metrics.monitor.find`). Every token counts as fresh (lag 0: the engine samples with the trainer's own
+weights), so the judgement is the training monitor's, rules and thresholds (``p3o.metrics.rules.RULES``) alike:
+an engine this command clears does not fire ``engine_mismatch`` in training, and one it flags does (exit 1).
 
 ``--precision`` takes a comma list; an entry ``bf16+kv-fp8`` is bf16 with an FP8 KV cache (vLLM only), as is
 ``--kv-cache-dtype fp8`` for every entry. Without ``--prompts`` the built-in arithmetic task's held-out prompts are
@@ -62,7 +64,7 @@ class MismatchResult:
         positions: per decile d of the decode position: ``first``/``last`` position, ``tokens``, ``dlogp_mean``,
             ``ess``, ``ratio_frac_tails`` (ρ > 2 or ρ < 0.5), ``kl_k3`` (NaN where no token reached it).
         greedy_agreement: share of greedy positions equal to the fp32 trainer's (NaN when not measured).
-        findings: what :func:`p3o.metrics.monitor.find` says about ``stats`` (one step).
+        findings: what :func:`p3o.metrics.monitor.find` says about ``stats`` (one step, every token fresh).
         error: a one-line reason when this configuration could not run (e.g. a CPU without FP8 KV support).
     """
 
@@ -162,9 +164,11 @@ def measure(
     with torch.no_grad():
         lp, _ = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask, temperature=train_t)
     lp, rl, mask = lp.float().cpu(), ro.rollout_logp.float().cpu(), ro.mask.cpu()
+    # every token is fresh (lag 0: the engine sampled with the trainer's own weights), so the training monitor's
+    # rules judge it exactly as they judge a run's lag-0 tokens: engine_mismatch included, same thresholds (RULES)
     mon = OffPolicyMonitor(max_len=max_new_tokens, window=1, group=False, warn=False)
-    res.stats = mon.update(lp, rl, mask)
-    res.findings = find([res.stats], unlagged="engine")  # one engine against the trainer's own weights: lag 0
+    res.stats = mon.update(lp, rl, mask, versions=torch.zeros(mask.shape, dtype=torch.long), version=0)
+    res.findings = find([res.stats], source="p3o")
     finite = mask & torch.isfinite(lp) & torch.isfinite(rl)
     res.positions = _positions(torch.where(finite, lp - rl, torch.zeros(())), finite, max_new_tokens)
     if greedy_ref is not None:

@@ -13,7 +13,10 @@ step, weights not reaching the engine, NaN log-probs) to the whole run.
 
 Each finding is attributed, from the lag buckets, to **staleness** (the stale tokens carry it, lag 0 is clean), the
 **engine** (the fresh, lag-0 tokens carry it), **both**, or **weights not reaching the engine** (lag-0 mismatch
-growing step by step after each weight push), and its suggestion names the setting in the words of the trainer the
+growing step by step after each weight push). A token's lag is the number of optimizer updates since it was sampled
+(p3o: the earlier mini-batches of its own update included), so a sync run's later mini-batches are stale, and a
+staleness finding names its origin when the rows say (``lag_in_batch_mean``): mini-batches, the policy lag or both
+(:func:`p3o.metrics.rules.staleness_origin`). Its suggestion names the setting in the words of the trainer the
 metrics came from (detected from the keys: TRL ``GRPOConfig.steps_per_generation`` / ``num_iterations``, p3o
 ``loop.max_lag`` / ``update.epochs``, verl ``async_training.staleness_threshold``).
 
@@ -49,8 +52,10 @@ from p3o.metrics.monitor import (
     RUN_RULES,
     WINDOW_RULES,
     Finding,
+    cause_text,
     find,
     lag_bucket_names,
+    staleness_origin,
     strip_prefixes,
 )
 
@@ -278,9 +283,10 @@ def verdict(d: Diagnosis) -> str:
     if d.healthy:
         return "healthy"
     parts = []
+    origin = staleness_origin(d.rows)  # staleness from mini-batches / the policy lag, when the rows say
     for c in d.causes:
         names = [f.name for f, _, _ in d.findings if f.cause == c]
-        parts.append(f"{CAUSE_TEXT[c]} ({', '.join(names)})")
+        parts.append(f"{cause_text(c, origin)} ({', '.join(names)})")
     return "unhealthy: " + "; ".join(parts)
 
 
@@ -301,10 +307,12 @@ def report(d: Diagnosis) -> str:
         "| finding | cause | evidence | steps | windows | suggestion |",
         "|---|---|---|---|---:|---|",
     ]
+    origin = staleness_origin(d.rows)
     for f, span, k in d.findings:
         windows = str(k) if k else "whole run"
         lines.append(
-            f"| {f.message} | {CAUSE_TEXT[f.cause]} | {f.evidence} | {span} | {windows} | {_suggestion(f, d.config)} |"
+            f"| {f.message} | {cause_text(f.cause, origin)} | {f.evidence} | {span} | {windows} "
+            f"| {_suggestion(f, d.config)} |"
         )
     return "\n".join(lines)
 
@@ -363,7 +371,7 @@ def plot(d: Diagnosis, out: Path) -> Path:
         ax.fill_between(x, lo, hi, alpha=0.3, label="min–max")
         ax.plot(x, mean, label="mean")
         ax.legend(fontsize=7)
-    ax.set(title="Policy lag", xlabel="step", ylabel="versions")
+    ax.set(title="Lag", xlabel="step", ylabel="optimizer updates since sampled")
     ax = axes[0][2]
     dlogp = (("dlogp_mean", "all tokens"), ("dlogp_mean_lag_0", "fresh (lag 0)"), ("dlogp_mean_stale", "stale"))
     _lines(ax, x, series, dlogp, points=("dlogp_mean_lag_0",))
@@ -393,7 +401,8 @@ def plot(d: Diagnosis, out: Path) -> Path:
         ylabel="mean |Δlogp| (nats)",
     )
     axes[1][2].set_axis_off()
-    text = [verdict(d), ""] + [f"{f.name}: {CAUSE_TEXT[f.cause]}" for f, _, _ in d.findings]
+    origin = staleness_origin(rows)
+    text = [verdict(d), ""] + [f"{f.name}: {cause_text(f.cause, origin)}" for f, _, _ in d.findings]
     axes[1][2].text(0, 1, "\n".join(_wrap(t, 60) for t in text), va="top", fontsize=8, family="monospace")
     fig.suptitle(f"p3o doctor — {d.source}: {len(rows)} steps", fontsize=10)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,12 @@ that test it (``{study, claim, regime?, b?, role?}`` into the verdict files), or
 "testbed cannot bite") with its reason when no verdict exists. A confirmatory verdict is shown as the pooled Holm
 family decides it (:func:`p3o.experiments.summary.pages.pool`), an exploratory one as its study decided it, marked.
 
+A row also names its ``instrument`` (``lm``: the language-model testbed, ``synthetic``: the simulator), says how
+its regime ``differs`` from the claim's when it does, gives the measured ``ess`` when the testbed cannot bite, and
+a short ``label`` for the README. The README's front page (:func:`front_page`) shows one line per claim with the
+LM verdicts, the simulator verdicts and "cannot be tested here", each claim linking its first row of
+docs/paper-claims.md (``#<claim id>``); the mapping's ``instruments`` say what each instrument is.
+
 The forest plot draws every verdict of the table as its effect A − B and 95 % CI in units of its margin δ against the
 band [−1, 1] (an effect inside it is below the margin), one row per verdict, grouped by regime. It is byte-for-byte
 deterministic: fixed rcParams, the Agg backend, no Software or date metadata in the PNG.
@@ -24,7 +30,7 @@ import yaml
 
 from p3o.errors import ConfigError
 from p3o.experiments.summary.blocks import wrap
-from p3o.experiments.summary.pages import Study, pool
+from p3o.experiments.summary.pages import INSTRUMENT_NAMES, Study, pool
 
 #: Verdict colours of the forest plot.
 COLORS = {"supported": "#1b7837", "contradicted": "#b2182b", "negligible": "#4d4d4d", "inconclusive": "#e08214"}
@@ -61,6 +67,57 @@ def load_mapping(path: Path) -> list[dict[str, Any]]:
     if not isinstance(claims, list) or not all(isinstance(c, dict) and c.get("rows") for c in claims):
         raise ConfigError(f"{path}: expected claims: [{{id, paper, claim, number, rows: [...]}}]")
     return claims
+
+
+def load_instruments(path: Path) -> dict[str, str]:
+    """The mapping's ``instruments``: {instrument: the one line that defines it} (ConfigError when absent)."""
+    raw = yaml.safe_load(path.read_text())
+    inst = raw.get("instruments") if isinstance(raw, dict) else None
+    if not isinstance(inst, dict) or not all(isinstance(v, str) for v in inst.values()):
+        raise ConfigError(f"{path}: expected instruments: {{lm: <definition>, synthetic: <definition>}}")
+    return inst
+
+
+def load_caveats(path: Path) -> dict[str, dict[str, str]]:
+    """The mapping's ``caveats``: {name: {mark, text}} that rows cite with ``caveat: name`` ({} when none)."""
+    raw = yaml.safe_load(path.read_text())
+    cav = raw.get("caveats", {}) if isinstance(raw, dict) else {}
+    if not isinstance(cav, dict) or not all(isinstance(v, dict) and {"mark", "text"} <= set(v) for v in cav.values()):
+        raise ConfigError(f"{path}: expected caveats: {{name: {{mark, text}}}}")
+    return cav
+
+
+def _caveat(row: dict[str, Any], caveats: dict[str, dict[str, str]]) -> str:
+    """ " †" when the row cites a caveat ("" when not); ConfigError for an undeclared one."""
+    name = row.get("caveat")
+    if name is None:
+        return ""
+    if name not in caveats:
+        raise ConfigError(f"paper claims: row {row['regime']!r} cites caveat {name!r}, not declared under caveats")
+    return f" {caveats[name]['mark']}"
+
+
+def caveat_lines(claims: list[dict[str, Any]], caveats: dict[str, dict[str, str]]) -> list[str]:
+    """One line per caveat the rows cite: "† text"."""
+    used = dict.fromkeys(row["caveat"] for c in claims for row in c["rows"] if row.get("caveat"))
+    return [f"{caveats[name]['mark']} {caveats[name]['text']}" for name in used if name in caveats]
+
+
+def row_instrument(row: dict[str, Any]) -> str:
+    """A row's instrument: its ``instrument`` key, else "synthetic" for a "synthetic: ..." regime, else "lm"."""
+    if row.get("instrument"):
+        return str(row["instrument"])
+    return "synthetic" if str(row.get("regime", "")).startswith("synthetic") else "lm"
+
+
+def row_label(row: dict[str, Any]) -> str:
+    """The row's short label for the front page (``label``, else its regime without the instrument prefix)."""
+    if row.get("label"):
+        return str(row["label"])
+    regime = str(row["regime"])
+    for prefix in ("synthetic: ", "LM: "):
+        regime = regime.removeprefix(prefix)
+    return regime
 
 
 def _matches(study: Study, r: dict[str, Any], key: dict[str, Any]) -> bool:
@@ -140,7 +197,14 @@ def rows_of(
     ]
 
 
-def render_claims(claims: list[dict[str, Any]], studies: list[Study], page: Path, figure: Path, command: str) -> str:
+def render_claims(
+    claims: list[dict[str, Any]],
+    studies: list[Study],
+    page: Path,
+    figure: Path,
+    command: str,
+    caveats: dict[str, dict[str, str]] | None = None,
+) -> str:
     """docs/paper-claims.md: one row per (claim, regime of ours), the forest plot beside it."""
 
     def rel(path: Path) -> str:
@@ -160,7 +224,14 @@ def render_claims(claims: list[dict[str, Any]], studies: list[Study], page: Path
         "| paper | claim | the paper's number | our regime | our verdict: A − B [95 % CI] | n | report |",
         "|---|---|---|---|---|---:|---|",
     ]
+    seen: set[str] = set()
     for claim, row, found in rows_of(claims, studies):
+        anchor = "" if claim["id"] in seen else f'<a id="{claim["id"]}"></a>'
+        seen.add(claim["id"])
+        regime = row["regime"] + (
+            f" — *differs from the claim's regime: {row['differs']}*" if row.get("differs") else ""
+        )
+        regime += _caveat(row, caveats or {})
         if found:
             verdict = "<br>".join(verdict_text(f) for f in found)
             n = ", ".join(sorted({str(f.record["n"]) for f in found}))
@@ -170,9 +241,11 @@ def render_claims(claims: list[dict[str, Any]], studies: list[Study], page: Path
             verdict = f"*{row.get('status', 'not yet run')}*" + (f": {row['note']}" if row.get("note") else "")
             n, report = "–", "–"
         lines.append(
-            f"| {claim['paper']} | {claim['claim']} | {claim.get('number', '–')} | {row['regime']} | {verdict} | "
+            f"| {claim['paper']} | {anchor}{claim['claim']} | {claim.get('number', '–')} | {regime} | {verdict} | "
             f"{n} | {report} |"
         )
+    notes = caveat_lines(claims, caveats or {})
+    lines += ["", *notes] if notes else []
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -185,22 +258,47 @@ def row_counts(found: list[Found]) -> str:
     return ", ".join(f"{verdict}{why} {counts[verdict, why]}" for verdict, why in keys)
 
 
-def summary_lines(claims: list[dict[str, Any]], studies: list[Study], readme: Path, page: Path) -> list[str]:
-    """The README's statements, one bullet per claim: for each of our regimes with verdicts, how its verdicts fall
-    (counts per verdict, the pooled family's), nothing more; each comparison, with its effect, CI and n, is in the
-    claims table. Claims with no verdict are listed at the end. Lines are wrapped (`blocks.wrap`)."""
-    lines = [f"What the verdicts say, claim by claim ([{page.name}]({os.path.relpath(page, readme.parent)})):", ""]
+def row_cell(row: dict[str, Any], found: list[Found], caveats: dict[str, dict[str, str]] | None = None) -> str:
+    """One row of ours as the front page shows it: how its verdicts fall (the pooled family's), or "cannot be tested
+    here (ESS …)", or its status; then its label and, when its regime is not the claim's, how it differs (≠)."""
+    if found:
+        what = row_counts(found)
+    elif row.get("status") == "testbed cannot bite":
+        ess = row.get("ess")
+        what = "cannot be tested here" + (f" (ESS {ess})" if ess is not None else "")
+    else:
+        what = str(row.get("status", "not yet run"))
+    differs = f"; ≠ {row['differs']}" if row.get("differs") else ""
+    return f"{what} ({row_label(row)}{differs}){_caveat(row, caveats or {})}"
+
+
+def front_page(
+    claims: list[dict[str, Any]],
+    studies: list[Study],
+    readme: Path,
+    page: Path,
+    instruments: dict[str, str],
+    caveats: dict[str, dict[str, str]] | None = None,
+) -> list[str]:
+    """The README's results block: one line defining each instrument, then one table row per claim — the LM
+    testbed's rows and the simulator's (:func:`row_cell`, joined by " · "; "not run" when the instrument has none),
+    the claim linking its first row of the claims page (the counts per instrument follow it:
+    :func:`p3o.experiments.summary.pages.render_block`)."""
+    link = os.path.relpath(page, readme.parent)
+    lines = [f"- **{INSTRUMENT_NAMES.get(k, k)}**: {v}" for k, v in instruments.items()]
+    heads = " | ".join(INSTRUMENT_NAMES.get(k, k) for k in instruments)
+    lines += ["", f"| claim (paper) | {heads} |", "|---|" + "---|" * len(instruments)]
     rows = rows_of(claims, studies)
-    untested = []
     for claim in claims:
-        parts = [f"{row['regime']}: {row_counts(found)}" for c, row, found in rows if c is claim and found]
-        if parts:
-            lines += wrap(f"- **{claim['claim']}** ({claim['paper']}) — " + " · ".join(parts) + ".")
-        else:
-            untested.append(claim["claim"])
-    if untested:
-        lines += ["", *wrap(f"No verdict yet: {'; '.join(untested)} (see the table for why).", indent="")]
-    return [*lines, ""]
+        cells = []
+        for inst in instruments:
+            mine = [
+                row_cell(row, found, caveats) for c, row, found in rows if c is claim and row_instrument(row) == inst
+            ]
+            cells.append(" · ".join(mine) if mine else "not run")
+        lines.append(f"| [{claim['claim']}]({link}#{claim['id']}) ({claim['paper']}) | " + " | ".join(cells) + " |")
+    notes = [w for line in caveat_lines(claims, caveats or {}) for w in wrap(line, indent="")]
+    return [*lines, "", *([*notes, ""] if notes else [])]
 
 
 def plot_forest(claims: list[dict[str, Any]], studies: list[Study], path: Path) -> Path:

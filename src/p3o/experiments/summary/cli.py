@@ -6,7 +6,7 @@
 ``--out``: every verdict, the confirmatory ones in one Holm family; ``--index``: the index of the results pages;
 ``--claims``: the papers' claims against our verdicts (mapping ``--claims-map``) with its forest plot
 (``--forest``); ``--readme`` / ``--block``: the README's short generated block (replaced in place / also written
-alone), the claims' statements when ``--claims`` is given.
+alone), the claims' front page (one row per claim, LM testbed and simulator apart) when ``--claims`` is given.
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ from pathlib import Path
 
 from p3o.errors import ConfigError
 from p3o.experiments.summary.blocks import update_readme, write_block
-from p3o.experiments.summary.claims import load_mapping, plot_forest, render_claims, summary_lines
+from p3o.experiments.summary.claims import (
+    front_page,
+    load_caveats,
+    load_instruments,
+    load_mapping,
+    plot_forest,
+    render_claims,
+)
 from p3o.experiments.summary.pages import Study, load, redecided_lines, render_block, render_index, render_page
 
 
@@ -78,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             claims = load_mapping(args.claims_map)
             forest = args.forest or args.out.parent / "figures" / "paper-claims-forest.png"
             plot_forest(claims, studies, forest)
-            args.claims.write_text(render_claims(claims, studies, args.claims, forest, command))
-            statements = summary_lines(claims, studies, readme, args.claims)
+            caveats = load_caveats(args.claims_map)
+            args.claims.write_text(render_claims(claims, studies, args.claims, forest, command, caveats))
+            instruments = load_instruments(args.claims_map)
+            statements = front_page(claims, studies, readme, args.claims, instruments, caveats)
             pages = {"the papers' claims": args.claims, **pages}
         block = render_block(studies, readme, pages, statements)
         if args.readme is not None:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from p3o.errors import ConfigError
 from p3o.experiments.stats.ledger import ledger, load_records
 from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, holm, verdict
@@ -41,6 +43,16 @@ class Study:
     @property
     def name(self) -> str:
         return self.path.name.removesuffix(".verdicts.json")
+
+    @property
+    def instrument(self) -> str:
+        """The study file's ``instrument`` ("lm" when absent, or when no study file is found)."""
+        src = study_file(self.name)
+        try:
+            raw = yaml.safe_load(src.read_text()) if src is not None else None
+        except (OSError, yaml.YAMLError):
+            raw = None
+        return str(raw.get("instrument", "lm")) if isinstance(raw, dict) else "lm"
 
     @property
     def confirmatory(self) -> bool:
@@ -322,12 +334,32 @@ def _seed_text(seeds: list[int]) -> str:
     return ", ".join(map(str, seeds))
 
 
-def render_block(studies: list[Study], readme: Path, pages: dict[str, Path], lines_in: list[str] | None = None) -> str:
-    """The README block: how many confirmatory verdicts, how they fall in one pooled Holm family, and links to the
-    pages that hold them (``lines_in``: statements placed before the links, e.g. the claims table's summary)."""
+#: How the pages name each instrument (the study file's ``instrument``), in the order they are shown.
+INSTRUMENT_NAMES = {"lm": "LM testbed", "synthetic": "simulator"}
+
+
+def instrument_counts(studies: list[Study]) -> str:
+    """The confirmatory primary verdicts counted per instrument, as the pooled Holm family decides them — never one
+    count across instruments: "**LM testbed** 102 from 10 studies (8 supported, ...); **simulator** ..."."""
     pooled = pool(studies)
-    names = list(dict.fromkeys(s.name for s, _ in pooled))
-    records = [r for _, r in pooled]
+    order = [*INSTRUMENT_NAMES, *sorted({s.instrument for s, _ in pooled} - set(INSTRUMENT_NAMES))]
+    parts = []
+    for inst in order:
+        mine = [(s, r) for s, r in pooled if s.instrument == inst]
+        if not mine:
+            continue
+        names = list(dict.fromkeys(s.name for s, _ in mine))
+        where = f"{len(names)} stud{'y' if len(names) == 1 else 'ies'}"
+        tally = _counts([r for _, r in mine], "verdict_pool")
+        parts.append(f"**{INSTRUMENT_NAMES.get(inst, inst)}** {len(mine)} from {where} ({tally})")
+    return "; ".join(parts)
+
+
+def render_block(studies: list[Study], readme: Path, pages: dict[str, Path], lines_in: list[str] | None = None) -> str:
+    """The README block: ``lines_in`` (the claims' front page, :func:`p3o.experiments.summary.claims.front_page`),
+    then the confirmatory verdicts counted per instrument in one pooled Holm family, and links to the pages that
+    hold them."""
+    pooled = pool(studies)
 
     def rel(path: Path) -> str:
         return os.path.relpath(path, readme.parent)
@@ -336,9 +368,9 @@ def render_block(studies: list[Study], readme: Path, pages: dict[str, Path], lin
     lines += lines_in or []
     links = [f"[{role}]({rel(p)})" for role, p in pages.items()]
     lines += wrap(
-        f"{len(pooled)} confirmatory verdicts from {len(names)} pre-registered "
-        f"stud{'y' if len(names) == 1 else 'ies'}, one Holm family across them: {_counts(records, 'verdict_pool')} "
-        f"({', '.join(links)}).",
+        f"Confirmatory verdicts, one Holm family across all {len(pooled)}, counted per instrument: "
+        f"{instrument_counts(studies)}. A cell counts its rows' verdicts; ≠ marks a regime that is not the claim's; "
+        f'"cannot be tested here": the testbed\'s ESS stays above the bite threshold 0.95 ({", ".join(links)}).',
         indent="",
     )
     lines += ["", END]
