@@ -19,11 +19,14 @@ ARGS = ["--model", "tiny-random", "--num-prompts", "3", "--group", "2", "--max-n
 
 
 def test_fp32_engine_matches_and_writes_the_report(tmp_path: Path, capsys) -> None:
-    assert main([*ARGS, "--precision", "fp32,fp8", "--out", str(tmp_path)]) == 0
+    assert main([*ARGS, "--precision", "fp32,fp8", "--out", str(tmp_path)]) == 1  # fp8: the engine_mismatch rule
     out = capsys.readouterr().out
-    assert "| HFEngine fp32 |" in out and "| HFEngine fp8 |" in out and "- none:" in out
+    assert "| HFEngine fp32 |" in out and "| HFEngine fp8 |" in out and "- none:" not in out
+    assert "- HFEngine fp8: the engine and the trainer disagree on fresh (lag-0) tokens" in out
+    assert "- HFEngine fp32:" not in out
     data = json.loads((tmp_path / "mismatch.json").read_text())
     fp32, fp8 = data
+    assert fp32["findings"] == [] and fp8["stats"]["tokens_lag_0"] == fp8["stats"]["tokens"]  # every token fresh
     assert fp32["stats"]["dlogp_max"] < 1e-4 and fp32["stats"]["ess"] == pytest.approx(1.0, abs=1e-6)
     assert fp32["greedy_agreement"] == 1.0
     assert fp8["stats"]["dlogp_mean"] > 10 * fp32["stats"]["dlogp_mean"]
@@ -65,3 +68,30 @@ def test_prompts_file(tmp_path: Path) -> None:
     (tmp_path / "p.jsonl").write_text('{"prompt": "1+1="}\n', encoding="utf-8")
     assert len(encode_prompts(tok, str(tmp_path / "p.txt"), 2)) == 2
     assert len(encode_prompts(tok, str(tmp_path / "p.jsonl"), 5)) == 1
+
+
+def test_mismatch_judges_an_engine_as_the_training_monitor_does(tmp_path: Path, capsys) -> None:
+    """Issue 40: `p3o mismatch --precision fp8` said "none" at a mean |Δlogp| of 4.79e-3 while training with that
+    engine fired `engine_mismatch` (threshold 5e-4) at step 1. Both now judge with the same rules and thresholds: an
+    fp8 engine fires engine_mismatch in a 2-step sync run and in `p3o mismatch`; an fp32 one fires in neither."""
+    from p3o.config import load_config
+    from p3o.metrics.rules import RULES
+    from p3o.train.loop import run
+
+    torch.set_num_threads(1)
+    flagged = {}
+    for precision in ("fp32", "fp8"):
+        options = f"--steps 2 --loop.mode sync --rollout.precision {precision} --log.eval_every 0 --log.plot false "
+        options += "--log.progress false --ckpt.every 0 --rollout.prompts_per_step 4 --rollout.max_new_tokens 10"
+        where = ["--config", "quick", "--run_dir", str(tmp_path / precision), "--model.name", "tiny-random"]
+        cfg = load_config([*where, *options.split()])
+        rows = [json.loads(line) for line in (run(cfg) / "metrics.jsonl").read_text().splitlines()]
+        train_fires = rows[0]["offpolicy/finding_engine_mismatch"] == 1.0  # at step 1, as in the issue
+        assert train_fires == (rows[0]["offpolicy/dlogp_mean_lag_0"] >= RULES["fresh_dlogp"])
+        code = main([*ARGS, "--precision", precision, "--no-greedy"])
+        out = capsys.readouterr().out
+        mismatch_fires = "the engine and the trainer disagree on fresh (lag-0) tokens" in out
+        assert code == (1 if mismatch_fires else 0)
+        assert train_fires == mismatch_fires, (precision, out)
+        flagged[precision] = mismatch_fires
+    assert flagged == {"fp32": False, "fp8": True}

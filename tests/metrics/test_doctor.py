@@ -207,3 +207,26 @@ def test_the_default_run_stays_healthy(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "healthy" and "12 steps" in out
     assert all(r[f"offpolicy/cause_{n}"] == 0 for r in rows for n in OffPolicyMonitor.FINDINGS)
+
+
+def test_sync_run_with_four_mini_batches_names_staleness_not_the_engine(tmp_path: Path, capsys) -> None:
+    """Issue 40's `p3o train --loop.mode sync --update.num_mini_batches 4 --steps 4 --optim.lr 1e-3 --optim.schedule
+    constant` (lr 1e-2 here: the random tiny model moves less per step than the warm-started one) with an fp32
+    engine: mini-batch k is scored after k optimizer updates on its own batch, so the monitor's lag is 0-3 and only
+    mini-batch 0 is fresh; its tokens match the engine, so neither the live monitor nor the doctor blames the engine,
+    and the doctor names staleness from mini-batches (before: "unhealthy: engine mismatch", fix rollout.precision)."""
+    run = _train(tmp_path, "mb4", "--loop.mode", "sync", "--update.num_mini_batches", "4", "--steps", "4",
+                 "--optim.lr", "1e-2", "--optim.schedule", "constant")  # fmt: skip
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        assert r["lag_mean"] == 0.0 and r["offpolicy/lag_max"] == 3.0  # versions 0; updates 0-3
+        assert r["offpolicy/lag_in_batch_mean"] == pytest.approx(r["offpolicy/lag_mean"])
+        assert r["offpolicy/dlogp_mean_lag_0"] < 1e-4 < r["offpolicy/dlogp_mean_stale"]  # fp32 engine: fresh is clean
+        assert r["offpolicy/finding_engine_mismatch"] == 0.0
+        assert all(r[f"offpolicy/cause_{n}"] in (0, 1) for n in OffPolicyMonitor.FINDINGS)  # live: staleness or none
+    assert any(r["offpolicy/finding_low_ess"] == 1.0 for r in rows)
+    assert main([str(run), "--no-plot"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("unhealthy: staleness from mini-batches (low_ess")
+    assert "lower update.num_mini_batches" in out and "this run: loop.mode sync, update.num_mini_batches 4" in out
+    assert "engine" not in out.splitlines()[0] and "rollout.precision" not in out

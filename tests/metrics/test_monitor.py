@@ -352,3 +352,60 @@ def test_unlagged_rows_take_the_callers_cause() -> None:
     assert f.cause == "undetermined" and "staleness_threshold" in f.suggestion and "rollout.dtype" in f.suggestion
     (f,) = find(rows, unlagged="engine")  # p3o mismatch: one engine against the trainer's own weights
     assert f.cause == "engine" and f.message.endswith(": engine mismatch")
+
+
+def test_lag_counts_optimizer_updates_mini_batches_included() -> None:
+    """lag = (version − versions)·updates_per_version + updates: a sync update of 4 mini-batches scores mini-batch k
+    after k updates (lags 0-3, all in-batch); a batch one version old at 4 updates per version adds 4. The fresh
+    split follows the lag in updates, so only mini-batch 0 is fresh."""
+    d = _batch()
+    rows = torch.arange(N)[:, None] // 2  # (N, 1): rows 2k, 2k+1 form mini-batch k
+    mon = OffPolicyMonitor(max_len=T, group=False, warn=False)
+    row = mon.update(d["logp"], d["rollout"], d["mask"], versions=torch.full((N, T), 5), version=5,
+                     updates=rows, updates_per_version=4)  # fmt: skip
+    valid = d["mask"].sum(1).double()
+    lag = rows[:, 0].double()
+    assert row["lag_min"] == 0 and row["lag_max"] == 3
+    assert row["lag_mean"] == pytest.approx(float((lag * valid).sum() / valid.sum()))
+    assert row["lag_in_batch_mean"] == pytest.approx(row["lag_mean"])
+    assert row["tokens_lag_0"] == float(valid[:2].sum()) and row["tokens_stale"] == float(valid[2:].sum())
+    row = mon.update(d["logp"], d["rollout"], d["mask"], versions=torch.full((N, T), 4), version=5,
+                     updates=rows, updates_per_version=4)  # fmt: skip
+    assert row["lag_min"] == 4 and row["lag_max"] == 7 and row["tokens_lag_0"] == 0
+    assert row["lag_mean"] - row["lag_in_batch_mean"] == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="updates_per_version"):
+        mon.observe(d["logp"], d["rollout"], d["mask"], d["versions"], 10, updates_per_version=0)
+    with pytest.raises(ValueError, match="updates must be >= 0"):
+        mon.observe(d["logp"], d["rollout"], d["mask"], d["versions"], 10, updates=-1)
+
+
+def test_stale_later_mini_batches_name_staleness_from_mini_batches() -> None:
+    """Sync mode, 4 mini-batches, an fp32 engine: mini-batch 0 matches the engine, the later ones drift with k. The
+    version lag is 0 everywhere, so counting versions only called it an engine mismatch; counting updates it is
+    staleness from mini-batches, with p3o's mini-batch fix."""
+    g = torch.Generator().manual_seed(3)
+    k = torch.arange(16)[:, None] // 4  # (16, 1) mini-batch of each row
+    mon = OffPolicyMonitor(max_len=32, group=False, warn=False, source="p3o")
+    for step in range(6):
+        rollout = -torch.rand(16, 32, generator=g) * 4
+        logp = rollout + 0.5 * k * torch.randn(16, 32, generator=g)  # k = 0: exact
+        row = mon.update(logp, rollout, torch.ones(16, 32, dtype=torch.bool), versions=torch.full((16, 32), step),
+                         version=step, updates=k, updates_per_version=4, step=step)  # fmt: skip
+    fired = {f.name: f for f in mon.findings}
+    assert "engine_mismatch" not in fired and fired["low_ess"].cause == "staleness"
+    assert fired["low_ess"].message.endswith(": staleness from mini-batches")
+    assert "lower update.num_mini_batches" in fired["low_ess"].suggestion
+    assert "loop.max_lag" not in fired["low_ess"].suggestion and row["dlogp_mean_lag_0"] == 0.0
+
+
+def test_staleness_origin() -> None:
+    from p3o.metrics.rules import cause_text, staleness_origin
+
+    assert staleness_origin([{"lag_mean": 1.5, "lag_in_batch_mean": 1.5}]) == "mini-batches"
+    assert staleness_origin([{"lag_mean": 2.0, "lag_in_batch_mean": 0.0}]) == "policy lag"
+    assert staleness_origin([{"lag_mean": 4.0, "lag_in_batch_mean": 1.5}]) == "policy lag and mini-batches"
+    assert staleness_origin([{"lag_mean": 2.0}]) == ""  # versions only (TRL, older p3o rows): not said
+    assert staleness_origin([{"lag_mean": 0.0, "lag_in_batch_mean": 0.0}]) == ""
+    assert cause_text("staleness", "mini-batches") == "staleness from mini-batches"
+    assert cause_text("both", "policy lag") == "staleness from policy lag and engine mismatch"
+    assert cause_text("engine", "mini-batches") == "engine mismatch"

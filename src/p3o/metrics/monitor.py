@@ -8,17 +8,28 @@
 
 ``logp`` is the trainer's log π_θ(y_t) of the sampled tokens, ``rollout_logp`` the log-prob the rollout engine
 recorded when it sampled them, ``mask`` the valid tokens, all (N, T) with responses right-padded (column t is decode
-position t). ``versions`` (N, T) are the policy versions that sampled each token and ``version`` the trainer's, so
-lag = version − versions. With micro-batches call :meth:`OffPolicyMonitor.observe` for each, then ``update()``:
+position t). ``versions`` (N, T) are the policy versions that sampled each token and ``version`` the trainer's. The
+lag of a token is the number of optimizer updates between its sampling and the trainer's log-prob of it:
+
+    lag = (version − versions) · updates_per_version + updates
+
+``updates_per_version`` (U, default 1): optimizer updates per policy version (p3o: num_mini_batches × epochs);
+``updates`` (an int, or a tensor broadcast to (N, T), e.g. (N, 1) per row; default 0): the updates already taken
+on the token's own batch when it is scored (p3o: k for mini-batch k). So a sync run with 4 mini-batches has lags
+0, 1, 2, 3 — its later mini-batches are stale, not an engine mismatch — and a trainer whose versions count
+optimizer steps (TRL's ``global_step``) passes neither. With micro-batches call :meth:`OffPolicyMonitor.observe`
+for each, then ``update()``:
 every statistic is computed from sums (and maxima) that add up exactly over micro-batches and, with ``group`` (a
 torch.distributed process group), over ranks, so the numbers do not depend on how the step's tokens were split.
 
 The statistics (lr_t = logp_t − rollout_logp_t, ρ_t = e^{lr_t}, over valid tokens with finite log-probs):
 
 * ``ess`` = (Σρ)² / (|B|·Σρ²) (Kong's ESS, ∈ [1/|B|, 1]), and ``ess_lag_<b>`` per lag bucket b ∈ LAG_BUCKETS;
-* ``lag_min`` / ``lag_mean`` / ``lag_max`` and ``lag_hist_<k>`` (the lag histogram, as p3o's trainer logs it: share
-  of tokens k versions old, k = 0 … lag_max; lags ≥ LAG_HIST_BINS − 1 share the last bin);
-  these and ``ess_lag_<b>`` only when the step's batches came with ``versions``;
+* ``lag_min`` / ``lag_mean`` / ``lag_max`` and ``lag_hist_<k>`` (the lag histogram: share of tokens k optimizer
+  updates old, k = 0 … lag_max; lags ≥ LAG_HIST_BINS − 1 share the last bin), and ``lag_in_batch_mean``: the mean
+  of the ``updates`` part alone (updates on the token's own batch: mini-batches), so ``lag_mean`` −
+  ``lag_in_batch_mean`` is the policy lag's share; these and ``ess_lag_<b>`` only when the step's batches came with
+  ``versions``;
 * ``dlogp_mean``, ``dlogp_max`` (|lr|) and ``dlogp_pos_<d>``: mean |lr| in decile d = ⌊10·t / max_len⌋ of the
   decode position t;
 * ``ratio_min``, ``ratio_max``, ``ratio_frac_above_2``, ``ratio_frac_below_0_5`` (the tails);
@@ -55,14 +66,17 @@ from p3o.metrics.rules import (  # the rules and constants, re-exported: p3o.met
     LAG_BUCKETS,
     LAG_HIST_BINS,
     N_POSITION_BUCKETS,
+    ORIGINS,
     RULES,
     RUN_RULES,
     SOURCES,
     WINDOW_RULES,
     Finding,
+    cause_text,
     find,
     lag_bucket_names,
     split_keys,
+    staleness_origin,
     suggest,
 )
 from p3o.objectives import ess_from_parts, ess_parts, prefix_log_stat
@@ -73,16 +87,19 @@ __all__ = [
     "LAG_BUCKETS",
     "LAG_HIST_BINS",
     "N_POSITION_BUCKETS",
+    "ORIGINS",
     "RULES",
     "RUN_RULES",
     "SOURCES",
     "WINDOW_RULES",
     "Finding",
     "OffPolicyMonitor",
+    "cause_text",
     "find",
     "lag_bucket_names",
     "prefixed",
     "split_keys",
+    "staleness_origin",
     "strip_prefixes",
     "suggest",
 ]
@@ -149,7 +166,8 @@ class OffPolicyMonitor:
         # ESS parts: all tokens, each lag bucket, the stale tokens (lag ≥ 1)
         self._parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(nb + 2)]
         # sums: tokens, |lr|, ρ>2, ρ<0.5, k1, k2, k3, m, m>0.5, m<0.1, lag, nonfinite, valid(all), lag-bucket
-        # counts (nb), position counts (10), position |lr| sums (10), exact-lag counts (LAG_HIST_BINS)
+        # counts (nb), position counts (10), position |lr| sums (10), exact-lag counts (LAG_HIST_BINS), the fresh and
+        # stale groups' (tokens, |lr|, tails, m, position counts, position |lr|), the lag's in-batch part
         self._sums: torch.Tensor | None = None  # float64 on the first micro-batch's device (collectives run there)
         # maxima: |lr|, ρ, −ρ (min), lag, −lag (min), ρ of fresh (lag 0) tokens, ρ of stale (lag ≥ 1) tokens
         self._max: torch.Tensor | None = None
@@ -177,9 +195,18 @@ class OffPolicyMonitor:
         mask: torch.Tensor,
         versions: torch.Tensor | None = None,
         version: int | None = None,
+        *,
+        updates: int | torch.Tensor = 0,
+        updates_per_version: int = 1,
     ) -> None:
-        """Add one micro-batch, all (N, T): no communication; ``update()`` reduces and reports the step."""
+        """Add one micro-batch, all (N, T): no communication; ``update()`` reduces and reports the step.
+
+        With ``versions``, a token's lag is (version − versions) · ``updates_per_version`` + ``updates`` optimizer
+        updates (``updates``: an int or a tensor broadcast to (N, T), e.g. (N, 1): the updates already taken on the
+        token's own batch, p3o's mini-batch index)."""
         assert logp.shape == rollout_logp.shape == mask.shape, (logp.shape, rollout_logp.shape, mask.shape)
+        if int(updates_per_version) < 1:
+            raise ValueError(f"OffPolicyMonitor: updates_per_version must be >= 1, got {updates_per_version}")
         with torch.no_grad():
             dev = logp.device if self._sums is None else self._sums.device
             logp, rollout_logp = logp.detach().to(dev, torch.float64), rollout_logp.detach().to(dev, torch.float64)
@@ -196,10 +223,14 @@ class OffPolicyMonitor:
             if versions is not None:
                 if version is None:
                     raise ValueError("OffPolicyMonitor: versions given without the trainer's version (version=)")
-                lag = (int(version) - versions.detach().to(dev, torch.int64)).clamp(min=0)
+                in_batch = torch.as_tensor(updates, dtype=torch.int64).to(dev).expand(n, t)
+                if bool((in_batch < 0).any()):
+                    raise ValueError("OffPolicyMonitor: updates must be >= 0")
+                vlag = (int(version) - versions.detach().to(dev, torch.int64)).clamp(min=0)
+                lag = vlag * int(updates_per_version) + in_batch
                 self._has_versions = True
             else:
-                lag = torch.zeros((n, t), dtype=torch.int64, device=dev)
+                lag = in_batch = torch.zeros((n, t), dtype=torch.int64, device=dev)
             bucket_masks = [valid & (lag >= lo) & (lag <= (lag.max() if hi is None else hi)) for lo, hi in LAG_BUCKETS]
             pos = torch.arange(t, device=dev).expand(n, t)
             dec = (pos * N_POSITION_BUCKETS // self.max_len).clamp(max=N_POSITION_BUCKETS - 1)
@@ -232,6 +263,7 @@ class OffPolicyMonitor:
                 sums += [pf.sum(), (absd * pf).sum(), (tails & part).double().sum(), (m * pf).sum()]
                 oh = onehot * pf[..., None]  # onehot already carries valid
                 sums += list(oh.sum((0, 1)).unbind()) + list((oh * absd[..., None]).sum((0, 1)).unbind())
+            sums.append((in_batch.double() * vf).sum())  # the lag's in-batch part (mini-batches): the last sum
             zero = torch.zeros(len(sums), dtype=torch.float64, device=dev)
             self._sums = (zero if self._sums is None else self._sums) + torch.stack(sums)
             self._update_max(valid, lag, rho, absd, lagd)
@@ -282,15 +314,21 @@ class OffPolicyMonitor:
         step: int | None = None,
         *,
         version: int | None = None,
+        updates: int | torch.Tensor = 0,
+        updates_per_version: int = 1,
     ) -> dict[str, float]:
         """Observe (logp, rollout_logp, mask) if given, then close the step: reduce over micro-batches and ranks,
         append the row to the window, re-evaluate the findings and return the flat dict of statistics.
 
-        ``versions`` and ``version`` (the trainer's policy version; default ``step``) give the lags.
+        ``versions`` and ``version`` (the trainer's policy version; default ``step``), ``updates`` and
+        ``updates_per_version`` give the lags (:meth:`observe`).
         """
         if logp is not None:
             assert rollout_logp is not None and mask is not None, "update(logp, rollout_logp, mask)"
-            self.observe(logp, rollout_logp, mask, versions, version if version is not None else step)
+            v = version if version is not None else step
+            self.observe(
+                logp, rollout_logp, mask, versions, v, updates=updates, updates_per_version=updates_per_version
+            )
         if not self._seen or self._sums is None or self._max is None:
             raise ValueError("OffPolicyMonitor.update: no tokens observed this step (pass logp, rollout_logp, mask)")
         group = self._group()
@@ -374,6 +412,7 @@ class OffPolicyMonitor:
             row[f"m_mean_{group}"] = per(msum, c)
             for d in range(N_POSITION_BUCKETS):
                 row[f"dlogp_pos_{group}_{d}"] = per(pss[d], pcs[d])
+        row["lag_in_batch_mean"] = per(s[at])
         return row
 
 

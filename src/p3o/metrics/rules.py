@@ -55,6 +55,9 @@ CAUSE_TEXT: dict[str, str] = {
     "sync": "weights not reaching the engine",
     "undetermined": "staleness or engine mismatch (no lag recorded)",
 }
+#: Where a stale token's lag comes from (:func:`staleness_origin`): optimizer updates on its own batch before it was
+#: scored (p3o's mini-batches, the monitor's ``lag_in_batch_mean``), or policy versions between sampling and training.
+ORIGINS = ("mini-batches", "policy lag", "policy lag and mini-batches")
 #: Where the fixes live, per trainer (the source the metrics came from): the settings a suggestion names.
 SOURCES = ("p3o", "trl", "verl")
 
@@ -155,21 +158,64 @@ _EXTRA = {
 }
 
 
-def suggest(name: str, cause: str, source: str | None = None) -> str:
+# p3o's staleness fix when the lag's origin is known (staleness_origin)
+_FIX_P3O_ORIGIN = {
+    "mini-batches": "fewer optimizer steps per rollout batch: lower update.num_mini_batches (each mini-batch after "
+    "the first is scored by a policy the earlier ones moved) and update.epochs",
+    "policy lag": "lower loop.max_lag (async; loop.staleness in stale mode)",
+}
+
+
+def suggest(name: str, cause: str, source: str | None = None, origin: str = "") -> str:
     """What to do about finding ``name`` with ``cause``, naming the settings of ``source`` (``p3o``, ``trl``,
-    ``verl``; None: generic words)."""
+    ``verl``; None: generic words); ``origin`` (:func:`staleness_origin`) narrows p3o's staleness fix."""
     src = source if source in SOURCES else "generic"
     parts = []
     if name in _EXTRA and (name != "position_drift" or cause in ("engine", "both", "undetermined")):
         parts.append(_EXTRA[name])
     if cause in ("staleness", "both", "undetermined"):
-        parts.append(_FIX["staleness"][src] + "; " + _OBJECTIVE_ADVICE["staleness"])
+        fix = _FIX_P3O_ORIGIN.get(origin, _FIX["staleness"][src]) if src == "p3o" else _FIX["staleness"][src]
+        parts.append(fix + "; " + _OBJECTIVE_ADVICE["staleness"])
     if cause in ("engine", "both", "undetermined") and name not in ("nonfinite", "kl_clamped", "ess_degenerate"):
         parts.append(_FIX["engine"][src] + "; " + _OBJECTIVE_ADVICE["engine"])
     if cause == "sync":
         parts.append(_FIX["sync"][src])
     text = "; ".join(parts)
     return ("staleness or engine (no lag recorded): " + text) if cause == "undetermined" else text
+
+
+def staleness_origin(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Where the window's lag comes from, a key of :data:`ORIGINS`, or ``""`` when the rows do not say.
+
+    Over the rows with both ``lag_mean`` (optimizer updates since sampling) and ``lag_in_batch_mean`` (its part from
+    updates on the token's own batch: the earlier mini-batches of a p3o update), with means L and B: no lag (L = 0)
+    or no ``lag_in_batch_mean`` (a trainer whose versions are its optimizer steps, rows recorded before p3o counted
+    mini-batches) -> ``""``; B ≥ 0.9·L -> ``mini-batches``; B ≤ 0.1·L -> ``policy lag``; else both.
+    """
+    pairs = [
+        (float(r["lag_mean"]), float(r["lag_in_batch_mean"]))
+        for r in rows
+        if all(isinstance(r.get(k), int | float) and math.isfinite(r[k]) for k in ("lag_mean", "lag_in_batch_mean"))
+    ]
+    if not pairs:
+        return ""
+    lag, in_batch = _mean([a for a, _ in pairs]), _mean([b for _, b in pairs])
+    if not lag > 0:
+        return ""
+    if in_batch >= 0.9 * lag:
+        return "mini-batches"
+    if in_batch <= 0.1 * lag:
+        return "policy lag"
+    return "policy lag and mini-batches"
+
+
+def cause_text(cause: str, origin: str = "") -> str:
+    """How ``cause`` reads in a verdict line and a message (:data:`CAUSE_TEXT`), staleness with its ``origin``
+    (:func:`staleness_origin`): ``staleness from mini-batches``, ``staleness from policy lag and engine mismatch``."""
+    text = CAUSE_TEXT[cause]
+    if origin and cause in ("staleness", "both"):
+        text = text.replace("staleness", f"staleness from {origin}", 1)
+    return text
 
 
 def _vals(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
@@ -449,7 +495,8 @@ def _engine_mismatch(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float])
     return Finding(
         "engine_mismatch",
         f"the engine and the trainer disagree on fresh (lag-0) tokens: median mean |Δlogp| {_median(fresh):.3g} nats "
-        f"over {len(fresh)} steps (threshold {th['fresh_dlogp']:g}; an fp32 engine sits near 1e-7)",
+        f"over {len(fresh)} step{'s' if len(fresh) > 1 else ''} (threshold {th['fresh_dlogp']:g}; an fp32 engine sits "
+        "near 1e-7)",
         f"fresh tokens' mean |Δlogp| min {min(fresh):.3g}, max {max(fresh):.3g}"
         + (f"; k3 KL of those steps up to {max(kl):.2g}" if kl else ""),
         "",
@@ -559,7 +606,9 @@ def find(
     ``engine_mismatch`` and ``nonfinite`` / ``kl_clamped`` / ``ess_degenerate`` are ``engine``;
     ``weights_not_synced`` is ``sync``, and while it fires the findings the fresh tokens carry are ``sync`` too.
     Suggestions name the settings of ``source`` (``p3o``, ``trl``, ``verl``; None: generic). ``unlagged``: the cause
-    when the rows carry no lags, for callers that know it (``p3o mismatch`` measures a fresh engine: ``engine``).
+    when the rows carry no lags, for callers that know it (a fresh engine's unlagged rows: ``engine``).
+    A staleness finding's message names its origin when the rows carry ``lag_in_batch_mean``
+    (:func:`staleness_origin`: mini-batches, the policy lag or both) and p3o's suggestion narrows to it.
     """
     th = {**RULES, **(rules or {})}
     want = set(only) if only is not None else None
@@ -584,11 +633,12 @@ def find(
     if any(f.cause == "sync" for f in out) or _weights_not_synced(rows, th) is not None:
         # the fresh tokens' mismatch is the stale engine's: name the sync, not the engine's precision
         out = [dataclasses.replace(f, cause="sync") if f.cause == "engine" else f for f in out]
+    origin = staleness_origin(rows)
     return [
         dataclasses.replace(
             f,
-            message=f.message if f.name == "weights_not_synced" else f"{f.message}: {CAUSE_TEXT[f.cause]}",
-            suggestion=suggest(f.name, f.cause, source),
+            message=f.message if f.name == "weights_not_synced" else f"{f.message}: {cause_text(f.cause, origin)}",
+            suggestion=suggest(f.name, f.cause, source, origin),
         )
         for f in out
     ]
