@@ -23,7 +23,6 @@ used; ``--prompts FILE`` reads one prompt per line (``.jsonl``: the ``prompt`` f
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -31,7 +30,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -41,6 +40,8 @@ from p3o.logprobs import token_logprobs
 from p3o.metrics.monitor import N_POSITION_BUCKETS, Finding, OffPolicyMonitor, find
 from p3o.models import load_policy
 from p3o.objectives import effective_sample_size
+from p3o.options import command_help, parse_command, wants_help
+from p3o.options import config_field as _f
 from p3o.rollout import HFEngine
 from p3o.rollout.factory import make_engine
 from p3o.rollout.settings import EngineSettings
@@ -285,25 +286,30 @@ def _no_nan(x: Any) -> Any:
     return x
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The options of ``p3o mismatch``."""
-    ap = argparse.ArgumentParser(prog="p3o mismatch", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny", help="tiny | tiny-random | smollm2 | an HF model dir | a Hub id")
-    ap.add_argument("--engine", default="hf", choices=["hf", "vllm"])
-    ap.add_argument("--precision", default="bf16", help="comma list of fp32, bf16, fp16, fp8, int8[, bf16+kv-fp8]")
-    ap.add_argument("--kv-cache-dtype", default="auto", help="vLLM: auto | fp8 | fp8_e4m3 | fp8_e5m2")
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--logprob-mode", default="processed", choices=["processed", "raw"])
-    ap.add_argument("--prompts", default=None, help="a file of prompts (one per line, or .jsonl with 'prompt')")
-    ap.add_argument("--num-prompts", type=int, default=16)
-    ap.add_argument("--group", type=int, default=4, help="completions per prompt")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
-    ap.add_argument("--no-greedy", action="store_true", help="skip the greedy-agreement runs")
-    ap.add_argument("--out", default=None, help="directory for mismatch.json, mismatch.md and mismatch.png")
-    ap.add_argument("--plot", default=None, help="the per-position plot's path (default: OUT/mismatch.png)")
-    return ap
+@dataclass
+class MismatchOptions:
+    """Options of ``p3o mismatch`` (parsed, typed and documented by the same mechanism as ``p3o train``)."""
+
+    model: str = _f("tiny", "tiny | tiny-random | smollm2 | an HF model dir | a Hub id")
+    engine: Literal["hf", "vllm"] = _f("hf", "rollout engine measured against the fp32 trainer")
+    precision: str = _f("bf16", "comma list of fp32, bf16, fp16, fp8, int8[, bf16+kv-fp8]")
+    kv_cache_dtype: str = _f("auto", "vLLM: auto | fp8 | fp8_e4m3 | fp8_e5m2")
+    temperature: float = _f(1.0, "sampling temperature", ge=0.0)
+    logprob_mode: Literal["processed", "raw"] = _f("processed", "log-probs the engine records")
+    prompts: str | None = _f(
+        None, "a file of prompts (one per line, or .jsonl with 'prompt'; null: the built-in task)"
+    )
+    num_prompts: int = _f(16, "prompts measured", ge=1)
+    group: int = _f(4, "completions per prompt", ge=1)
+    max_new_tokens: int = _f(32, "new tokens per completion", ge=1)
+    seed: int = _f(0, "sampling seed")
+    threads: int = _f(0, "torch threads (0: leave as is)", ge=0)
+    no_greedy: bool = _f(False, "skip the greedy-agreement runs")
+    out: str | None = _f(None, "directory for mismatch.json, mismatch.md and mismatch.png")
+    plot: str | None = _f(None, "the per-position plot's path (null: OUT/mismatch.png)")
+
+
+USAGE = "usage: p3o mismatch [--model M] [--engine hf|vllm] [--precision bf16,fp8] [--out DIR] [--key value ...]"
 
 
 def write_outputs(results: Sequence[MismatchResult], text: str, out: Path) -> None:
@@ -329,16 +335,11 @@ def write_outputs(results: Sequence[MismatchResult], text: str, out: Path) -> No
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``p3o mismatch --model M [...]``; exit 0 when no finding fired, 1 when one did, 2 on bad options."""
-    ap = _parser()
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    for name in ("num_prompts", "group", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: must be ≥ 1")
-    if args.temperature < 0:
-        raise ConfigError("--temperature: must be ≥ 0")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if wants_help(argv):
+        print(command_help(MismatchOptions, USAGE, __doc__.splitlines()[0].split(": ", 1)[1]))
+        return 0
+    args = parse_command(argv, MismatchOptions)
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_policy(args.model)

@@ -31,7 +31,6 @@ metric in it) — CI can gate on it.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -45,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from p3o.errors import ConfigError
 from p3o.metrics.monitor import (
     CAUSE_TEXT,
     N_POSITION_BUCKETS,
@@ -58,6 +58,8 @@ from p3o.metrics.monitor import (
     staleness_origin,
     strip_prefixes,
 )
+from p3o.options import command_help, parse_command, wants_help
+from p3o.options import config_field as _f
 
 __all__ = ["PREFIXES", "Diagnosis", "detect_source", "diagnose", "load_rows", "main", "verdict"]
 
@@ -414,23 +416,37 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(text, width)) or text
 
 
+@dataclass
+class DoctorOptions:
+    """Options of ``p3o doctor`` (parsed, typed and documented by the same mechanism as ``p3o train``)."""
+
+    path: str = _f("", "a p3o run dir, a TRL output dir / trainer_state.json, or a JSONL of metric rows (PATH)")
+    window: int = _f(20, "steps per window of the rules", ge=1)
+    out: str | None = _f(None, "the plot's path (null: doctor.png beside the input)")
+    no_plot: bool = _f(False, "print the findings only")
+
+
+USAGE = "usage: p3o doctor PATH [--window W] [--out PNG] [--no-plot]"
+
+
+def parse_args(argv: Sequence[str] | None) -> DoctorOptions:
+    """``p3o doctor PATH [--option value ...]`` -> validated options (one-line ConfigError on bad input)."""
+    opts = parse_command(argv, DoctorOptions, positional=["path"])
+    if not opts.path:
+        raise ConfigError("expected a run directory or metrics file (p3o doctor PATH)")
+    return opts
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``p3o doctor PATH [--window W] [--out PNG] [--no-plot]``: exit 0 healthy, 1 findings, 2 bad input."""
-    ap = argparse.ArgumentParser(prog="p3o doctor", description=__doc__.splitlines()[0])
-    ap.add_argument("path", help="a p3o run dir, a TRL output dir / trainer_state.json, or a JSONL of metric rows")
-    ap.add_argument("--window", type=int, default=20, help="steps per window of the rules (default 20)")
-    ap.add_argument("--out", default=None, help="the plot's path (default: doctor.png beside the input)")
-    ap.add_argument("--no-plot", action="store_true", help="print the findings only")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if wants_help(argv):
+        print(command_help(DoctorOptions, USAGE, __doc__.splitlines()[0].split(": ", 1)[1], [("PATH", "= --path")]))
+        return 0
     try:
-        args = ap.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-    if args.window < 1:
-        print("p3o doctor: error: --window must be ≥ 1", file=sys.stderr)
-        return 2
-    try:
+        args = parse_args(argv)
         d = diagnose(args.path, window=args.window)
-    except BadInput as err:
+    except (BadInput, ConfigError) as err:
         print(f"p3o doctor: error: {err}", file=sys.stderr)
         return 2
     print(report(d))

@@ -382,8 +382,9 @@ def m2po_clip(prep: Prepared, *, tau: float = 0.04, floor_low: float = 0.3, floo
 
     where :func:`m2po` (the M2PO paper's form) masks the tokens with the largest lr² instead. The range is computed
     per call (one micro-batch, as verl calls its loss), so its ``coupling`` is ``batch``. τ = 0.04, floors 0.3 / 0.5
-    (the code's ``miniclip_low`` / ``miniclip_high`` defaults). Token-mean. Stats: clipfrac, m2po_eps_low,
-    m2po_eps_high (inf reported as 1e6), m2 (M̂2 of the harmful tokens).
+    (the code's ``miniclip_low`` / ``miniclip_high`` defaults). Token-mean. Stats: clipfrac, m2po_bound (1 when the
+    budget binds this call, 0 when M̂2 ≤ τ leaves it unconstrained), m2po_eps_low, m2po_eps_high (inf reported as
+    1e6), m2 (M̂2 of the harmful tokens).
     """
     if not tau > 0:
         raise ObjectiveError(f"tau must be > 0, got {tau}")
@@ -400,6 +401,7 @@ def m2po_clip(prep: Prepared, *, tau: float = 0.04, floor_low: float = 0.3, floo
         stats["clipfrac"] = masked_mean((clipped > unclipped).float(), mask)
         stats["m2po_eps_low"] = torch.tensor(eps_low, device=lr.device)
         stats["m2po_eps_high"] = torch.tensor(min(eps_high, 1e6), device=lr.device)
+        stats["m2po_bound"] = torch.tensor(float(math.isfinite(eps_high)), device=lr.device)
         stats["m2"] = torch.tensor(m2, device=lr.device)
     return PolicyTerm(per_token, stats)
 

@@ -121,6 +121,11 @@ def test_load_experiment_errors_name_the_file(tmp_path: Path) -> None:
         load_experiment(missing)
 
 
+#: Studies registered with fewer than 6 paired seeds, each saying why in its description (a budget, stated before
+#: its runs): minpro-stale5 (issue 39: 9 arms on two shared cores in 90 minutes).
+REDUCED_SEEDS = {"minpro-stale5.yaml": 4}
+
+
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[3].glob("configs/experiments/*.yaml")))
 def test_shipped_experiments_parse_and_start_with_their_command(path: Path) -> None:
     first = path.read_text().splitlines()[0]
@@ -132,9 +137,13 @@ def test_shipped_experiments_parse_and_start_with_their_command(path: Path) -> N
         assert len(study.seeds) >= 6 and study.claims and study.primary.metric
         return
     exp = load_experiment(path)
-    # paired seeds and a declared primary metric: ≥ 6 seeds for claims; a calibration-only grid (no claims, nothing
+    # paired seeds and a declared primary metric: ≥ 6 seeds for claims (fewer only where the file's pre-registration
+    # states the compute budget that forced it: REDUCED_SEEDS); a calibration-only grid (no claims, nothing
     # decided: it measures how off-policy each regime makes the data, e.g. pad-calibration-ess.yaml) ≥ 2
-    assert len(exp.seeds) >= (6 if exp.claims else 2) and exp.primary.metric
+    least = REDUCED_SEEDS.get(path.name, 6) if exp.claims else 2
+    assert len(exp.seeds) >= least and exp.primary.metric
+    if path.name in REDUCED_SEEDS:
+        assert "**Budget and stopping rule (pre-registered).**" in exp.description
     assert expand(exp)
 
 

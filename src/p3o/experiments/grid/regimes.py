@@ -126,10 +126,36 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     "cispo-1-4": {"objective.name": "cispo", "objective.trunc_eps_low": 1.0, "objective.trunc_eps_high": 4.0},
     "minpro-1-4": {"objective.name": "minpro", "objective.trunc_eps_low": 1.0, "objective.trunc_eps_high": 4.0},
     "m2po-0.04": {"objective.name": "m2po", "objective.tau": 0.04},
-    # MinPRO's prefix-statistic ablation (min is MinPRO itself).
+    # MinPRO's prefix statistic over the strictly earlier tokens, times ρ_t (min is MinPRO itself). The earlier
+    # studies (minpro-stale3) ran these as "the ablation"; the paper's ablation is the `-incl` set below.
     "minpro-mean": {"objective.name": "minpro", "objective.prefix_stat": "mean"},
     "minpro-geomean": {"objective.name": "minpro", "objective.prefix_stat": "geomean"},
     "minpro-prod": {"objective.name": "minpro", "objective.prefix_stat": "prod"},
+    # The MinPRO paper's prefix-statistic ablation (section 5.3): the statistic of ρ_1 … ρ_t, the current token
+    # included, replaces the whole weight m_t·ρ_t; same truncation (1, 4) and stop-gradient as MinPRO.
+    "minpro-mean-incl": {
+        "objective.name": "minpro",
+        "objective.prefix_stat": "mean",
+        "objective.prefix_scope": "including",
+        "objective.trunc_eps_low": 1.0,
+        "objective.trunc_eps_high": 4.0,
+    },
+    "minpro-geomean-incl": {
+        "objective.name": "minpro",
+        "objective.prefix_stat": "geomean",
+        "objective.prefix_scope": "including",
+        "objective.trunc_eps_low": 1.0,
+        "objective.trunc_eps_high": 4.0,
+    },
+    "minpro-prod-incl": {
+        "objective.name": "minpro",
+        "objective.prefix_stat": "prod",
+        "objective.prefix_scope": "including",
+        "objective.trunc_eps_low": 1.0,
+        "objective.trunc_eps_high": 4.0,
+    },
+    # M2PO as its public code runs it: the second-moment budget τ = 0.04 as one PPO clip range per micro-batch.
+    "m2po-clip-0.04": {"objective.name": "m2po_clip", "objective.tau": 0.04},
     # P3O with both the rollout and a proximal anchor (the paper's P4O); GRPO + decoupled loss for async.
     "p3o-two-anchor": {"objective.name": "p3o_two_anchor"},
     "decoupled-ppo-0.2": {"objective.name": "decoupled_ppo", "objective.clip_eps": 0.2},
