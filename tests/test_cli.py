@@ -102,3 +102,39 @@ def test_train_summary_gives_held_out_pass1_and_repeats_the_findings(tmp_path):
     text = _summary(str(tmp_path), 1.0)
     assert "held-out pass@1: 0.500 at step 0 -> 0.750 at step 3 (2 evaluations)" in text
     assert "finding ratio_tails: first at step 1, on 2 steps (cause: engine mismatch)" in text
+
+
+# One CLI style: every command parses through p3o.options (typed options, one line with the nearest option, exit 2,
+# no abbreviations) and its --help has the same layout as `p3o train --help`.
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["doctor", "RUN", "--windw", "3"], "p3o doctor: error: unknown key 'windw' (did you mean 'window'?)"),
+        (["eval", "--mod", "x"], "p3o eval: error: unknown key 'mod' (did you mean 'model'?)"),
+        (["mismatch", "--precisio", "fp8"], "p3o mismatch: error: unknown key 'precisio' (did you mean 'precision'?)"),
+        (["plot", "RUN", "--ou", "x.png"], "p3o plot: error: unknown key 'ou' (did you mean 'out'?)"),
+        (["convert-smollm2", "--forc"], "p3o convert-smollm2: error: unknown key 'forc' (did you mean 'force'?)"),
+        (["probe", "--objective", "p3o"], "p3o probe: error: unknown key 'objective' (did you mean 'objectives'?)"),
+        (["doctor", "RUN", "--window", "0"], "p3o doctor: error: window: must be >= 1, got 0"),
+        (["eval", "--model", "tiny", "--n_samples", "x"], "p3o eval: error: n_samples: expected an int, got 'x'"),
+        (["mismatch", "--engine", "trt"], "p3o mismatch: error: engine: expected one of hf, vllm, got 'trt'"),
+        (["plot", "A", "B"], "p3o plot: error: unexpected argument 'B' (the command takes 1 argument; options look"),
+        (["doctor"], "p3o doctor: error: expected a run directory or metrics file (p3o doctor PATH)"),
+    ],
+)
+def test_every_command_gives_one_line_with_the_nearest_option(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert p3o_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(message), err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize("name", ["train", "eval", "mismatch", "doctor", "plot", "convert-smollm2", "probe", "sft"])
+def test_every_command_help_has_the_same_layout(name, capsys):
+    assert p3o_main([name, "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"usage: p3o {name}"), lines[0]
+    assert "options (--key value or --key=value; values are YAML scalars):" in lines
+    assert "general:" in lines and any(line.startswith("  --config ") for line in lines)
+    assert all("[default: " in line for line in lines if line.startswith("  --") and " INT " in line + " ")

@@ -83,3 +83,57 @@ def test_extra_field_aliases_and_bare_flags():
     assert options.from_dict(options.to_dict(cfg), Root).inner.kw == cfg.inner.kw
     text = options.config_help(Root)
     assert "--inner.<kw> VALUE" in text and "--count INT" in text and "[default: null]" in text
+
+
+@dataclass
+class Command:
+    """A command's options: a positional argument, a bool flag, an int."""
+
+    path: str = _f("", "the input (PATH)")
+    window: int = _f(20, "a window", ge=1)
+    no_plot: bool = _f(False, "a switch")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["RUN", "--window", "3", "--no-plot"],
+        ["--window", "3", "RUN", "--no_plot"],
+        ["--no-plot", "RUN", "--window=3"],  # a bare flag takes the next argument only when it reads as a bool
+        ["--no-plot", "true", "--window", "3", "RUN"],
+        ["--path", "RUN", "--window", "3", "--no-plot"],
+    ],
+)
+def test_parse_command_positional_anywhere(argv):
+    assert options.parse_command(argv, Command, positional=["path"]) == Command(path="RUN", window=3, no_plot=True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["RUN", "--windw", "3"], "unknown key 'windw' (did you mean 'window'?)"),
+        (["RUN", "--wind", "3"], "unknown key 'wind' (did you mean 'window'?)"),  # no abbreviations
+        (["RUN", "--window", "0"], "window: must be >= 1, got 0"),
+        (["RUN", "--window", "x"], "window: expected an int, got 'x'"),
+        (
+            ["RUN", "OTHER"],
+            "unexpected argument 'OTHER' (the command takes 1 argument; options look like --key value)",
+        ),
+        (["--window"], "--window: expected a value"),
+    ],
+)
+def test_parse_command_errors_are_one_line(argv, message):
+    with pytest.raises(ConfigError) as err:
+        options.parse_command(argv, Command, positional=["path"])
+    assert str(err.value) == message
+
+
+def test_command_help_lists_the_arguments_and_every_option():
+    text = options.command_help(Command, "usage: cmd PATH [--window W]", "what it does", [("PATH", "= --path")])
+    lines = text.splitlines()
+    assert lines[:3] == ["usage: cmd PATH [--window W]", "", "what it does"]
+    assert "options (--key value or --key=value; values are YAML scalars):" in lines
+    for row in ("PATH", "--path STR", "--window INT", "--no_plot BOOL", "--config PATH"):
+        assert any(line.strip().startswith(row) for line in lines), row
+    assert "[default: 20]" in text
+    assert options.wants_help(["RUN", "-h"]) and not options.wants_help(["RUN"])

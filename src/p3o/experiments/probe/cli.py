@@ -6,13 +6,14 @@ run's checkpoints with ``--run-dir``; prints the cosine table and writes ``--out
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from p3o.errors import ConfigError
 from p3o.experiments.probe.compute import (
     DEFAULT_LAGS,
     ProbeConfig,
@@ -22,66 +23,73 @@ from p3o.experiments.probe.compute import (
 from p3o.experiments.probe.lm import probe_lm
 from p3o.experiments.probe.tables import markdown_table, plot_probe, update_doc
 from p3o.experiments.synthetic.config import parse_objective, parse_regime
+from p3o.options import command_help, parse_command, wants_help
+from p3o.options import config_field as _f
 
-# The ProbeConfig fields that are options of the same name (`--ref-groups` -> ref_groups): name -> help, choices.
-_PROBE_OPTIONS: dict[str, tuple[str | None, list[str] | None]] = {
-    "points": ("probe points per trajectory", None),
-    "batches": ("batches per (trajectory, point, lag)", None),
-    "ref_groups": ("groups per prompt for g_ref", None),
-    "step_size": ("η of the fixed-length step", None),
-    "noise": ("engine logit noise of the probe batches", None),
-    "temperature": ("engine temperature of the batches", None),
-    "logprob_mode": (None, ["raw", "processed"]),
-    "seed": (None, None),
-}
+_D, _T = ProbeConfig(), default_trajectory()
+# The ProbeConfig fields that are options of the same name (`--ref_groups` -> ref_groups).
+_PROBE_FIELDS = ("points", "batches", "ref_groups", "step_size", "noise", "temperature", "logprob_mode", "seed")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Arguments of ``p3o probe``."""
-    d, t = ProbeConfig(), default_trajectory()
-    p = argparse.ArgumentParser(
-        prog="p3o probe",
-        description="Gradient probe: cosine / norm ratio / one-step gain of each objective's gradient on stale "
-        "batches against a high-sample on-policy gradient (synthetic tabular autoregressive toy).",
+@dataclass
+class ProbeOptions:
+    """Options of ``p3o probe`` (parsed, typed and documented by the same mechanism as ``p3o train``)."""
+
+    objectives: str = _f(",".join(_D.objectives), "comma list of objective specs")
+    lags: str | None = _f(None, f"comma list of lags L (null: {','.join(map(str, _D.lags))}; with --run_dir 0,1,2,4)")
+    points: int = _f(_D.points, "probe points per trajectory", ge=1)
+    batches: int = _f(_D.batches, "batches per (trajectory, point, lag)", ge=1)
+    ref_groups: int = _f(_D.ref_groups, "groups per prompt for g_ref", ge=1)
+    step_size: float = _f(_D.step_size, "η of the fixed-length step", gt=0)
+    noise: float = _f(_D.noise, "engine logit noise of the probe batches", ge=0)
+    temperature: float = _f(_D.temperature, "engine temperature of the batches", gt=0)
+    logprob_mode: Literal["raw", "processed"] = _f(_D.logprob_mode, "log-probs of the probe batches")
+    seed: int = _f(_D.seed, "seed of the probe batches")
+    trajectories: int = _f(_T.seeds, "independent trajectories (seeds)", ge=1)
+    lr: float = _f(_T.lr, "learning rate of the trajectory", gt=0)
+    steps: int = _f(_T.steps, "steps of the trajectory", ge=1)
+    regime: str = _f("on-policy", "regime of the trajectory (synthetic regime spec)")
+    trajectory_objective: str = _f(_T.objective, "objective spec of the trajectory")
+    run_dir: str | None = _f(
+        None, "probe a language-model run instead (checkpoints of `p3o train --ckpt.every 1 --ckpt.keep_last 1000`)"
     )
-    p.add_argument("--objectives", default=",".join(d.objectives), help="comma list of objective specs")
-    p.add_argument(
-        "--lags",
-        default=None,
-        help=f"comma list of lags L (default {','.join(map(str, d.lags))}; with --run-dir 0,1,2,4)",
-    )
-    for name, (help_, choices) in _PROBE_OPTIONS.items():
-        default = getattr(d, name)
-        flag = "--" + name.replace("_", "-")
-        p.add_argument(flag, type=type(default), default=default, help=help_, choices=choices)
-    p.add_argument("--trajectories", type=int, default=t.seeds, help="independent trajectories (seeds)")
-    p.add_argument("--lr", type=float, default=t.lr, help="learning rate of the trajectory")
-    p.add_argument("--steps", type=int, default=t.steps, help="steps of the trajectory")
-    p.add_argument("--regime", default="on-policy", help="regime of the trajectory (synthetic regime spec)")
-    p.add_argument("--trajectory-objective", default=t.objective, help="objective spec of the trajectory")
-    p.add_argument(
-        "--run-dir",
-        type=Path,
-        default=None,
-        help="probe a language-model run instead (checkpoints of `p3o train --ckpt.every 1 --ckpt.keep_last 1000`)",
-    )
-    p.add_argument("--ref-batches", type=int, default=16, help="with --run-dir: on-policy batches for g_ref")
-    p.add_argument("--out", type=Path, default=None, help="probe JSON (rows, points, cells, ess_bins)")
-    p.add_argument("--plot", type=Path, default=None, help="PNG of the headline figure")
-    p.add_argument("--update-doc", type=Path, default=None, help="markdown file whose probe block is regenerated")
-    p.add_argument("--doc-block", default="probe", help="name of the block in --update-doc (<!-- NAME:begin -->)")
-    return p
+    ref_batches: int = _f(16, "with --run_dir: on-policy batches for g_ref", ge=1)
+    out: str | None = _f(None, "probe JSON (rows, points, cells, ess_bins)")
+    plot: str | None = _f(None, "PNG of the headline figure")
+    update_doc: str | None = _f(None, "markdown file whose probe block is regenerated")
+    doc_block: str = _f("probe", "name of the block in --update_doc (<!-- NAME:begin -->)")
+
+
+USAGE = "usage: p3o probe [--objectives a,b] [--lags 0,8,32] [--run_dir RUN] [--out JSON] [--key value ...]"
+ABOUT = (
+    "gradient probe: cosine / norm ratio / one-step gain of each objective's gradient on stale batches against a "
+    "high-sample on-policy gradient (synthetic tabular autoregressive toy, or a run's checkpoints with --run_dir)"
+)
+
+
+def _lags(text: str) -> tuple[int, ...]:
+    """``--lags 0,8,32`` -> (0, 8, 32); a one-line ConfigError unless every item is an integer ≥ 0."""
+    try:
+        lags = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--lags: expected comma-separated integers, got {text!r}") from None
+    if not lags or min(lags) < 0:
+        raise ConfigError(f"--lags: expected integers >= 0, got {text!r}")
+    return lags
 
 
 def main(argv: list[str] | None = None) -> int:
     """``p3o probe``: run the synthetic probe, print the cosine table, write --out / --plot / --update-doc."""
-    argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if wants_help(argv):
+        print(command_help(ProbeOptions, USAGE, ABOUT))
+        return 0
+    args = parse_command(argv, ProbeOptions)
     objectives = tuple(o for o in args.objectives.split(",") if o)
     if args.run_dir is not None:
-        lags = tuple(int(x) for x in (args.lags or "0,1,2,4").split(",") if x)
+        lags = _lags(args.lags or "0,1,2,4")
         result = probe_lm(
-            args.run_dir,
+            Path(args.run_dir),
             objectives=objectives,
             lags=lags,
             points=args.points,
@@ -103,27 +111,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     cfg = ProbeConfig(
         objectives=objectives,
-        lags=tuple(int(x) for x in (args.lags or ",".join(map(str, DEFAULT_LAGS))).split(",") if x),
+        lags=_lags(args.lags or ",".join(map(str, DEFAULT_LAGS))),
         trajectory=traj,
-        **{name: getattr(args, name) for name in _PROBE_OPTIONS},
+        **{name: getattr(args, name) for name in _PROBE_FIELDS},
     )
     result = probe_synthetic(cfg, log=lambda s: print(s, flush=True))
     return _finish(args, argv, result)
 
 
-def _finish(args: argparse.Namespace, argv: list[str], result: dict[str, Any]) -> int:
+def _finish(args: ProbeOptions, argv: list[str], result: dict[str, Any]) -> int:
     """Print the cosine table; write --out, --plot, --update-doc."""
     print(markdown_table(result, "cos"))
     print(f"probe: {len(result['rows']['cos'])} gradients in {result['wall_s']:.0f}s")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result))
         print(f"wrote {args.out}")
     if args.plot:
-        plot_probe(result, args.plot)
+        plot_probe(result, Path(args.plot))
         print(f"wrote {args.plot}")
     if args.update_doc:
-        update_doc(args.update_doc, result, "p3o probe " + " ".join(argv), args.doc_block)
+        update_doc(Path(args.update_doc), result, "p3o probe " + " ".join(argv), args.doc_block)
         print(f"updated {args.update_doc}")
     return 0
 
