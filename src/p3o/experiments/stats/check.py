@@ -36,6 +36,8 @@ from p3o.experiments.stats.paired import PairedResult, decide_family, paired
 
 #: Absolute tolerance of a recomputed number (the stored files agree with scipy.stats to ~5e-13).
 TOL = 1e-9
+#: How many problems of one file the command prints (all of them count towards the exit status).
+SHOW = 20
 #: The stored statistics the check recomputes (``boot_ci`` only where the record has one).
 FIELDS = ("n", "mean_a", "mean_b", "diff", "sd", "ci", "p_diff", "p_equiv", "identical", "boot_ci")
 
@@ -196,7 +198,9 @@ def main(argv: list[str]) -> int:
             return 2
         status = "OK" if not problems else f"{len(problems)} difference(s)"
         print(f"{name}: {status}; " + "; ".join(notes))
-        for p in problems:
+        for p in problems[:SHOW]:
             print(f"  {name}: {p}")
+        if len(problems) > SHOW:
+            print(f"  {name}: ... and {len(problems) - SHOW} more")
         bad += bool(problems)
     return 1 if bad else 0
