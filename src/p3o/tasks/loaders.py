@@ -107,8 +107,8 @@ def read_rows(path: str | Path, split: str | None = None) -> Iterator[tuple[str,
     if not path.exists():
         raise DataError(f"{path}: no such file or directory")
     if _is_saved_dataset(path):
-        try:  # optional (extra `p3o[data]`): heavy, and only a saved `datasets` directory needs it
-            import datasets
+        try:
+            import datasets  # optional: datasets (extra `p3o[data]`), heavy; only a saved `datasets` dir needs it
         except ImportError:
             raise DataError(
                 f'{path}: a saved `datasets` directory needs the datasets package: pip install "p3o[data]" '
