@@ -138,3 +138,35 @@ def test_every_command_help_has_the_same_layout(name, capsys):
     assert "options (--key value or --key=value; values are YAML scalars):" in lines
     assert "general:" in lines and any(line.startswith("  --config ") for line in lines)
     assert all("[default: " in line for line in lines if line.startswith("  --") and " INT " in line + " ")
+
+
+def test_documented_options_of_every_command_exist():
+    """Every `--key` a doc line gives `p3o eval | doctor | mismatch | plot | probe | convert-smollm2` is an option."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from p3o.eval.cli import EvalOptions
+    from p3o.eval.mismatch import MismatchOptions
+    from p3o.experiments.probe.cli import ProbeOptions
+    from p3o.metrics.doctor import DoctorOptions
+    from p3o.metrics.plot import PlotOptions
+    from p3o.models.smollm2 import ConvertOptions
+
+    schemas = {
+        "eval": EvalOptions, "doctor": DoctorOptions, "mismatch": MismatchOptions, "plot": PlotOptions,
+        "probe": ProbeOptions, "convert-smollm2": ConvertOptions,
+    }  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(
+        r"\bp3o (eval|doctor|mismatch|plot|probe|convert-smollm2)\b(?!:)([^`#|]*)"
+    )  # not "p3o eval: error"
+    checked = 0
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in pattern.finditer(line):
+                keys = {f.name for f in dataclasses.fields(schemas[m.group(1)])} | {"config", "help"}
+                for opt in re.findall(r"(?<![\w-])--([A-Za-z][\w-]*)", m.group(2)):
+                    assert opt.replace("-", "_") in keys, f"{path.name}:{n}: p3o {m.group(1)} has no option --{opt}"
+                    checked += 1
+    assert checked >= 10
