@@ -485,7 +485,8 @@ def rows() -> Iterator[Row]:
     # GSM8K's format: a worked solution, then "#### n".
     gsm = [
         (
-            "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether in April and May.\n#### 72",
+            "Natalia sold 48/2 = 24 clips in May.\n"
+            "Natalia sold 48+24 = 72 clips altogether in April and May.\n#### 72",
             "72",
         ),
         ("Weng earns 12/60 = $0.2 per minute.\nWorking 50 minutes, she earned 0.2 x 50 = $10.\n#### 10", "10"),
@@ -496,8 +497,9 @@ def rows() -> Iterator[Row]:
         ),
         (
             "Maila read 12 x 2 = 24 pages today.\nSo she was able to read a total of 12 + 24 = 36 pages since "
-            "yesterday.\nThere are 120 - 36 = 84 pages left to be read.\nSince she wants to read half of the remaining "
-            "pages tomorrow, then she should read 84/2 = 42 pages.\n#### 42",
+            "yesterday.\nThere are 120 - 36 = 84 pages left to be read.\n"
+            "Since she wants to read half of the remaining pages tomorrow, "
+            "then she should read 84/2 = 42 pages.\n#### 42",
             "42",
         ),
         (

@@ -8,6 +8,7 @@ import pytest
 
 from p3o.rewards import (
     exact_int,
+    final_boxed,
     format_reward,
     get_verifier,
     gsm8k,
@@ -16,6 +17,7 @@ from p3o.rewards import (
     math_reward,
     parse_int,
     parse_number,
+    safe_for_sympy,
     score,
 )
 
@@ -103,3 +105,40 @@ def test_score_batch() -> None:
 
     assert score(["a"], ["b"], boom) == [0.0]  # a failing custom verifier scores 0, never raises
     assert score([None, 3], ["1", "2"], "exact-int") == [0.0, 0.0]  # type: ignore[list-item]
+
+
+def test_final_boxed_joins_the_boxes_math_verify_joins() -> None:
+    assert final_boxed("The roots are \\boxed{3} and \\boxed{5}.") == "3,5"
+    assert final_boxed("It is either \\boxed{1} or \\boxed{2}.") == "1,2"  # a hedge is not the answer 2
+    assert final_boxed("\\boxed{2}\\boxed{2}") == "2"  # equal neighbours once
+    assert final_boxed("We get \\boxed{1} then after more careful work \\boxed{2}") == "2"  # far apart, no separator
+    assert final_boxed("so \\fbox{12}.") == "12" and final_boxed("\\boxed 5$") == "5"
+    assert final_boxed("\\boxed{}") is None and final_boxed("no box") is None and final_boxed("\\boxed{1") is None
+    assert final_boxed("\\boxed{1}" * 1000) == "1"  # bounded: equal neighbours collapse
+    assert final_boxed(",".join(f"\\boxed{{{i}}}" for i in range(100))) == ",".join(str(i) for i in range(84, 100))
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        ("The answer is \\boxed{12 apples}", "12", 1.0),  # words and units go to math-verify, which reads them
+        ("So \\boxed{5 hours}", "5", 1.0),
+        ("\\boxed{3\\;\\text{m}}", "3", 1.0),  # the `;` of LaTeX spacing
+        ("\\boxed{3!}", "6", 1.0),  # a small factorial
+        ("\\boxed{0.5}", "50\\%", 1.0),  # the exact-number path does not reject: math-verify reads the percentage
+        ("\\boxed{13 apples}", "12", 0.0),
+        ("\\boxed{4!}", "25", 0.0),
+        ("It is either \\boxed{1} or \\boxed{2}.", "2", 0.0),  # as math-verify: the answer {1, 2}
+        ("The roots are \\boxed{3} and \\boxed{5}.", "3, 5", 1.0),
+        ("\\boxed{12.}", "12", 0.0),  # the fast path does not accept what math-verify cannot read
+    ],
+)
+def test_math_accepts_what_math_verify_accepts(completion: str, answer: str, expected: float) -> None:
+    assert math_reward(completion, answer, timeout_s=10.0) == expected
+
+
+def test_prefilter_keeps_only_costly_inputs_from_sympy() -> None:
+    for fine in ["12 apples", "3\\;\\text{m}", "\\$12", "3!", "(n-1)!", "x^5+x^4+x^3+x^2+x+1", "30°", "lambda"]:
+        assert safe_for_sympy(fine), fine
+    for costly in ["2^{12345}", "1000!", "\\sum_{n=1}^{\\infty} n", "1e999", "9" * 41, "x^2" * 17, "a\x00b"]:
+        assert not safe_for_sympy(costly), costly

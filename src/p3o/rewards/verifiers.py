@@ -4,12 +4,15 @@
 |-------------|------------------------------------------|-----------------------------------------------|
 | exact-int   | `#### n`, else the last `\\boxed{n}`      | integers, exactly                             |
 | gsm8k       | `#### n` only (the GSM8K convention)     | numbers, exactly (1,234 = 1234; 7.0 = 7)       |
-| math        | the last `\\boxed{}`, else `#### n`       | numbers exactly, else math-verify equivalence |
+| math        | the final `\\boxed{}` (`final_boxed`), else `#### n` | as math-verify judges them                  |
 | format      | —                                        | 1 if a final answer marker is present         |
 
-The `math` verifier first tries cheap paths (exact rationals, normalised strings); only what is left goes to
-math-verify (sympy) in a worker process with a hard time limit. A pre-filter rejects inputs that are too long, too
-deeply nested, or carry huge exponents / factorials before sympy sees them.
+The `math` verifier gives math-verify's verdict: its cheap paths (exact rationals, normalised strings) may only
+accept, and everything they do not accept goes to math-verify (sympy) in a worker process with a hard time limit
+and a memory cap. Only inputs that cost sympy unbounded time (huge exponents / factorials, sums, giant literals)
+are kept from it. Where p3o deliberately scores otherwise than math-verify called on the whole completion:
+`DIFFERENCES` (checked pair by pair against a committed corpus, tests/rewards/test_math_corpus.py). Timeouts and
+worker restarts are counted (`p3o.rewards.tally`; `reward/timeouts` in the training metrics).
 
     verifier = get_verifier("math")
     score(["... \\boxed{\\frac12}"], ["0.5"], "math")   # -> [1.0]
