@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from p3o.errors import ConfigError
+from p3o.experiments.grid.runner import cpu_kind, utc_now
 from p3o.experiments.grid.spec import DECISIVE_KINDS, Claim, PrimarySpec, claim_from
 from p3o.experiments.stats.prereg import Preregistration, decision_digest, preregister, record, verdict_file
 from p3o.experiments.stats.verdicts import Decision, decide, decisions_table, tested_count, verdict_counts
@@ -169,9 +170,12 @@ def run_cells(
                 out[(regime, spec)] = json.loads(path.read_text())
                 continue
             name, hyper = parse_objective(spec)
-            t0 = time.perf_counter()
+            t0, started_at = time.perf_counter(), utc_now()
             res = run_synthetic(dataclasses.replace(base, **knobs, objective=name, hyper=hyper))
             res.update(regime=regime, objective_spec=spec)
+            # the cell's run record (p3o.experiments.stats.check compares started_at with the study's commit)
+            res["run"] = {"started_at": started_at, "ended_at": utc_now(), "wall_s": time.perf_counter() - t0}
+            res["run"].update(cpu=cpu_kind(), base_key="synthetic (the toy's per-seed initial table)")
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(".tmp")
@@ -226,8 +230,8 @@ def study_decisions(
     """Paired-by-seed results, Holm-adjusted over the whole study, and verdicts
     (:func:`p3o.experiments.stats.verdicts.decide` on the cells' per-seed numbers)."""
 
-    def values(regime: str, a: str, b: str, metric: str) -> tuple[list[float], list[float]]:
-        return cells[(regime, a)]["per_seed"][metric], cells[(regime, b)]["per_seed"][metric]
+    def values(regime: str, a: str, b: str, metric: str) -> tuple[list[float], list[float], list[int]]:
+        return cells[(regime, a)]["per_seed"][metric], cells[(regime, b)]["per_seed"][metric], study.seeds
 
     return decide(study.claims, study.primary, values, exploratory=exploratory)
 
@@ -382,6 +386,17 @@ def run_and_report(
     text, records = render(study, cells, report, figures, command, pre)
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(text)
-    report.with_suffix(".verdicts.json").write_text(verdict_file(pre, records))
+    runs = [
+        {"regime": r, "objective": o, "seeds": study.seeds, **res["run"]}
+        for (r, o), res in cells.items()
+        if "run" in res
+    ]
+    missing = len(cells) - len(runs)
+    reason = (
+        f"{missing} of {len(cells)} cells were computed before cells recorded their run times" if missing else None
+    )
+    report.with_suffix(".verdicts.json").write_text(
+        verdict_file(pre, records, runs=None if missing else runs, runs_reason=reason)
+    )
     print(f"report: {report} ({time.perf_counter() - t0:.0f} s)", flush=True)
     return 0
