@@ -229,3 +229,23 @@ def peak_or_empty(summary: object) -> tuple[str, str]:
     from p3o.experiments.grid.report import minpro_stats_tables, peak_final_table
 
     return peak_final_table(summary, "on-policy"), minpro_stats_tables(summary, "on-policy")  # type: ignore[arg-type]
+
+
+def test_a_stopped_study_decides_only_finished_arms(tmp_path: Path) -> None:
+    from p3o.experiments.grid.report import unfinished_arms
+
+    exp = make_grid(tmp_path)
+    # the runner started cispo's seed 2 (its log exists) and was stopped: no DONE, no final/
+    log = exp.out_dir / "logs" / "on-policy" / "cispo" / "seed2.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("$ train ...\n")
+    summary = collect(exp)
+    assert len(summary.cell("on-policy", "cispo")) == 2  # the interrupted run is in no cell
+    assert unfinished_arms(summary) == {"on-policy": ["cispo"]}
+    decisions = grid_decisions(summary)
+    assert {d.claim.id for d in decisions if d.role == "primary"} == {"a", "c"}
+    body = write_report(summary, tmp_path / "r" / "rep.md").read_text()
+    assert "(b) p3o vs cispo in on-policy: not run (unfinished arm: cispo)" in body
+    # once it finishes (DONE), every claim is decided again
+    (exp.out_dir / "runs" / "on-policy" / "cispo" / "seed2" / "DONE").write_text("{}")
+    assert unfinished_arms(collect(exp)) == {}

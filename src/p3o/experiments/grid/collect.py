@@ -23,6 +23,7 @@ from p3o.experiments.grid.analysis import (
     read_curves,
     smooth,
 )
+from p3o.experiments.grid.runner import is_finished
 from p3o.experiments.grid.spec import Experiment, RunSpec, expand, flatten
 
 REWARD_KEY = "reward_mean"
@@ -82,6 +83,9 @@ class RunSummary:
     """The in-loop held-out pass@1 at every evaluation, (step, value), step 0 = the starting policy."""
     done: dict[str, Any] = field(default_factory=dict)
     """The run's DONE record (command, ``started_at``, ``ended_at``, ``wall_s``, ``cpu``, ``base_key``)."""
+    finished: bool = True
+    """False for a run the grid runner started (its log exists) that has neither DONE nor final/: interrupted or
+    still training; such a run is in no cell."""
 
     def record(self) -> dict[str, Any]:
         """One run's entry of a verdict file's ``runs``: regime, objective, seed, the DONE record's fields (None
@@ -109,7 +113,11 @@ class GridSummary:
         return [
             r
             for r in self.runs
-            if r.spec.regime == regime and r.spec.objective == objective and r.curves and r.spec.seed in seeds
+            if r.spec.regime == regime
+            and r.spec.objective == objective
+            and r.curves
+            and r.finished
+            and r.spec.seed in seeds
         ]
 
     def selection(self, regime: str, objective: str, metric: str) -> list[float]:
@@ -153,7 +161,9 @@ def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
     config = _load_yaml(spec.run_dir / "config.yaml")
     ev = load_json(spec.run_dir / "eval.json")
     done = load_json(spec.run_dir / "DONE") or {}
-    summary = RunSummary(spec, curves, config, ev, None, done=done)
+    log = exp.out_dir / "logs" / spec.regime / spec.objective / f"seed{spec.seed}.log"
+    finished = is_finished(spec.run_dir) or not log.is_file()
+    summary = RunSummary(spec, curves, config, ev, None, done=done, finished=finished)
     seconds = done.get("seconds")
     if isinstance(seconds, (int, float)):
         summary.seconds = float(seconds)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -246,14 +247,68 @@ def paired_values(
     return [by_seed[a][s] for s in seeds], [by_seed[b][s] for s in seeds], seeds
 
 
-def grid_decisions(summary: GridSummary, *, exploratory: bool = False) -> list[Decision]:
-    """Every decisive claim × regime of the grid (:func:`p3o.experiments.stats.verdicts.decide` on its runs)."""
+def unfinished_arms(summary: GridSummary) -> dict[str, list[str]]:
+    """regime -> the objectives run there with fewer finished runs with metrics (:meth:`GridSummary.cell`) than the
+    study's seeds: arms a stopped study did not complete. Empty for a finished grid."""
     exp = summary.exp
+    out: dict[str, list[str]] = {}
+    for regime in exp.regimes:
+        for obj in exp.objectives_in(regime.label):
+            if len(summary.cell(regime.label, obj)) < len(exp.seeds):
+                out.setdefault(regime.label, []).append(obj)
+    return out
+
+
+def _complete_claims(summary: GridSummary) -> tuple[list[Claim], dict[str, Any], list[str]]:
+    """The claims and baseline families restricted to finished arms, and one line per comparison left out.
+
+    A comparison needs every seed of both arms: a regime where A or a plain B is unfinished is dropped from the
+    claim (the claim is dropped without regimes), an unfinished member from its family (a family without
+    members is dropped). Nothing changes in a finished grid."""
+    exp = summary.exp
+    missing = unfinished_arms(summary)
+    if not missing:
+        return list(exp.claims), dict(exp.baselines), []
+    every = {o for objs in missing.values() for o in objs}
+    families = {
+        name: replace(fam, members=[m for m in fam.members if m not in every]) for name, fam in exp.baselines.items()
+    }
+    notes: list[str] = []
+    claims: list[Claim] = []
+    for claim in exp.claims:
+        if claim.kind not in DECISIVE_KINDS:
+            claims.append(claim)
+            continue
+        a, b = claim.objectives[0], claim.objectives[1]
+        fam = exp.baselines.get(b)
+        regimes = []
+        for regime in claim.regimes:
+            gone = missing.get(regime, [])
+            if a in gone or (fam is None and b in gone):
+                notes.append(f"({claim.id}) {a} vs {b} in {regime}: not run (unfinished arm: {a if a in gone else b})")
+                continue
+            if fam is not None:
+                notes += [
+                    f"({claim.id}) {a} vs {m} in {regime}: not run (unfinished arm)" for m in fam.members if m in gone
+                ]
+                if not families[b].members:
+                    continue
+            regimes.append(regime)
+        if regimes:
+            claims.append(replace(claim, regimes=regimes))
+    return claims, {k: v for k, v in families.items() if v.members}, notes
+
+
+def grid_decisions(summary: GridSummary, *, exploratory: bool = False) -> list[Decision]:
+    """Every decisive claim × regime of the grid (:func:`p3o.experiments.stats.verdicts.decide` on its runs); a
+    comparison with an unfinished arm has no verdict (:func:`_complete_claims`)."""
+    exp = summary.exp
+    claims, families, _ = _complete_claims(summary)
     return decide(
-        exp.claims,
+        claims,
         exp.primary,
         lambda *key: paired_values(summary, *key),
-        families=exp.baselines,
+        families=families,
         selection=summary.selection,
         exploratory=exploratory,
     )
@@ -432,10 +487,15 @@ def _calibration_lines(summary: GridSummary) -> list[str]:
     return lines + ([gains, ""] if gains else [])
 
 
-def _verdict_lines(exp: Experiment, decisions: list[Decision]) -> list[str]:
-    """The "Verdicts" section: the decision rule in words, the verdict table, the baseline families' choices."""
+def _verdict_lines(exp: Experiment, decisions: list[Decision], not_run: list[str] | None = None) -> list[str]:
+    """The "Verdicts" section: the decision rule in words, the verdict table, the baseline families' choices, and
+    the comparisons left without a verdict because an arm did not finish (``not_run``)."""
     if not decisions:
-        return []
+        return (
+            ["## Verdicts", "", "No comparison could be decided:", "", *[f"- {x}" for x in not_run], ""]
+            if not_run
+            else []
+        )
     pr = exp.primary
     lines = [
         "## Verdicts",
@@ -454,6 +514,9 @@ def _verdict_lines(exp: Experiment, decisions: list[Decision]) -> list[str]:
         "",
         *FamilyNote.of(decisions).lines,
     ]
+    if not_run:
+        lines += ["", "Comparisons without a verdict (an arm did not finish every seed):", ""]
+        lines += [f"- {line}" for line in not_run]
     if FamilyNote.of(decisions).lines:
         lines.append("")
     return lines
@@ -523,7 +586,8 @@ def render_report(
     if exp.description.strip():
         lines += [exp.description.strip(), ""]
     decisions = grid_decisions(summary) if decisions is None else decisions
-    lines += _grid_lines(summary) + _calibration_lines(summary) + _verdict_lines(exp, decisions)
+    not_run = _complete_claims(summary)[2]
+    lines += _grid_lines(summary) + _calibration_lines(summary) + _verdict_lines(exp, decisions, not_run)
     lines += _claim_lines(summary, decisions) + _figure_lines(summary, figure_dir, rel)
     return "\n".join(lines).rstrip() + "\n"
 
