@@ -233,6 +233,17 @@ def test_progress_without_a_terminal_prints_a_line_every_few_steps():
     assert all(not ln.startswith("p3o p3o") for ln in lines)
 
 
+@pytest.mark.parametrize("version", [4, 10])
+def test_a_first_evaluation_after_steps_is_labelled_with_its_step(version: int) -> None:
+    """`--log.eval_every 0` (the only evaluation at the end) or `--resume`: the first evaluation is not the starting
+    policy's, so it is not "before training" (issue 40)."""
+    out = io.StringIO()
+    bar = ProgressBar(20, description="p3o", every=5, stream=out, start=version - 1)
+    bar.wrap_evaluation(lambda version: {"eval_accuracy": 0.25})(version)
+    bar.close()
+    assert out.getvalue().splitlines()[0] == f"p3o: held-out pass@1 0.250 at step {version}"
+
+
 def test_progress_prints_each_finding_once_with_its_cause():
     out = io.StringIO()
     bar = ProgressBar(5, description="p3o", every=100, stream=out)

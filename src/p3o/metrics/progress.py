@@ -182,7 +182,9 @@ class ProgressBar:
             self._print(progress_line(self.description, step, self.total, metrics, rate, self._eval_acc))
 
     def wrap_evaluation(self, evaluate: Callable[..., Any]) -> Callable[..., Any]:
-        """``evaluate`` with the bar's phase reading ``evaluating`` while it runs (unchanged without a bar)."""
+        """``evaluate`` with the bar's phase reading ``evaluating`` while it runs (unchanged without a bar). Its first
+        argument is the policy version (= the completed steps) it evaluates, which labels the first result: "before
+        training" only at version 0, "at step s" otherwise (a resumed run, ``log.eval_every 0``)."""
 
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             if self._progress is not None:
@@ -198,8 +200,10 @@ class ProgressBar:
                 self._eval_acc = acc
                 if self._progress is not None:
                     self._progress.update(self._task, pass1=f"{acc:.3f}")
-                elif self._lines and first:  # the starting policy's evaluation, before any step
-                    self._print(f"{self.description}: held-out pass@1 {acc:.3f} before training")
+                elif self._lines and first:  # the first evaluation: the starting policy's, or a later step's
+                    step = args[0] if args and isinstance(args[0], int) else None
+                    when = "before training" if step == 0 else f"at step {step}" if step is not None else ""
+                    self._print(f"{self.description}: held-out pass@1 {acc:.3f} {when}".rstrip())
             return out
 
         return wrapped

@@ -16,7 +16,9 @@ import contextlib
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,7 +65,10 @@ def atomic_build(
         force: build again even when `done(target)`; the old entry is replaced whole.
         done: is an existing entry usable? (`is_complete` for a model; e.g. "has tokenizer.json" for a tokenizer).
 
-    The check is repeated under the lock, so of several processes asking at once exactly one builds.
+    The check is repeated under the lock, so of several processes asking at once exactly one builds. A model entry
+    (`done` = `is_complete`) says so on stderr, once: what it builds (a first use of its key in this environment:
+    another virtual environment has other library versions, hence its own key) and how long it took
+    (docs/scaling.md).
     """
     if done(target) and not force:
         return target
@@ -72,6 +77,14 @@ def atomic_build(
         if done(target) and not force:
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        entry, t0, say = f"{target.parent.name}/{target.name}", time.perf_counter(), done is is_complete
+        if say:
+            print(
+                f"p3o: building {entry} in {target.parent.parent} (first use of this key in this environment, once; "
+                "the warm-started tiny base takes about 3 min on a CPU: docs/scaling.md)",
+                file=sys.stderr,
+                flush=True,
+            )
         try:
             build(tmp)
             os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache entry should read like any other dir
@@ -80,6 +93,8 @@ def atomic_build(
                 target.rename(old)
                 shutil.rmtree(old, ignore_errors=True)
             tmp.rename(target)
+            if say:
+                print(f"p3o: built {entry} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -320,14 +320,14 @@ def run_outputs(run_dir: str | Path) -> list[str]:
 
 
 def clear_run_outputs(run_dir: str | Path) -> list[str]:
-    """Delete an earlier run's outputs from ``run_dir`` (``RUN_OUTPUTS``, config.yaml, config_history.jsonl, DONE);
-    other files stay.
+    """Delete an earlier run's outputs from ``run_dir`` (``RUN_OUTPUTS``, config.yaml, config_history.jsonl, DONE,
+    and the ``p3o doctor`` plot of it, doctor.png); other files stay.
 
     Returns the names removed. This is what ``--overwrite`` does before a fresh run starts.
     """
     run_dir = Path(run_dir)
     removed = []
-    for name in (*RUN_OUTPUTS, "config.yaml", "config_history.jsonl", "DONE"):
+    for name in (*RUN_OUTPUTS, "config.yaml", "config_history.jsonl", "DONE", "doctor.png"):
         path = run_dir / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

@@ -50,7 +50,9 @@ def _summary(run_dir: str, wall_s: float) -> str:
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
         lines.append(f"reward_mean: first {k} steps {first:.3f} -> last {k} steps {last:.3f}")
     evals = [(r.get("step"), r["eval_accuracy"]) for r in rows if isinstance(r.get("eval_accuracy"), int | float)]
-    if evals:
+    if len(evals) == 1:
+        lines.append(f"held-out pass@1: {evals[0][1]:.3f} at step {evals[0][0]} (1 evaluation)")
+    elif evals:
         (s0, a0), (s1, a1) = evals[0], evals[-1]
         lines.append(f"held-out pass@1: {a0:.3f} at step {s0} -> {a1:.3f} at step {s1} ({len(evals)} evaluations)")
     fired: dict[str, list[Any]] = {}  # name -> [first step, steps fired, last cause code]
@@ -184,12 +186,13 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
                 "CPU build .venv-vllm with `bash scripts/vllm_env.sh` and run p3o from it (docs/vllm.md)"
             )
         # heavy: transformers start-up, not for a refused setting (and a call-time lookup: tests patch loop.run)
-        from p3o.train.checkpoint import CheckpointWarning, run_outputs
+        from p3o.train.checkpoint import CheckpointWarning
         from p3o.train.loop import run
+        from p3o.train.wiring import earlier_run
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
         warning = ess_scope_warning(cfg, world)
-        refused = run_outputs(cfg.run_dir) and not (cfg.ckpt.resume or cfg.overwrite)  # run() stops with one line
+        refused = earlier_run(cfg.run_dir) and not (cfg.ckpt.resume or cfg.overwrite)  # run() stops with one line
         if warning and not refused:
             _say(warning)
         if changes and os.environ.get("RANK", "0") == "0":

@@ -36,6 +36,7 @@ import contextlib
 import copy
 import dataclasses
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -60,6 +61,7 @@ from p3o.train.wiring import (
     build_components,
     build_optimizer,
     check_run_dir,
+    earlier_run,
     engine_model,
     save_loop_checkpoint,
     sync_weights,
@@ -167,6 +169,7 @@ class Trainer:
                 if rng is not None:
                     torch.set_rng_state(rng)
         if dist.is_main():
+            run_dir.mkdir(parents=True, exist_ok=True)  # only now: what a start can refuse was checked or built above
             if start == 0 and checkpoint.run_outputs(run_dir):
                 # --overwrite, or --resume with no checkpoint yet: the earlier outputs would mix with this run's (and
                 # its checkpoints would be picked up by a later --resume)
@@ -346,11 +349,14 @@ def run(cfg: Any, *, components: Components | None = None, remote_source: Remote
     metrics.jsonl, checkpoints/, final/ and plot.png (rank 0).
 
     A run never silently replaces another (`p3o.train.wiring.check_run_dir`): a fresh run refuses a run_dir holding
-    an earlier run's outputs unless `cfg.overwrite`, in which case they are removed once the components are built.
+    an earlier run that completed a step unless `cfg.overwrite`, in which case its outputs are removed once the
+    components are built (so is what a start that completed no step left). The run directory is created only then,
+    and a start that fails before finishing removes the directory it created unless a step was recorded in it.
     `ckpt.resume` continues from the latest checkpoint; with none it starts from step 0, except over a finished
     run's final/ (a run saved without checkpoints), which it refuses.
     """
     trainer = Trainer(cfg, components, remote_source)
+    created, finished = not trainer.run_dir.exists(), False  # a start that fails before a step removes what it made
     try:
         start = trainer.setup()
         if start == 0:
@@ -360,8 +366,11 @@ def run(cfg: Any, *, components: Components | None = None, remote_source: Remote
             trainer.log(step, row)
             if trainer.checkpoint_due(step):
                 trainer.save(step + 1)
+        finished = True
     finally:
         trainer.close()
+        if created and not finished and dist.is_main() and not earlier_run(trainer.run_dir):
+            shutil.rmtree(trainer.run_dir, ignore_errors=True)
     trainer.finish()
     return trainer.run_dir
 

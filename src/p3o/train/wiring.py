@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,16 +218,38 @@ def build_optimizer(
     return optimizer, scheduler
 
 
-def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse (ConfigError, on every rank together) a run_dir this run must not write into; create it otherwise.
+def earlier_run(run_dir: str | Path) -> list[str]:
+    """The outputs of an earlier run in `run_dir` (`checkpoint.run_outputs`) when it completed a step — a
+    checkpoint, final/, or a metrics.jsonl row past step 0 — else []. A start that died before its first step
+    (killed while a base was being built, an engine that failed to start) left no run: the next start is not
+    refused, and it clears those leftovers."""
+    outputs = checkpoint.run_outputs(run_dir)
+    if not outputs or {checkpoint.CKPT_DIR, "final"} & set(outputs):
+        return outputs
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a torn line of a killed run
+            if isinstance(row, dict) and isinstance(row.get("step"), int | float) and row["step"] >= 1:
+                return outputs
+    return []
 
-    A fresh run (no `resume`) never silently replaces another: a run_dir holding an earlier run's outputs is
-    refused unless `overwrite`. `resume` needs something to resume (`resume_problem`): a missing or empty run_dir, a
-    run with no checkpoint and one whose checkpoints are all damaged are refused with one line.
+
+def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse (ConfigError, on every rank together) a run_dir this run must not write into. It does not create it:
+    the run does, once everything it can refuse (data, verifier, model, base building) has been built.
+
+    A fresh run (no `resume`) never silently replaces another: a run_dir holding an earlier run that completed a
+    step (`earlier_run`) is refused unless `overwrite`. `resume` needs something to resume (`resume_problem`): a
+    missing or empty run_dir, a run with no checkpoint and one whose checkpoints are all damaged are refused with one
+    line.
     """
     problem = None
     if dist.is_main():
-        outputs = checkpoint.run_outputs(run_dir)
+        outputs = earlier_run(run_dir)
         if outputs and not resume and not overwrite:
             problem = (
                 f"run_dir {run_dir} holds an earlier run ({', '.join(outputs)}); pass --resume to continue it or "
@@ -234,8 +257,6 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
             )
         elif resume:
             problem = resume_problem(run_dir)
-        if problem is None:
-            run_dir.mkdir(parents=True, exist_ok=True)
     problem = dist.broadcast_object(problem)  # every rank stops together (identity at world size 1)
     if problem:
         raise ConfigError(problem)
@@ -318,6 +339,7 @@ __all__ = [
     "load_tokenizer",
     "build_optimizer",
     "check_run_dir",
+    "earlier_run",
     "engine_model",
     "resume_problem",
     "resolve_device",
