@@ -82,7 +82,9 @@ class ModelConfig:
     name: str = _f("tiny", "model: 'tiny' (built-in, warm-started), 'tiny-random', 'smollm2' or a local HF directory")
     cache_dir: str | None = _f(None, "cache for built-in models and tokenizers (None: $P3O_CACHE or ~/.cache/p3o)")
     dtype: Literal["float32", "bfloat16", "float16"] = _f(
-        "float32", "trainer parameter dtype (also its gradients and AdamW states: no fp32 master copy; docs/gpu.md)"
+        "float32",
+        "trainer parameter dtype, the stored master weights (also gradients and AdamW states); compute precision is "
+        "train.mixed_precision (docs/gpu.md)",
     )
     device: str = _f("auto", "trainer and HF rollout device: 'auto' (cuda if available), 'cpu', 'cuda'")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapters (r = 0: off)"})
@@ -166,6 +168,15 @@ class TrainerConfig:
     chunk_size: int = _f(256, "vocabulary-projection chunk (tokens) for memory-lean log-probs", ge=1)
     ref_model: bool = _f(False, "keep a frozen reference model for ref_logp (added anyway when an objective needs it)")
     gradient_checkpointing: bool = _f(False, "enable gradient checkpointing on the policy")
+    strategy: Literal["auto", "ddp", "fsdp"] = _f(
+        "auto",
+        "data parallelism under torchrun: ddp (torch DDP, replicated), fsdp (FSDP2: parameters, gradients and AdamW "
+        "states sharded); auto = ddp at world size > 1 (docs/scaling.md)",
+    )
+    mixed_precision: Literal["no", "bf16", "fp16"] = _f(
+        "no", "compute precision over model.dtype master weights (bf16/fp16 forward and backward; fp16 adds a scaler)"
+    )
+    cpu_offload: bool = _f(False, "fsdp on GPUs: keep parameter and optimizer shards in host memory")
 
 
 @dataclass
@@ -180,6 +191,12 @@ class UpdateConfig:
         ge=1,
     )
     epochs: int = _f(1, "passes over each rollout batch", ge=1)
+    max_tokens_per_micro_batch: int = _f(
+        0,
+        "token budget per micro-batch (rows x padded prompt+response width, longest first); 0: micro_batch_size "
+        "sequences. With objective.scope micro-batch, P3O's ESS set then depends on it",
+        ge=0,
+    )
 
 
 @dataclass

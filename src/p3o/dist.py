@@ -2,7 +2,8 @@
 
 Data-parallel training is plain torch.distributed: `torchrun --nproc_per_node 2 -m p3o train ...`
 sets RANK / WORLD_SIZE / MASTER_ADDR, `init_from_env()` joins the group (gloo on CPU, nccl on GPU),
-and the trainer all-reduces gradients, the step's token count and the ESS sums through these helpers.
+and the trainer all-reduces the step's token count and the ESS sums through these helpers (gradients meet in torch's
+DDP or FSDP2: `p3o.train.placement`).
 With a single process every helper returns its input unchanged, so the same code runs everywhere.
 
     p3o.dist.init_from_env(); total = p3o.dist.all_reduce_sum(torch.tensor(local_tokens))
@@ -40,15 +41,17 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def init_from_env(backend: str | None = None) -> bool:
+def init_from_env(backend: str | None = None, *, force: bool = False) -> bool:
     """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 
     Returns True when running with world size > 1 (and the group is initialised), False for a single
-    process. The backend defaults to nccl when CUDA is available, gloo otherwise.
+    process. The backend defaults to nccl when CUDA is available, gloo otherwise. `force`: form the group under
+    torchrun at world size 1 too (FSDP2 shards over a device mesh, even one of one rank).
     """
     if is_initialized():
         return dist.get_world_size() > 1
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1 and not (force and "MASTER_ADDR" in os.environ and "RANK" in os.environ):
         return False
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     dist.init_process_group(backend=backend)
@@ -135,25 +138,6 @@ def all_reduce_mean(x: Tensor, group: Any | None = None) -> Tensor:
     if n == 1:
         return x
     return all_reduce_sum(x.float(), group) / n
-
-
-def all_reduce_grads_(params: list[torch.nn.Parameter]) -> None:
-    """Sum the gradients of `params` over ranks in place, through one flat buffer.
-
-    The trainer normalises every rank's loss by the step's GLOBAL token count, so the sum of the
-    per-rank gradients is exactly the gradient of the global loss (no division by the world size).
-    Parameters without a gradient contribute zeros so every rank sends the same buffer layout.
-    """
-    if world_size() == 1:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for p, g in zip(params, grads):
-        n = g.numel()
-        p.grad = flat[offset : offset + n].view_as(p).clone()
-        offset += n
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

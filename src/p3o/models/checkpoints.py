@@ -29,6 +29,7 @@ __all__ = [
     "LATEST",
     "META_FILE",
     "POLICY_DIR",
+    "SHARDED_DIR",
     "STATE_FILE",
     "checkpoint_damage",
     "checkpoint_root",
@@ -44,6 +45,7 @@ CKPT_DIR = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "trainer_state.pt"
 POLICY_DIR = "policy"
+SHARDED_DIR = "sharded"  # train.strategy fsdp: torch.distributed.checkpoint shards of the policy and AdamW states
 META_FILE = "meta.json"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
@@ -55,13 +57,14 @@ def checkpoint_step(path: str | Path) -> int | None:
 
 
 def is_complete_checkpoint(path: str | Path) -> bool:
-    """True when ``path`` is a finished checkpoint (meta.json, trainer_state.pt and policy/ present)."""
+    """True when ``path`` is a finished checkpoint (meta.json, trainer_state.pt and policy/ or, written under
+    ``train.strategy fsdp``, sharded/ present)."""
     path = Path(path)
     return (
         checkpoint_step(path) is not None
         and (path / META_FILE).is_file()
         and (path / STATE_FILE).is_file()
-        and (path / POLICY_DIR).is_dir()
+        and ((path / POLICY_DIR).is_dir() or (path / SHARDED_DIR).is_dir())
     )
 
 

@@ -32,6 +32,14 @@ RNG: every rank's own generators (Python, NumPy, torch CPU, CUDA) are saved unde
 its own; a rank the checkpoint holds no state for (or, in a format-1 checkpoint, any rank but 0) keeps the
 generators it seeded itself.
 
+Sharded (``train.strategy fsdp``, :func:`save_sharded_checkpoint`, every rank calls it): ``policy/`` is replaced by
+``sharded/``, a ``torch.distributed.checkpoint`` directory where every rank writes its own shard of the policy and of
+the AdamW states (``__<rank>_0.distcp`` + ``.metadata``); ``trainer_state.pt`` keeps the scheduler, the RNG states and
+the loop state, and meta.json records every shard file, so the damage check and the atomic rename work as above.
+:func:`load_checkpoint` reshards on load: a sharded checkpoint loads at any world size and into an unsharded model
+(DCP reads the saved shards into whatever placement the model has now), and a ``policy/`` checkpoint loads into a
+sharded model (its full tensors are scattered, its AdamW state re-keyed by parameter name).
+
 Security: ``trainer_state.pt`` is read with ``torch.load(weights_only=True)``: tensors and plain Python values
 (dict, list, tuple, str, int, float, bool, None) only, so loading a checkpoint never runs code from it.
 ``save_checkpoint`` refuses a ``loop_state`` holding anything else (buffered ``Rollouts`` are stored as plain dicts,
@@ -65,6 +73,7 @@ from p3o.models.checkpoints import (  # the layout and its read-only lookups liv
     LATEST,
     META_FILE,
     POLICY_DIR,
+    SHARDED_DIR,
     STATE_FILE,
     checkpoint_damage,
     checkpoint_step,
@@ -96,6 +105,7 @@ __all__ = [
     "run_outputs",
     "save_checkpoint",
     "save_policy",
+    "save_sharded_checkpoint",
     "set_rng_state",
 ]
 
@@ -553,7 +563,11 @@ def load_checkpoint(
             state = _read_state(ckpt / STATE_FILE, map_location)
             if not isinstance(state, dict) or "step" not in state:
                 raise P3OError(f"{STATE_FILE}: not a p3o trainer state")
-            if model is not None:  # safetensors reads every file before the model changes: a bad one leaves it as is
+            if model is not None and (ckpt / SHARDED_DIR).is_dir():
+                _load_sharded(ckpt / SHARDED_DIR, model, optimizer)
+            elif model is not None and _is_sharded(model):
+                _load_full_into_sharded(model, ckpt / POLICY_DIR)
+            elif model is not None:  # safetensors reads every file before the model changes: a bad one leaves it
                 load_policy_weights(model, ckpt / POLICY_DIR)
         except Exception as err:  # a damaged or unreadable checkpoint: try the previous one
             why = str(err) if isinstance(err, P3OError) else f"{type(err).__name__}: {str(err)[:160]}"
@@ -563,7 +577,10 @@ def load_checkpoint(
             warnings.warn(f"skipping damaged checkpoint {ckpt} ({why})", CheckpointWarning, stacklevel=2)
             continue
         if optimizer is not None and state.get("optimizer") is not None:
-            optimizer.load_state_dict(state["optimizer"])
+            if model is not None and _is_sharded(model):
+                _load_optimizer_into_sharded(model, optimizer, state["optimizer"])
+            else:
+                optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None and state.get("scheduler") is not None:
             scheduler.load_state_dict(state["scheduler"])
         if restore_rng:
@@ -572,3 +589,142 @@ def load_checkpoint(
     if errors:
         raise P3OError(f"{path_or_run_dir}: no intact checkpoint to resume from: {'; '.join(errors)}")
     return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sharded checkpoints (train.strategy fsdp)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    """True when the model's parameters are DTensor shards (FSDP2)."""
+    return any(hasattr(p, "full_tensor") for p in _unwrap(model).parameters())
+
+
+def save_sharded_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    loop_state: dict[str, Any] | None = None,
+    keep_last: int = 2,
+    rng: Mapping[int, dict[str, Any]] | None = None,
+    placement: dict[str, Any] | None = None,
+) -> Path:
+    """``save_checkpoint`` for a sharded policy; EVERY rank calls it. The policy and the AdamW states go to
+    ``sharded/`` with ``torch.distributed.checkpoint`` (each rank writes its shard), rank 0 writes the rest and
+    renames the finished directory into place; returns its path (on every rank). `placement`: the strategy and
+    world size that wrote it (recorded in trainer_state.pt; a resume may use another)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    if keep_last < 1:
+        raise P3OError(f"ckpt.keep_last: must be >= 1, got {keep_last}")
+    _check_plain(loop_state, "loop_state")
+    root = Path(run_dir) / CKPT_DIR
+    name = f"step_{step:06d}"
+    final = root / name
+    tmp = root / f"{_TMP_PREFIX}{name}-{os.getpid()}"
+    if dist.is_main():
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in [*root.glob(f"{_TMP_PREFIX}step_*"), *root.glob(f"{_OLD_PREFIX}step_*")]:
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+    tmp = Path(dist.broadcast_object(str(tmp)))
+    try:
+        msd, osd = get_state_dict(_unwrap(model), optimizer)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDED_DIR))
+        dist.barrier()
+        if dist.is_main():
+            state = {
+                "format": FORMAT,
+                "step": int(step),
+                "optimizer": None,  # in sharded/
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "rng": {int(r): s for r, s in rng.items()} if rng is not None else {dist.rank(): rng_state()},
+                "loop_state": loop_state,
+                "placement": placement or {},
+            }
+            torch.save(state, tmp / STATE_FILE)
+            meta = {"format": FORMAT, "step": int(step), "time": time.time(), "files": file_records(tmp)}
+            (tmp / META_FILE).write_text(json.dumps(meta) + "\n")
+            _fsync_tree(tmp)
+            _swap_in(tmp, final)
+            _atomic_write_text(root / LATEST, name + "\n")
+    except BaseException as err:
+        if dist.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError | RuntimeError):
+            raise _write_error(run_dir, name, err) from None
+        raise
+    if dist.is_main():
+        _prune(root, keep_last, keep=final)
+    dist.barrier()
+    return final
+
+
+def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Load a ``sharded/`` checkpoint into `model` (and `optimizer`) whatever their placement now: FSDP at any
+    world size, or one process (DCP reads the shards it needs)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    model = _unwrap(model)
+    if optimizer is None:
+        msd = get_model_state_dict(model)
+        dcp.load({"model": msd}, checkpoint_id=str(path))
+        set_model_state_dict(model, msd)
+        return
+    msd, osd = get_state_dict(model, optimizer)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+
+def _load_full_into_sharded(model: torch.nn.Module, policy_dir: Path) -> None:
+    """A ``policy/`` checkpoint (written unsharded) into a sharded model: its full tensors scattered to the shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if (policy_dir / "adapter_config.json").is_file():
+        raise P3OError(
+            f"{policy_dir}: LoRA adapters saved without train.strategy fsdp cannot be resumed under fsdp; resume with "
+            "the run's strategy"
+        )
+    files = sorted(policy_dir.glob("*.safetensors"))
+    if not files:
+        raise P3OError(f"{policy_dir}: no *.safetensors weights found")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    model = _unwrap(model)
+    own = dict(model.state_dict())
+    unexpected = [k for k in state if k not in own]
+    if unexpected:
+        raise P3OError(f"{policy_dir}: weights do not match the model (unexpected {unexpected[:3]})")
+    for k in own:  # tied weights dropped by save_pretrained (lm_head -> embed_tokens) are filled from their twin
+        if k not in state and k == "lm_head.weight" and "model.embed_tokens.weight" in state:
+            state[k] = state["model.embed_tokens.weight"]
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+def _load_optimizer_into_sharded(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
+) -> None:
+    """An unsharded AdamW state (keyed by parameter index, as ``optimizer.state_dict()`` writes it) into the
+    optimizer of a sharded model: re-keyed by parameter name, then scattered."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    model = _unwrap(model)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    osd = {
+        "state": {names[int(i)]: st for i, st in saved["state"].items()},
+        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in saved["param_groups"]],
+    }
+    set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))

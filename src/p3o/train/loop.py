@@ -54,6 +54,7 @@ from p3o.models.lora import AdaptersOff, apply_lora, is_lora
 from p3o.objectives import get_objective
 from p3o.train import checkpoint  # called through the module: tests patch its functions
 from p3o.train.evaluation import Evaluator
+from p3o.train.placement import Placement, PlacementSettings, check_placement
 from p3o.train.sources import BatchSource, Producer, PromptStream, RemoteSource, make_source, stream_seed, token_lag
 from p3o.train.step import ObjectiveCall, UpdateSettings, UpdateStep
 from p3o.train.wiring import (
@@ -61,10 +62,10 @@ from p3o.train.wiring import (
     build_components,
     build_optimizer,
     check_run_dir,
+    describe_placement,
     earlier_run,
-    engine_model,
+    resolve_device,
     save_loop_checkpoint,
-    sync_weights,
 )
 from p3o.types import Rollouts
 
@@ -145,13 +146,15 @@ class Trainer:
         self.source: BatchSource | None = None
         self.logger: Any = None
         self.bar: Any = None
+        self._eval_weights: dict[str, Any] = {}
 
     # -- setup ---------------------------------------------------------------------------------------
     def setup(self) -> int:
         """Build everything the steps need; returns the first step to run (0, or the resumed checkpoint's)."""
         cfg, run_dir = self.cfg, self.run_dir
         # 1. the run directory and the components
-        dist.init_from_env()
+        dist.init_from_env(force=cfg.train.strategy == "fsdp")
+        check_placement(PlacementSettings.of(cfg), resolve_device(cfg.model.device))
         _preflight(cfg, self.remote_source)
         _seed_everything(stream_seed(cfg.seed, dist.rank()))
         check_run_dir(run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
@@ -169,6 +172,7 @@ class Trainer:
                 if rng is not None:
                     torch.set_rng_state(rng)
         if dist.is_main():
+            print(f"p3o train: {describe_placement(self.placement)}", file=sys.stderr)
             run_dir.mkdir(parents=True, exist_ok=True)  # only now: what a start can refuse was checked or built above
             if start == 0 and checkpoint.run_outputs(run_dir):
                 # --overwrite, or --resume with no checkpoint yet: the earlier outputs would mix with this run's (and
@@ -210,6 +214,8 @@ class Trainer:
         # from engine drift, and under the default lag of 2 it would print a KV-cache suggestion that does not apply
         self.monitor = OffPolicyMonitor(max_len=cfg.rollout.max_new_tokens, group=dist.group(), warn=False)
         _attach_adapters_and_reference(cfg, comps, objective.needs)
+        # the one place the policy is placed (DDP / FSDP2, compute precision): before the optimizer sees its parameters
+        self.placement = Placement(comps.policy, PlacementSettings.of(cfg))
         self.optimizer, self.scheduler = build_optimizer(comps.policy, cfg.optim, cfg.update, cfg.steps)
         self.update_step = UpdateStep(
             comps.policy,
@@ -220,16 +226,17 @@ class Trainer:
             ref_model=comps.ref_model,
             group=dist.group(),
             monitor=self.monitor,
+            placement=self.placement,
         )
 
     def _make_source(self, start: int, state: dict[str, Any] | None) -> BatchSource:
         cfg, comps = self.cfg, self.comps
         assert comps is not None
         lp = cfg.loop
-        policy = comps.policy
+        placement = self.placement
         if cfg.rollout.workers:
             assert self.remote_source is not None
-            source = self.remote_source(cfg, self.run_dir, sync_weights(policy), start_step=start, state=state)
+            source = self.remote_source(cfg, self.run_dir, self._push_weights(), start_step=start, state=state)
             self.evaluator: Any = source.evaluate
             return source
         side = comps.rollout_side()
@@ -237,12 +244,36 @@ class Trainer:
             len(side.prompts), cfg.rollout.prompts_per_step, cfg.seed, dist.rank(), dist.world_size()
         )
         produce = Producer(cfg.rollout, lp, cfg.advantage, cfg.seed, side, stream)
-        engine = side.make_engine(engine_model(policy))
+        engine = side.make_engine(placement.engine_model())
         if start > 0:
-            engine.load_weights(sync_weights(policy), start)
+            engine.load_weights(placement.weights(), start)  # type: ignore[arg-type]
         evaluator = Evaluator(side, cfg.seed)
-        self.evaluator = lambda version: evaluator(version, lambda: sync_weights(policy), lambda: engine_model(policy))
+        if placement.sharded:  # every rank gathers; rank 0 evaluates from its full copy (`evaluation_weights`)
+            self.evaluator = lambda version: evaluator(
+                version, lambda: self._eval_weights, lambda: placement.materialize(self._eval_weights)
+            )
+        else:
+            self.evaluator = lambda version: evaluator(
+                version, lambda: placement.weights(), lambda: placement.engine_model()
+            )
         return make_source(lp, produce, engine, start=start, state=state)
+
+    def _push_weights(self) -> Any:
+        """What a weight push sends: in-process engines read the placement's weights (under FSDP each full tensor is
+        gathered when the engine reads it); Ray workers get rank 0's full CPU state dict (every rank gathers, rank 0
+        keeps it; the others send nothing)."""
+        if self.cfg.rollout.workers and self.placement.sharded:
+            return self.placement.full_state_dict()
+        return self.placement.weights()
+
+    def _gather_for_evaluation(self, step: int) -> None:
+        """Under FSDP the evaluation's weights are gathered by every rank (a collective) before rank 0 evaluates."""
+        if self.placement.sharded and not self.cfg.rollout.workers and self._eval_due(step):
+            self._eval_weights = self.placement.full_state_dict()
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.cfg.log.eval_every
+        return bool(every and (step + 1) % every == 0) or step + 1 == self.cfg.steps
 
     # -- one step ------------------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
@@ -259,7 +290,7 @@ class Trainer:
         stats = self.update_step.run(batch, version=step)
         offpolicy = self.monitor.update(step=step + 1)  # every rank: it reduces over the data-parallel group
         t_sync = time.perf_counter()
-        source.push_weights(sync_weights(comps.policy), step + 1)
+        source.push_weights(self._push_weights(), step + 1)
         t_sync = time.perf_counter() - t_sync
         t_train = time.perf_counter() - t1
         lag = _lag_stats(batch, step)  # the batch as trained at version `step` (the update does not change it)
@@ -277,12 +308,13 @@ class Trainer:
         )
         if not source.overlaps_generation:  # sync-style sources generate inside get(); async overlaps it
             row["time_gen_s"] = t_wait
-        every = cfg.log.eval_every
-        # every `every` steps and at the end (the starting policy is the step-0 row: `evaluate_start`)
-        if dist.is_main() and ((every and (step + 1) % every == 0) or step + 1 == cfg.steps):
+        # every `log.eval_every` steps and at the end (the starting policy is the step-0 row: `evaluate_start`)
+        self._gather_for_evaluation(step)
+        if dist.is_main() and self._eval_due(step):
             t_eval = time.perf_counter()
             row.update(self.evaluator(step + 1))
             row["time_eval_s"] = time.perf_counter() - t_eval
+        self._eval_weights = {}
         return row
 
     def evaluate_start(self) -> None:
@@ -290,7 +322,11 @@ class Trainer:
         (``eval_accuracy``, ``eval_score``, ``time_eval_s`` only), when in-loop evaluation is on (`log.eval_every`
         > 0); rank 0. The evaluation samples with its own seeded generators, so the training that follows is the
         same with or without it."""
-        if not (dist.is_main() and self.cfg.log.eval_every):
+        if not self.cfg.log.eval_every:
+            return
+        if self.placement.sharded and not self.cfg.rollout.workers:
+            self._eval_weights = self.placement.full_state_dict()
+        if not dist.is_main():
             return
         t_eval = time.perf_counter()
         row = dict(self.evaluator(0))
@@ -321,6 +357,7 @@ class Trainer:
             self.source,
             self.cfg.ckpt.keep_last,
             extra={"monitor": self.monitor.state()},
+            placement=self.placement,
         )
 
     # -- the end -------------------------------------------------------------------------------------
@@ -333,8 +370,12 @@ class Trainer:
     def finish(self) -> None:
         """final/ (LoRA: merged, plain HF) and plot.png on rank 0, then a barrier."""
         assert self.comps is not None
+        placement = self.placement
+        full = placement.full_state_dict() if placement.sharded else {}  # a collective; rank 0 gets the tensors
+        final = placement.materialize(full) if placement.sharded and dist.is_main() else None
         if dist.is_main():
-            checkpoint.save_policy(self.run_dir / "final", engine_model(self.comps.policy), self.comps.tokenizer)
+            model = final if final is not None else placement.engine_model()
+            checkpoint.save_policy(self.run_dir / "final", model, self.comps.tokenizer)
             if self.cfg.log.plot:
                 with contextlib.suppress(Exception):  # a plot must never fail a finished run
                     plot_run(self.run_dir)

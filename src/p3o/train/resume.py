@@ -8,7 +8,8 @@ A run's settings are ``run_dir/config.yaml`` (its first config, never rewritten 
 a ``--config`` naming the run's own config.yaml sets none) are compared with them:
 
 * operational keys (``log.*``, ``ckpt.*``, ``ray.*``, ``rollout.workers``, ``rollout.colocate``,
-  ``model.cache_dir``) may change; each change is printed and recorded;
+  ``model.cache_dir``, ``train.strategy``, ``train.cpu_offload``) may change; each change is printed and recorded
+  (the world size is torchrun's, never a key: a run resumes at any world size);
 * ``steps`` may change where the learning-rate schedule does not depend on it (``optim.schedule constant``); under
   ``cosine`` every later learning rate would change, so it is an experiment change;
 * every other key changes the experiment (model, task, rollout, trainer, update, optim, loop, advantage,
@@ -48,7 +49,8 @@ HISTORY_FILE = "config_history.jsonl"
 # keys that never belong to the comparison: where the run is and what this invocation does with it
 _ACTIONS = {"run_dir", "overwrite", "ckpt.resume"}
 _OPERATIONAL_SECTIONS = ("log.", "ckpt.", "ray.")
-_OPERATIONAL_KEYS = {"rollout.workers", "rollout.colocate", "model.cache_dir"}
+# where the trainer runs: the world size is not a key at all, and the strategy (ddp / fsdp) places the same computation
+_OPERATIONAL_KEYS = {"rollout.workers", "rollout.colocate", "model.cache_dir", "train.strategy", "train.cpu_offload"}
 
 
 def change_kind(key: str, run_cfg: Any) -> str:

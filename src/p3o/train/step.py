@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from p3o import dist
 from p3o.errors import ConfigError
 from p3o.logprobs import token_logprobs
+from p3o.models.lora import AdaptersOff
 from p3o.objectives import (
     Correction,
     ObjectiveInputs,
@@ -57,6 +58,7 @@ from p3o.objectives import (
     m2po_threshold,
 )
 from p3o.objectives.registry import BoundObjective, Objective
+from p3o.train.placement import Placement
 from p3o.types import Rollouts
 
 SCHEDULES = ("constant", "cosine")
@@ -131,12 +133,17 @@ class UpdateSettings:
     grad_clip: float = 1.0
     temperature: float = 1.0
     chunk_size: int = 256
+    max_tokens_per_micro_batch: int = 0
 
     def __post_init__(self) -> None:
         if self.num_mini_batches < 1 or self.micro_batch_size < 1 or self.epochs < 1:
             raise ConfigError(
                 f"update: num_mini_batches, micro_batch_size and epochs must be >= 1, got "
                 f"{self.num_mini_batches}, {self.micro_batch_size}, {self.epochs}"
+            )
+        if self.max_tokens_per_micro_batch < 0:
+            raise ConfigError(
+                f"update.max_tokens_per_micro_batch: must be >= 0 (0: off), got {self.max_tokens_per_micro_batch}"
             )
 
     @classmethod
@@ -150,6 +157,7 @@ class UpdateSettings:
             grad_clip=cfg.optim.grad_clip,
             temperature=cfg.train.temperature,
             chunk_size=cfg.train.chunk_size,
+            max_tokens_per_micro_batch=up.max_tokens_per_micro_batch,
         )
 
 
@@ -172,6 +180,8 @@ def update(
     chunk_size: int = 256,
     monitor: Any = None,
     version: int = 0,
+    max_tokens_per_micro_batch: int = 0,
+    placement: Placement | None = None,
 ) -> dict[str, float]:
     """Train `policy` on `batch` (this rank's rows; `batch.advantages` (N,) must be set); returns the step's stats.
 
@@ -201,7 +211,9 @@ def update(
         `ratio_min` the min), plus `loss` (mean per optimizer step), `grad_norm` (mean, before clipping), `lr`,
         `entropy` (token mean), `optimizer_steps`; averaged over ranks. Python floats.
     """
-    settings = UpdateSettings(num_mini_batches, micro_batch_size, epochs, grad_clip, temperature, chunk_size)
+    settings = UpdateSettings(
+        num_mini_batches, micro_batch_size, epochs, grad_clip, temperature, chunk_size, max_tokens_per_micro_batch
+    )
     step = UpdateStep(
         policy,
         optimizer,
@@ -211,6 +223,7 @@ def update(
         ref_model=ref_model,
         group=group,
         monitor=monitor,
+        placement=placement,
     )
     return step.run(batch, version)
 
@@ -234,12 +247,14 @@ class UpdateStep:
         ref_model: nn.Module | None = None,
         group: Any = None,
         monitor: Any = None,
+        placement: Placement | None = None,
     ) -> None:
         if "ref_logp" in call.needs and ref_model is None:
             raise ValueError("update: the objective needs ref_logp (ref_kl_coef != 0) but no ref_model was given")
         self.policy, self.optimizer, self.scheduler = policy, optimizer, scheduler
         self.call, self.settings = call, settings
         self.ref_model, self.group, self.monitor = ref_model, group, monitor
+        self.placement = placement if placement is not None else Placement(policy)
 
     def run(self, batch: Rollouts, version: int = 0) -> dict[str, float]:
         """Train on `batch` (its `advantages` set) as the policy at `version`; the statistics of `update`."""
@@ -264,7 +279,11 @@ class UpdateStep:
         if batch.advantages is None:
             raise ValueError("update: batch.advantages is None (compute advantages before the update)")
         minis = _split(batch.mask.shape[0], self.settings.num_mini_batches)
-        rows = [mini.split(self.settings.micro_batch_size) for mini in minis]
+        budget = self.settings.max_tokens_per_micro_batch
+        if budget:
+            rows = token_budget_micros(batch, minis, budget)
+        else:
+            rows = [list(mini.split(self.settings.micro_batch_size)) for mini in minis]
         if dist.world_size() > 1:
             lens = dist.all_gather_object([len(rows)] + [len(r) for r in rows])
             if any(x != lens[0] for x in lens):
@@ -279,7 +298,7 @@ class UpdateStep:
         batch, needs = plan.batch, self.call.needs
         old_logp = None
         if "old_logp" in needs or "prox_logp" in needs:
-            old_logp = self.snapshot(self.policy, plan)
+            old_logp = self.snapshot(None, plan)
         anchor, mask = batch.rollout_logp, batch.mask
         if self.call.correction is not None:
             anchor, mask = correction_anchor(batch.rollout_logp, batch.mask, old_logp, self.call.correction)
@@ -294,29 +313,33 @@ class UpdateStep:
         """π_prox (N, T): a snapshot at the start of each epoch, π_θold for epoch 0; None when not needed."""
         if "prox_logp" not in self.call.needs:
             return None
-        return anchors.old_logp if epoch == 0 else self.snapshot(self.policy, plan)
+        return anchors.old_logp if epoch == 0 else self.snapshot(None, plan)
 
     @torch.no_grad()
-    def snapshot(self, model: nn.Module, plan: UpdatePlan) -> Tensor:
-        """(N, T) no-grad log-probs of every row of the batch under `model` (0 where masked)."""
+    def snapshot(self, model: nn.Module | None, plan: UpdatePlan) -> Tensor:
+        """(N, T) no-grad log-probs of every row of the batch under `model` (None: the placed policy; 0 where
+        masked)."""
         out = torch.zeros(*plan.batch.mask.shape, dtype=torch.float32, device=plan.device)
         for mb in plan.all_micros:
             lp, _ = self.logprobs(model, mb, False)
             out[mb.rows, : lp.shape[1]] = lp
         return out
 
-    def logprobs(self, model: nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        """(n, t) log-probs of `mb`'s responses under `model` at the trainer's temperature, and their entropies."""
-        return token_logprobs(
-            model,
-            mb.prompt_ids,
-            mb.prompt_mask,
-            mb.response_ids,
-            mb.mask,
-            temperature=self.settings.temperature,
-            chunk_size=self.settings.chunk_size,
-            with_entropy=with_entropy,
-        )
+    def logprobs(
+        self, model: nn.Module | None, mb: MicroBatch, with_entropy: bool, grad: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """(n, t) log-probs of `mb`'s responses at the trainer's temperature, and their entropies: under the placed
+        policy (`model` None: through its DDP / FSDP wrapper, in its compute precision) or under a frozen `model` (the
+        reference; a LoRA policy's own base goes through the wrapper with its adapters off)."""
+        settings, placement = self.settings, self.placement
+        kw = {"with_entropy": with_entropy, "temperature": settings.temperature, "chunk_size": settings.chunk_size}
+        if model is None:
+            return placement.logprobs(mb, grad=grad, **kw)
+        if placement.sharded and isinstance(model, AdaptersOff):
+            return placement.logprobs(mb, grad=False, adapters_off=True, **kw)
+        with placement.autocast():
+            logp, ent = token_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.mask, **kw)
+        return logp.float(), (ent.float() if ent is not None else None)
 
     def scope(self, plan: UpdatePlan, k: int, anchors: Anchors, prox_logp: Tensor | None) -> StepScope:
         """What the micro-batches of optimizer step k share: its global token and sequence counts under the anchor's
@@ -335,7 +358,7 @@ class UpdateStep:
         log-ratio lp − anchor under the anchor's mask; each None when not needed."""
         lrs = []
         for mb in micros:
-            lp, _ = self.logprobs(self.policy, mb, False)
+            lp, _ = self.logprobs(None, mb, False)
             m = anchors.mask[mb.rows, : mb.mask.shape[1]]
             lrs.append(((lp - anchors.anchor[mb.rows, : mb.mask.shape[1]]) * m, m))
         step_ess = thr = None
@@ -350,14 +373,23 @@ class UpdateStep:
     # -- 3. the micro-batch loop -------------------------------------------------------------------------------------
     def observer(self, batch: Rollouts, version: int) -> Observe | None:
         """`observe(mb, logp)`: one micro-batch's detached log-probs, its recorded ones and its token versions to the
-        off-policy monitor (None: no monitor)."""
+        off-policy monitor (None: no monitor). The monitor's lag counts optimizer updates since sampling: a version
+        is num_mini_batches × epochs updates, and mini-batch k is scored after k updates on its own batch."""
         monitor = self.monitor
         if monitor is None:
             return None
+        n_rows, per_version = batch.mask.shape[0], self.settings.num_mini_batches * self.settings.epochs
+        mini_of = torch.zeros(n_rows, dtype=torch.long, device=batch.mask.device)  # (N,) each row's mini-batch k
+        for k, rows in enumerate(_split(n_rows, self.settings.num_mini_batches)):
+            mini_of[rows.to(mini_of.device)] = k
 
         def observe(mb: MicroBatch, logp: Tensor) -> None:
             versions = batch.policy_version[mb.rows, : mb.mask.shape[1]]
-            monitor.observe(logp, mb.rollout_logp, mb.mask, versions, version=version)
+            in_batch = mini_of[mb.rows.to(mini_of.device)][:, None]  # (n, 1)
+            monitor.observe(
+                logp, mb.rollout_logp, mb.mask, versions, version=version,
+                updates=in_batch, updates_per_version=per_version,
+            )  # fmt: skip
 
         return observe
 
@@ -373,29 +405,23 @@ class UpdateStep:
         its statistics to `stats` and its log-probs to `observe`; returns this rank's loss of the step (0-d)."""
         call = self.call
         step_loss = torch.zeros((), device=anchors.mask.device)
-        for mb in micros:
-            logp, ent = self.logprobs(self.policy, mb, True)
-            if observe is not None:
-                observe(mb, logp.detach())
-            loss, st = call.fn(objective_inputs(mb, logp, ent, anchors, scope, call.needs), **call.hyper)
-            loss.backward()
+        placement = self.placement
+        for j, mb in enumerate(micros):
+            with placement.accumulate(last=j == len(micros) - 1):
+                logp, ent = self.logprobs(None, mb, True, grad=True)
+                if observe is not None:
+                    observe(mb, logp.detach())
+                loss, st = call.fn(objective_inputs(mb, logp, ent, anchors, scope, call.needs), **call.hyper)
+                placement.backward(loss)
             step_loss = step_loss + loss.detach()
             stats.add_micro(st, mb.mask, ent)
         return step_loss
 
     def optimizer_step(self) -> Tensor:
-        """Sum the gradients over ranks, clip their global norm to `grad_clip` (≤ 0: measure only), step the
-        optimizer and the scheduler, zero the gradients; returns the norm before clipping (0-d float32)."""
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        dist.all_reduce_grads_(params)
-        grad_clip = self.settings.grad_clip
-        max_norm = grad_clip if grad_clip and grad_clip > 0 else math.inf  # inf: measure, don't clip
-        gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return gn.detach().float()
+        """Clip the global norm of the step's gradients (already summed over ranks by the placement's DDP / FSDP
+        reduction) to `grad_clip` (≤ 0: measure only), step the optimizer and the scheduler, zero the gradients;
+        returns the norm before clipping (0-d float32)."""
+        return self.placement.step(self.optimizer, self.scheduler, self.settings.grad_clip)
 
 
 # -- the objective, resolved once ----------------------------------------------------------------------------------
@@ -480,6 +506,48 @@ class UpdatePlan:
     def device(self) -> torch.device:
         """The batch's (= the policy's) device, where every accumulator lives."""
         return self.batch.mask.device
+
+
+def token_budget_micros(batch: Rollouts, minis: list[Tensor], budget: int) -> list[list[Tensor]]:
+    """Each mini-batch's rows cut into micro-batches of at most `budget` padded tokens, longest first.
+
+    A micro-batch of rows R costs |R| · (max_{r∈R} p_r + max_{r∈R} t_r) tokens (p_r, t_r: row r's valid prompt and
+    response lengths; the micro-batch is trimmed to its own padding, so this is what its forward computes). Rows are
+    taken by decreasing p_r + t_r and added to the open micro-batch while its cost stays ≤ `budget`. Every rank
+    ends with the same number of micro-batches per mini-batch (a forward / backward is a collective under DDP and
+    FSDP): a rank with fewer splits its largest ones in halves. One row longer than `budget` is a ConfigError.
+    """
+    p_len = batch.prompt_mask.sum(-1).cpu()
+    t_len = batch.mask.sum(-1).clamp(min=1).cpu()
+    longest = dist.all_reduce_max(torch.stack([(p_len + t_len).max()]).float())
+    if int(longest.item()) > budget:
+        raise ConfigError(
+            f"update.max_tokens_per_micro_batch {budget} is smaller than the longest sequence of the batch "
+            f"({int(longest.item())} tokens, prompt + response); raise it to at least that"
+        )
+    out: list[list[Tensor]] = []
+    for mini in minis:
+        order = sorted(mini.tolist(), key=lambda r: (-int(p_len[r] + t_len[r]), r))
+        bins: list[list[int]] = []
+        mp = mt = 0
+        for r in order:
+            p, t = int(p_len[r]), int(t_len[r])
+            if bins and (len(bins[-1]) + 1) * (max(mp, p) + max(mt, t)) <= budget:
+                bins[-1].append(r)
+                mp, mt = max(mp, p), max(mt, t)
+            else:
+                bins.append([r])
+                mp, mt = p, t
+        out.append(bins)
+    counts = dist.all_reduce_max(torch.tensor([len(b) for b in out], dtype=torch.float32))
+    for bins, want in zip(out, counts.tolist()):
+        while len(bins) < int(want):
+            i = max(range(len(bins)), key=lambda j: (len(bins[j]), -j))
+            if len(bins[i]) < 2:
+                raise ValueError(f"update: ranks disagree on the mini/micro-batch plan ({len(bins)} vs {int(want)})")
+            half = (len(bins[i]) + 1) // 2
+            bins[i : i + 1] = [bins[i][:half], bins[i][half:]]
+    return [[torch.tensor(b, dtype=torch.long) for b in bins] for bins in out]
 
 
 def _split(n: int, parts: int) -> list[Tensor]:
@@ -644,5 +712,6 @@ __all__ = [
     "make_scheduler",
     "objective_inputs",
     "resolve_objective",
+    "token_budget_micros",
     "update",
 ]

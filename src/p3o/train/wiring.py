@@ -32,6 +32,7 @@ from p3o.rollout.factory import make_engine as _make
 from p3o.rollout.settings import EngineSettings
 from p3o.tasks import format_prompt, load_eval_problems, load_train_problems, task_verifier
 from p3o.train import checkpoint  # called through the module: tests patch its functions
+from p3o.train.placement import Placement
 from p3o.train.sources import BatchSource
 from p3o.train.step import make_optimizer, make_scheduler
 from p3o.types import Rollouts
@@ -110,7 +111,8 @@ def build_trainer_side(cfg: Any) -> tuple[nn.Module, Any, nn.Module | None]:
     policy, tokenizer = models.load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)
     policy = policy.to(device=device, dtype=getattr(torch, cfg.model.dtype))
     if cfg.train.gradient_checkpointing and hasattr(policy, "gradient_checkpointing_enable"):
-        policy.gradient_checkpointing_enable()
+        # non-reentrant: the form DDP and FSDP2 support (hooks fire once per parameter)
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ref = None
     if cfg.train.ref_model and not cfg.model.lora.r:  # with LoRA, `run` uses the base with adapters disabled
         ref = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -218,6 +220,13 @@ def build_optimizer(
     return optimizer, scheduler
 
 
+def describe_placement(placement: Placement) -> str:
+    """One line on how the trainer runs: strategy, world size, compute precision over the master weights' dtype."""
+    d = placement.describe()
+    where = "one process" if d["strategy"] == "single" else f"{d['strategy']} over {d['world_size']} rank(s)"
+    return f"trainer {where}; compute {d['compute']}, parameters and AdamW states {d['param_dtype']}"
+
+
 def earlier_run(run_dir: str | Path) -> list[str]:
     """The outputs of an earlier run in `run_dir` (`checkpoint.run_outputs`) when it completed a step — a
     checkpoint, final/, or a metrics.jsonl row past step 0 — else []. A start that died before its first step
@@ -304,6 +313,7 @@ def save_loop_checkpoint(
     source: BatchSource,
     keep_last: int,
     extra: dict[str, Any] | None = None,
+    placement: Placement | None = None,
 ) -> None:
     """Rank 0 writes the checkpoint: every rank's batch source and its own RNG states (gathered), plus `extra`
     (rank 0's, e.g. the off-policy monitor's window) in loop_state.
@@ -314,6 +324,19 @@ def save_loop_checkpoint(
     """
     sources = dist.all_gather_object(source.state())
     rng = checkpoint.gather_rng_states()  # every rank's own Python / NumPy / torch / CUDA generators (a collective)
+    if placement is not None and placement.sharded:  # every rank writes its shard (torch.distributed.checkpoint)
+        checkpoint.save_sharded_checkpoint(
+            run_dir,
+            step,
+            model=comps.policy,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            loop_state={"rank_source": dict(enumerate(sources)), **(extra or {})},
+            keep_last=keep_last,
+            rng=rng,
+            placement=placement.describe(),
+        )
+        return
     if dist.is_main():
         loop_state = {"rank_source": dict(enumerate(sources)), **(extra or {})}
         checkpoint.save_checkpoint(
@@ -340,6 +363,7 @@ __all__ = [
     "build_optimizer",
     "check_run_dir",
     "earlier_run",
+    "describe_placement",
     "engine_model",
     "resume_problem",
     "resolve_device",

@@ -1,0 +1,448 @@
+"""Where the policy lives and how its gradients meet: one process, torch DDP or FSDP2, × the trainer's compute
+precision. The ONE place that wraps the policy; the update step, the loop and the checkpoints call its methods and
+never ask which strategy runs.
+
+    placement = Placement(policy, PlacementSettings.of(cfg))   # DDP / fully_shard applied once, before the optimizer
+    logp, ent = placement.logprobs(mb, grad=True)              # a forward through the wrapper, in compute precision
+    with placement.accumulate(last=False):                     # DDP no_sync / FSDP no reduce-scatter but the last
+        placement.backward(loss)
+    grad_norm = placement.step(optimizer, scheduler, grad_clip)
+    weights = placement.weights()                              # full tensors by name, gathered one at a time
+
+Strategies (`train.strategy`):
+
+* `auto`: `ddp` at world size > 1, one process otherwise (world size 1 is unchanged: no wrapper at all).
+* `ddp`: `torch.nn.parallel.DistributedDataParallel` (gradient buckets, all-reduce overlapped with the backward).
+  Every rank's loss is normalised by the step's GLOBAL token count, so the gradient of the step is the SUM of the
+  ranks' gradients: a communication hook sums instead of DDP's mean. Micro-batches but the last of an optimizer step
+  run under `no_sync()`.
+* `fsdp`: FSDP2's `fully_shard` on every decoder layer (the classes in the HF model's `_no_split_modules`, or the
+  elements of its `ModuleList`s) and on the root, over the data-parallel mesh: parameters, gradients and AdamW states
+  are sharded (each rank holds 1/W of them as DTensor shards). The gradient divide factor is 1 (a sum, as above);
+  gradient sync is skipped on all micro-batches but the last (`set_requires_gradient_sync`).
+
+Mixed precision (`train.mixed_precision`): the parameters (master weights) and AdamW states stay in `model.dtype`
+(float32 by default); forward and backward run in bf16 / fp16: FSDP2's `MixedPrecisionPolicy(param_dtype=…,
+reduce_dtype=float32)`, `torch.autocast` otherwise. fp16 adds a gradient scaler (the sharded one under FSDP). The
+vocabulary projection of `p3o.logprobs` still takes its log-softmax in float32.
+
+Whole weights out (`weights`, `full_state_dict`): under FSDP the engines get full tensors gathered one parameter at a
+time (`DTensor.full_tensor()`), streamed into each engine's own copy; LoRA sends the merged adapted layers. Every
+rank must read such a mapping in the same order (each gather is a collective), which holds because every rank runs
+the same engine code on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from p3o import dist
+from p3o.errors import ConfigError
+from p3o.logprobs import token_logprobs
+from p3o.models.lora import is_lora
+
+Strategy = Literal["auto", "ddp", "fsdp"]
+Precision = Literal["no", "bf16", "fp16"]
+STRATEGIES = ("auto", "ddp", "fsdp")
+PRECISIONS = ("no", "bf16", "fp16")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PlacementSettings:
+    """The trainer's placement: `train.strategy`, `train.mixed_precision`, `train.cpu_offload`."""
+
+    strategy: str = "auto"
+    mixed_precision: str = "no"
+    cpu_offload: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"train.strategy: unknown strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
+        if self.mixed_precision not in PRECISIONS:
+            raise ConfigError(
+                f"train.mixed_precision: unknown precision {self.mixed_precision!r}; known: {', '.join(PRECISIONS)}"
+            )
+
+    @classmethod
+    def of(cls, cfg: Any) -> PlacementSettings:
+        """The settings of a `p3o.config.TrainConfig` (its `train` section)."""
+        t = cfg.train
+        return cls(t.strategy, t.mixed_precision, t.cpu_offload)
+
+    def resolved(self) -> str:
+        """The strategy that runs: "single" (one process, no wrapper), "ddp" or "fsdp"."""
+        if self.strategy == "fsdp":
+            return "fsdp"
+        return "ddp" if dist.world_size() > 1 else "single"
+
+
+def check_placement(settings: PlacementSettings, device: torch.device) -> None:
+    """One line (ConfigError) for a placement this process cannot run, before any model loads: fsdp outside
+    torchrun, fp16 where the device has no fp16 autocast, CPU offload without a GPU to offload from."""
+    if settings.strategy == "fsdp" and not dist.is_initialized():
+        raise ConfigError(
+            "train.strategy fsdp: needs a process group; launch with torchrun (torchrun --nproc_per_node N -m p3o "
+            "train --train.strategy fsdp ...), --nproc_per_node 1 included"
+        )
+    if settings.mixed_precision != "no":
+        dtype = _DTYPES[settings.mixed_precision]
+        if not torch.amp.autocast_mode.is_autocast_available(device.type):
+            raise ConfigError(f"train.mixed_precision {settings.mixed_precision}: no autocast on {device.type}")
+        try:
+            with torch.autocast(device.type, dtype=dtype):
+                torch.ones(2, 2, device=device) @ torch.ones(2, 2, device=device)
+        except (RuntimeError, AssertionError) as err:
+            why = str(err).splitlines()[0][:120]
+            raise ConfigError(
+                f"train.mixed_precision {settings.mixed_precision}: the {device.type} device cannot run it ({why})"
+            ) from None
+    if settings.cpu_offload:
+        if settings.strategy != "fsdp":
+            raise ConfigError("train.cpu_offload: offloads FSDP shards; set --train.strategy fsdp")
+        if device.type != "cuda":
+            raise ConfigError(
+                f"train.cpu_offload: the parameters already live on the {device.type}; CPU offload moves GPU shards "
+                "to host memory (drop --train.cpu_offload)"
+            )
+
+
+class PolicyForward(nn.Module):
+    """The policy as one module whose forward is `token_logprobs`: the unit DDP and FSDP's root wrap, so their
+    hooks (DDP's reducer, FSDP's all-gathers of the root's embedding, norm and head) run on every trainer forward.
+
+    forward(prompt_ids (n, p), prompt_mask, response_ids (n, t), mask, …) -> (logp (n, t), entropy (n, t) or None).
+    `adapters_off`: a LoRA policy's base alone (the frozen reference of `ref_kl_coef`), through the same wrapper.
+    """
+
+    def __init__(self, policy: nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(  # type: ignore[override]
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        response_ids: Tensor,
+        mask: Tensor,
+        temperature: float = 1.0,
+        chunk_size: int = 256,
+        with_entropy: bool = False,
+        adapters_off: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        ctx = self.policy.disable_adapter() if adapters_off else contextlib.nullcontext()
+        with ctx:
+            return token_logprobs(
+                self.policy,
+                prompt_ids,
+                prompt_mask,
+                response_ids,
+                mask,
+                temperature=temperature,
+                chunk_size=chunk_size,
+                with_entropy=with_entropy,
+            )
+
+
+def _sum_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects any annotation but dist.GradBucket
+    """DDP communication hook: Σ over ranks (DDP's own divides by the world size; the loss is already global).
+    (state, bucket: dist.GradBucket) -> Future of the summed flat bucket."""
+    fut = torch.distributed.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The blocks FSDP shards one by one: modules whose class is in the HF model's `_no_split_modules` (the decoder
+    layers, as verl and accelerate pick them), else every element of the model's `nn.ModuleList`s."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    base = model.get_base_model() if is_lora(model) else model
+    names |= set(getattr(base, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if layers:
+        return layers
+    return [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+
+
+class Placement:
+    """The policy placed by `settings` (see the module docstring). `self.policy` stays the HF model (its parameters
+    become DTensor shards under FSDP); `self.module` is what forwards go through.
+
+    Build it after LoRA adapters are attached and before the optimizer (whose parameters are the placed ones).
+    """
+
+    def __init__(self, policy: nn.Module, settings: PlacementSettings | None = None) -> None:
+        self.settings = settings or PlacementSettings()
+        self.policy = policy
+        self.strategy = self.settings.resolved()
+        self.precision = self.settings.mixed_precision
+        self.device = next(policy.parameters()).device
+        self.compute_dtype = _DTYPES.get(self.precision)
+        self.skeleton: nn.Module | None = None
+        forward = PolicyForward(policy)
+        if self.strategy == "ddp":
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.module: nn.Module = torch.nn.parallel.DistributedDataParallel(forward, device_ids=ids)
+            self.module.register_comm_hook(None, _sum_hook)
+        elif self.strategy == "fsdp":
+            self.module = self._shard(forward)
+        else:
+            self.module = forward
+        self.scaler = self._scaler()
+
+    # -- wrapping ----------------------------------------------------------------------------------------------------
+    def _shard(self, forward: PolicyForward) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            FSDPModule,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
+
+        self.skeleton = _meta_skeleton(self.policy)
+        mesh = init_device_mesh(self.device.type, (dist.world_size(),))
+        mp = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+        offload = CPUOffloadPolicy() if self.settings.cpu_offload else OffloadPolicy()
+        kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
+        for layer in decoder_layers(self.policy):
+            fully_shard(layer, **kw)
+        fully_shard(forward, **kw)
+        for unit in forward.modules():  # every FSDP unit (the setting does not recurse)
+            if isinstance(unit, FSDPModule):
+                unit.set_gradient_divide_factor(1.0)  # Σ over ranks, not the mean (module docstring)
+                unit.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no PREMUL_SUM)
+        return forward
+
+    def _scaler(self) -> Any:
+        if self.precision != "fp16":
+            return None
+        if self.strategy == "fsdp":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            return ShardedGradScaler(self.device.type)
+        return torch.amp.GradScaler(self.device.type)
+
+    @property
+    def sharded(self) -> bool:
+        """True under FSDP: parameters are DTensor shards, every weight read is a collective."""
+        return self.strategy == "fsdp"
+
+    def describe(self) -> dict[str, Any]:
+        """What runs, for the run's record: strategy, world size, compute precision, parameter dtype."""
+        pdtype = str(next(self.policy.parameters()).dtype).removeprefix("torch.")
+        compute = {"no": pdtype, "bf16": "bfloat16", "fp16": "float16"}[self.precision]
+        return {"strategy": self.strategy, "world_size": dist.world_size(), "param_dtype": pdtype, "compute": compute}
+
+    # -- forward / backward / step -----------------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """torch.autocast in the compute dtype (one process and DDP); FSDP casts through its policy instead."""
+        if self.compute_dtype is None or self.strategy == "fsdp":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def logprobs(
+        self,
+        mb: Any,
+        *,
+        grad: bool,
+        with_entropy: bool = False,
+        temperature: float = 1.0,
+        chunk_size: int = 256,
+        adapters_off: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """(n, t) log-probs (float32) of micro-batch `mb`'s responses under the placed policy, and their entropies."""
+        ctx = contextlib.nullcontext() if grad else torch.no_grad()
+        with ctx, self.autocast():
+            logp, ent = self.module(
+                mb.prompt_ids,
+                mb.prompt_mask,
+                mb.response_ids,
+                mb.mask,
+                temperature,
+                chunk_size,
+                with_entropy,
+                adapters_off,
+            )
+        return logp.float(), (ent.float() if ent is not None else None)
+
+    def accumulate(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """The backward of a micro-batch: gradients are reduced over ranks only on the step's `last` one."""
+        if last or self.strategy == "single":
+            if self.strategy == "fsdp":
+                self.module.set_requires_gradient_sync(True)  # type: ignore[operator]
+            return contextlib.nullcontext()
+        if self.strategy == "ddp":
+            return self.module.no_sync()  # type: ignore[operator]
+        self.module.set_requires_gradient_sync(False)  # type: ignore[operator]
+        return contextlib.nullcontext()
+
+    def backward(self, loss: Tensor) -> None:
+        """loss.backward(), scaled by the fp16 gradient scaler when there is one."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def trainable(self) -> list[nn.Parameter]:
+        """The parameters the optimizer updates (DTensor shards under FSDP)."""
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def step(self, optimizer: torch.optim.Optimizer, scheduler: Any, grad_clip: float) -> Tensor:
+        """Unscale (fp16), clip the global gradient norm to `grad_clip` (≤ 0: measure only; under FSDP the norm of
+        the sharded gradients over all ranks), step the optimizer (skipped by the scaler on inf/NaN) and the schedule,
+        zero the gradients; returns the norm before clipping (0-d float32, the same on every rank)."""
+        params = self.trainable()
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        max_norm = grad_clip if grad_clip and grad_clip > 0 else float("inf")
+        gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(gn, "full_tensor"):
+            gn = gn.full_tensor()
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return gn.detach().float()
+
+    # -- whole weights out -------------------------------------------------------------------------------------------
+    def weights(self) -> Mapping[str, Tensor]:
+        """What an engine sync sends: the state dict (LoRA: the merged adapted layers only); under FSDP a mapping
+        that gathers each full tensor when read (a collective: every rank reads it in the same order)."""
+        from p3o.models.lora import merged_weights
+
+        if not self.sharded:
+            return merged_weights(self.policy) if is_lora(self.policy) else self.policy.state_dict()
+        return GatheredWeights(self.policy)
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Every rank calls it; rank 0 gets the full CPU state dict of the plain model (LoRA merged), gathered one
+        tensor at a time; the other ranks get {} (final/, the in-loop evaluation, Ray workers' object store)."""
+        out: dict[str, Tensor] = {}
+        main = dist.is_main()
+        for k, v in self.plain_weights().items():
+            if main:
+                out[k] = v.detach().to("cpu", copy=True)
+        return out
+
+    def plain_weights(self) -> Mapping[str, Tensor]:
+        """Every tensor of the plain (LoRA merged) model by its plain key, full (gathered on read under FSDP)."""
+        if not self.sharded:
+            if is_lora(self.policy):
+                from p3o.models.lora import merged_copy
+
+                return merged_copy(self.policy).state_dict()
+            return self.policy.state_dict()
+        return GatheredWeights(self.policy, whole=True)
+
+    def engine_model(self) -> nn.Module:
+        """A plain full model for a new engine to copy (LoRA merged). Under FSDP it is built from the meta skeleton
+        with the gathered weights (every rank calls it)."""
+        if not self.sharded:
+            from p3o.models.lora import merged_copy
+
+            return merged_copy(self.policy) if is_lora(self.policy) else self.policy
+        return self.materialize(self.plain_weights())
+
+    def materialize(self, weights: Mapping[str, Tensor]) -> nn.Module:
+        """The plain model of the skeleton filled with `weights` (full tensors by plain key), on the CPU."""
+        assert self.skeleton is not None
+        import copy
+
+        model = copy.deepcopy(self.skeleton).to_empty(device=self.device)
+        own = model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for k, v in weights.items():
+                if k in own:
+                    own[k].data.copy_(v)
+            # buffers are not sharded and some are not in the state dict (rotary inv_freq): take the policy's own
+            base = self.policy.get_base_model() if is_lora(self.policy) else self.policy
+            buffers = dict(base.named_buffers())
+            for k, b in model.named_buffers():
+                if k in buffers:
+                    b.copy_(buffers[k])
+        if hasattr(model, "tie_weights"):
+            model.tie_weights()
+        return model.requires_grad_(False).eval()
+
+
+def _meta_skeleton(policy: nn.Module) -> nn.Module:
+    """The plain HF model's structure on the meta device (no memory): what `Placement.materialize` fills."""
+    from transformers import AutoModelForCausalLM
+
+    base = policy.get_base_model() if is_lora(policy) else policy
+    with torch.device("meta"):
+        skel = AutoModelForCausalLM.from_config(base.config, torch_dtype=next(policy.parameters()).dtype)
+    return skel
+
+
+def _full(t: Tensor) -> Tensor:
+    """The whole tensor of a DTensor shard (a collective), or `t` itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+class GatheredWeights(Mapping[str, Tensor]):
+    """Full tensors of a sharded policy by plain key, each gathered when read (`DTensor.full_tensor()`, a
+    collective) and dropped by the reader: no rank holds a second full state dict. With LoRA, `whole=False` gives the
+    merged adapted layers only (what an engine sync sends), `whole=True` every tensor of the merged plain model.
+
+    Every rank must read the same keys in the same order.
+    """
+
+    def __init__(self, policy: nn.Module, whole: bool = False) -> None:
+        self.policy = policy
+        self.lora = is_lora(policy)
+        self._merged: dict[str, tuple[nn.Module, Tensor]] = {}
+        if self.lora:
+            from p3o.models.lora import _adapted_layers
+
+            for name, mod in _adapted_layers(policy):
+                self._merged[f"{name}.weight"] = (mod, mod.get_base_layer().weight)
+            base = policy.get_base_model()
+            plain = {_plain_key(k): v for k, v in base.state_dict().items() if "lora_" not in k}
+            self._plain = plain if whole else {k: plain[k] for k in self._merged}
+        else:
+            self._plain = dict(policy.state_dict())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._plain)
+
+    def __len__(self) -> int:
+        return len(self._plain)
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key in self._merged:
+            mod, base = self._merged[key]
+            w = _full(base.detach()).clone()
+            for adapter in mod.active_adapters:
+                if adapter in mod.lora_A:
+                    a = _full(mod.lora_A[adapter].weight.detach())
+                    b = _full(mod.lora_B[adapter].weight.detach())
+                    delta = (b @ a) * mod.scaling[adapter]
+                    w += (delta.T if getattr(mod, "fan_in_fan_out", False) else delta).to(w.dtype)
+            return w
+        return _full(self._plain[key].detach())
+
+
+def _plain_key(key: str) -> str:
+    """A PEFT base model's state-dict key as the plain model's ("…q_proj.base_layer.weight" -> "…q_proj.weight")."""
+    return key.replace(".base_layer.", ".")
+
+
+__all__ = [
+    "PRECISIONS",
+    "STRATEGIES",
+    "GatheredWeights",
+    "Placement",
+    "PlacementSettings",
+    "PolicyForward",
+    "check_placement",
+    "decoder_layers",
+]
