@@ -513,9 +513,11 @@ def metavar(tp: Any) -> str:
 
 
 def shown(value: Any) -> str:
-    """A default as --help shows it (YAML spelling: true, null, [0.9, 0.999])."""
+    """A default as --help shows it (YAML spelling: true, null, [0.9, 0.999], "")."""
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
+    if value == "":
+        return '""'
     if isinstance(value, tuple):
         return "[" + ", ".join(shown(v) for v in value) + "]"
     return str(value)
