@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -68,6 +67,22 @@ def _top_level_entries(dist: md.Distribution) -> set[str]:
     """The site-packages entries (packages, modules, .libs folders, its .dist-info) a distribution installed."""
     entries = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
     return {e for e in entries if e != "__pycache__"}
+
+
+def _link(target: Path, link: Path) -> None:
+    """``link`` -> ``target``; a folder two distributions share (a namespace package) becomes a real folder of links
+    to both distributions' entries."""
+    if not link.exists() and not link.is_symlink():
+        link.symlink_to(target, target_is_directory=target.is_dir())
+    elif link.resolve() != target.resolve() and link.is_dir() and target.is_dir():
+        if link.is_symlink():
+            first = link.resolve()
+            link.unlink()
+            link.mkdir()
+            for child in first.iterdir():
+                _link(child, link / child.name)
+        for child in target.iterdir():
+            _link(child, link / child.name)
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -121,15 +136,12 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     closure = required_closure(requires)
     deps = tmp / "deps"
     deps.mkdir()
-    here = Path(sysconfig.get_path("purelib"))
     for name in sorted(closure):
         d = md.distribution(name)
         base = Path(str(d.locate_file("")))
         for entry in _top_level_entries(d):
-            target, link = base / entry, deps / entry
-            if target.exists() and not link.exists():
-                link.symlink_to(target, target_is_directory=target.is_dir())
-    assert here.exists()
+            if (base / entry).exists():
+                _link(base / entry, deps / entry)
     (site / "p3o-wheel-test-deps.pth").write_text(f"{deps}\n")
 
     out = _run(
