@@ -3,6 +3,7 @@ deliberate differences (`p3o.rewards.DIFFERENCES`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections import Counter
@@ -11,6 +12,7 @@ import pytest
 from make_math_corpus import PATH, difference_of, math_verify_verdict, rows
 
 from p3o.rewards import DIFFERENCES, math_reward
+from p3o.rewards.verifiers import _normalise, _same_number
 
 # What the corpus must cover (issue 40): each category has correct and wrong answers unless noted.
 CATEGORIES = {
@@ -70,3 +72,29 @@ def test_the_issue_table_scores_one(corpus: list[dict[str, object]]) -> None:
     assert len(table) == 5
     for r in table:
         assert math_reward(str(r["completion"]), str(r["answer"]), timeout_s=10.0) == 1.0, r
+
+
+# Spellings of a few numbers (money, percent, text, fractions, signs, separators): every pair of them is a pair the
+# fast paths might settle without math-verify.
+SPELLINGS = [
+    "12", "12.0", "+12", "012", "\\$12", "$12", "12\\%", "12%", "\\text{12}", "\\text{12}\\%", "\\frac{24}{2}",
+    "\\dfrac{24}{2}", "24/2", "1,200", "1200", "1,200.0", "\\$1,200", "1{,}200", "0.5", "\\frac12", "\\frac{1}{2}",
+    "1/2", ".5", "-0.5", "-\\frac{1}{2}", "\\frac{-1}{2}", "-1/2", "50\\%", "50", "0.50", "\\!12", "1,2", "1,23",
+    "-12", "- 12", "\\tfrac{1}{2}", "\\$ 12", "12.00", "\\$12.00", "5\\%", "0.05", "\\text{5}", "12.", "1 200",
+    "\\left(1,2\\right)", "(1,2)", "\\text{5 hours}", "5 hours", "x y", "xy", "\\text{A}", "A",
+]  # fmt: skip
+
+
+def test_fast_paths_accept_only_what_math_verify_accepts() -> None:
+    from math_verify import parse, verify
+
+    logging.disable(logging.WARNING)
+    accepted = 0
+    try:
+        for pred, gold in itertools.product(SPELLINGS, SPELLINGS):
+            if _same_number(pred, gold) or _normalise(pred) == _normalise(gold):
+                accepted += 1
+                assert verify(parse("\\boxed{" + gold + "}"), parse("\\boxed{" + pred + "}")), (pred, gold)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert accepted > 200  # the fast paths do settle most equal spellings

@@ -92,13 +92,14 @@ def _worker() -> Worker:
 
 
 def _normalise(s: str) -> str:
-    """Cheap LaTeX normalisation for string equality: surrounding `$`, `\\text{}`, `\\left`/`\\right`, `\\dfrac` /
-    `\\tfrac`, whitespace. Only rewrites math-verify reads the same way (so equal results are equal to it too)."""
+    """Cheap LaTeX normalisation for string equality, only rewrites math-verify makes too (so what is equal here is
+    equal to it): surrounding whitespace and `$`, `\\left` / `\\right`, `\\dfrac` / `\\tfrac` -> `\\frac`, runs of
+    whitespace -> one space. (Removing spaces or unwrapping `\\text{}` would not be: math-verify reads `1 000` as
+    1·000 and `\\text{5 hours}` as a symbol.)"""
     s = s.strip().strip("$").strip()
-    s = re.sub(r"\\text\{\s*([^{}]*?)\s*\}", r"\1", s)
     for a, b in (("\\left", ""), ("\\right", ""), ("\\dfrac", "\\frac"), ("\\tfrac", "\\frac")):
         s = s.replace(a, b)
-    return re.sub(r"\s+", "", s)
+    return re.sub(r"\s+", " ", s)
 
 
 def safe_for_sympy(s: str) -> bool:
@@ -151,23 +152,27 @@ def gsm8k(completion: str, answer: str) -> float:
         return 0.0
 
 
-def _dotted(s: str) -> bool:
-    """A trailing period: `parse_number` reads "12." as 12, math-verify cannot read it."""
-    return s.rstrip().endswith(".")
+def _same_number(pred: str, gold: str) -> bool:
+    """Equal exact rationals (`parse_number`) where math-verify agrees: neither side with a trailing period ("12."
+    it cannot read) or `\\text{}` (`\\text{12}` = 12 but not 12.0 to it), and a percent sign on both or neither
+    (50% = 50 but 12% != 12.0 to it); otherwise not settled here."""
+    if any(s.rstrip().endswith(".") or "\\text" in s for s in (pred, gold)):
+        return False
+    if ("%" in pred) != ("%" in gold):
+        return False
+    a, b = parse_number(pred), parse_number(gold)
+    return a is not None and a == b
 
 
 def math_equal(pred: str, gold: str, timeout_s: float = 1.0) -> bool:
     """Are two final answers equal, as math-verify judges them (each read as the content of a `\\boxed{}`)?
 
-    Fast paths may only accept: equal exact rationals (`parse_number`: "1,234" = "1234", "\\frac34" = "0.75",
-    "50\\%" = "50"), then equal normalised strings (`_normalise`). Everything they do not accept goes to
+    Fast paths may only accept: equal exact rationals (`_same_number`: "1,234" = "1234", "\\frac34" = "0.75",
+    "50\\%" = "50%"), then equal normalised strings (`_normalise`). Everything they do not accept goes to
     math-verify in the worker process (`p3o.rewards.mv_worker`), killed after `timeout_s` (then False, counted as
     a timeout in the open `p3o.rewards.tally` tallies), unless `safe_for_sympy` keeps it away for its cost.
     """
-    a, b = parse_number(pred), parse_number(gold)
-    if a is not None and b is not None and a == b and not _dotted(pred) and not _dotted(gold):
-        return True
-    if _normalise(pred) == _normalise(gold):
+    if _same_number(pred, gold) or _normalise(pred) == _normalise(gold):
         return True
     if not (safe_for_sympy(pred) and safe_for_sympy(gold)):
         return False
