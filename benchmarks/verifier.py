@@ -10,10 +10,11 @@ tests/rewards/data/math_corpus.jsonl, and the ratio p3o / math-verify; > 1 means
     math-verify  = math_verify.verify(parse("\\boxed{" + answer + "}"), parse(completion)) in this process, with
                    math-verify's own default time limits (what p3o's verdicts are checked against)
 
-Each timed pass is run twice: cold (sympy's and math-verify's caches emptied first, a fresh p3o worker — what new
-completions meet in training) and warm (the same pass again, every cache holding it). math-verify's regexes are
-compiled once per process in both (p3o's worker does it before it reports ready). The two verifiers alternate pass
-by pass (`--repeats`), so a shared machine's noise hits both alike; the median pass is reported.
+Each repeat runs each verifier in a fresh Python process (`--one NAME`): one cold pass over the corpus (new
+expressions, empty sympy caches: what new completions meet in training), then a warm pass (the same pairs again).
+Start-up is not timed: imports, math-verify's regex compilation (one trivial pair first, as p3o's worker does before
+it reports ready) and p3o's worker start-up. The two verifiers alternate repeat by repeat, so a shared machine's
+noise hits both alike; the median pass is reported.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,63 +47,67 @@ def one_pass(fn: Callable[[str, str], float], pairs: list[tuple[str, str]]) -> t
     return time.perf_counter() - t0, verdicts
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--corpus", type=Path, default=CORPUS)
-    p.add_argument("--repeats", type=int, default=3, help="timed passes of each (after one warm-up pass)")
-    p.add_argument("--timeout-s", type=float, default=10.0, help="p3o's per-call limit (generous: no timeouts)")
-    args = p.parse_args(argv)
+def run_one(name: str, corpus: Path, timeout_s: float) -> dict[str, object]:
+    """In this (fresh) process: {"cold": s, "warm": s, "verdicts": [...], "timeouts": n} for verifier `name`."""
     logging.disable(logging.WARNING)  # math-verify logs every answer it cannot parse
-
     from math_verify import parse, verify
 
     from p3o.rewards import math_reward, tally
     from p3o.rewards.verifiers import _worker
 
-    pairs = load(args.corpus)
+    pairs = load(corpus)
+    if name == "p3o":
+        _worker().call({"op": "ping"}, timeout_s=120.0)  # start-up (and its regex compilation) not timed
 
-    def p3o(completion: str, answer: str) -> float:
-        return math_reward(completion, answer, timeout_s=args.timeout_s)
+        def fn(completion: str, answer: str) -> float:
+            return math_reward(completion, answer, timeout_s=timeout_s)
+    else:
 
-    def math_verify(completion: str, answer: str) -> float:
-        return float(verify(parse("\\boxed{" + answer + "}"), parse(completion)))
+        def fn(completion: str, answer: str) -> float:
+            return float(verify(parse("\\boxed{" + answer + "}"), parse(completion)))
 
-    def cold_p3o() -> None:  # a fresh worker: empty caches; its start-up (and regex compilation) not timed
-        _worker().close()
-        _worker().call({"op": "ping"}, timeout_s=120.0)
+        fn("\\frac{1}{2}", "0.5")  # compile math-verify's regexes, as p3o's worker does before it is ready
+    out: dict[str, object] = {}
+    with tally() as counts:
+        out["cold"], out["verdicts"] = one_pass(fn, pairs)
+        out["warm"], _ = one_pass(fn, pairs)
+    out["timeouts"] = counts.timeouts
+    return out
 
-    def cold_math_verify() -> None:  # empty sympy's and math-verify's caches (the compiled regexes stay)
-        from math_verify import parser
-        from sympy.core.cache import clear_cache
 
-        clear_cache()
-        parser.parse_latex_cached.cache_clear()
-        parser.parse_expr_cached.cache_clear()
-
-    math_verify("\\frac{1}{2}", "0.5")  # compile math-verify's regexes in this process, as the worker does
-    ways = {"p3o": (p3o, cold_p3o), "math-verify": (math_verify, cold_math_verify)}
-    times: dict[tuple[str, str], list[float]] = {(k, m): [] for k in ways for m in ("cold", "warm")}
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpus", type=Path, default=CORPUS)
+    p.add_argument("--repeats", type=int, default=3, help="fresh processes per verifier (each: a cold, a warm pass)")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="p3o's per-call limit (generous: no timeouts)")
+    p.add_argument("--one", choices=["p3o", "math-verify"], help=argparse.SUPPRESS)  # a child: one verifier
+    args = p.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_one(args.one, args.corpus, args.timeout_s)))
+        return 0
+    names = ["p3o", "math-verify"]
+    times: dict[tuple[str, str], list[float]] = {(k, m): [] for k in names for m in ("cold", "warm")}
     verdicts: dict[str, list[int]] = {}
     for _ in range(args.repeats):
-        for name, (fn, make_cold) in ways.items():
-            make_cold()
+        for name in names:
+            cmd = [sys.executable, __file__, "--one", name, "--corpus", str(args.corpus)]
+            cmd += ["--timeout-s", str(args.timeout_s)]
+            res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
             for mode in ("cold", "warm"):
-                with tally() as counts:
-                    seconds, verdicts[name] = one_pass(fn, pairs)
-                times[(name, mode)].append(seconds)
-                if counts.timeouts:
-                    print(f"warning: {counts.timeouts} p3o timeouts in a pass (raise --timeout-s)")
-    worker_calls = sum(
-        1 for c, a in pairs if _needs_worker(c, a)
-    )  # pairs the fast paths do not settle: a worker round trip each
+                times[(name, mode)].append(float(res[mode]))
+            verdicts[name] = list(res["verdicts"])
+            if res["timeouts"]:
+                print(f"warning: {res['timeouts']} p3o timeouts in a run (raise --timeout-s)")
+    pairs = load(args.corpus)
+    worker_calls = sum(1 for c, a in pairs if _needs_worker(c, a))  # a worker round trip each
     agree = sum(x == y for x, y in zip(verdicts["p3o"], verdicts["math-verify"]))
     rate = {key: len(pairs) / statistics.median(v) for key, v in times.items()}
     print(
-        f"{len(pairs)} pairs ({args.corpus.name}), {args.repeats} timed passes each, median; "
+        f"{len(pairs)} pairs ({args.corpus.name}), {args.repeats} fresh processes each, median; "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}"
     )
     print(f"{'verifier':<14}{'cold pairs/s':>14}{'ms/pair':>9}{'warm pairs/s':>14}{'ms/pair':>9}")
-    for k in ways:
+    for k in names:
         cold, warm = rate[(k, "cold")], rate[(k, "warm")]
         print(f"{k:<14}{cold:>14.1f}{1e3 / cold:>9.2f}{warm:>14.1f}{1e3 / warm:>9.2f}")
     for mode in ("cold", "warm"):
