@@ -82,6 +82,12 @@ def test_p3o_warns_when_micro_batch_is_smaller_than_the_step(capsys, monkeypatch
     assert ess_scope_warning(load_config(["--objective.scope", "micro-batch"])) is None  # a knowing choice
     assert ess_scope_warning(load_config(["--objective.name", "grpo"])) is None
     assert "no step scope" in ess_scope_warning(load_config([*small, "--objective.name", "p3o_two_anchor"]))
+    # a token budget cuts the ESS set by tokens: said even for an explicit micro-batch scope, silent for step scope
+    budget = ["--update.max_tokens_per_micro_batch", "512"]
+    assert "depends on that budget" in ess_scope_warning(load_config(budget))
+    assert "depends on that budget" in ess_scope_warning(load_config([*budget, "--objective.scope", "micro-batch"]))
+    assert ess_scope_warning(load_config([*budget, "--objective.scope", "step"])) is None
+    assert ess_scope_warning(load_config([*budget, "--objective.name", "grpo"])) is None
 
     monkeypatch.setattr(loop_mod, "run", lambda cfg, **kw: tmp_path)
     assert p3o_main(["train", "--run_dir", str(tmp_path / "r"), *small]) == 0

@@ -63,7 +63,16 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_model
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
 from transformers.utils import logging as hf_logging
 
 from p3o import dist
@@ -617,8 +626,6 @@ def save_sharded_checkpoint(
     ``sharded/`` with ``torch.distributed.checkpoint`` (each rank writes its shard), rank 0 writes the rest and
     renames the finished directory into place; returns its path (on every rank). `placement`: the strategy and
     world size that wrote it (recorded in trainer_state.pt; a resume may use another)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     if keep_last < 1:
         raise P3OError(f"ckpt.keep_last: must be >= 1, got {keep_last}")
@@ -668,13 +675,6 @@ def save_sharded_checkpoint(
 def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
     """Load a ``sharded/`` checkpoint into `model` (and `optimizer`) whatever their placement now: FSDP at any
     world size, or one process (DCP reads the shards it needs)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_state_dict,
-        set_model_state_dict,
-        set_state_dict,
-    )
 
     model = _unwrap(model)
     if optimizer is None:
@@ -690,7 +690,6 @@ def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opt
 
 def _load_full_into_sharded(model: torch.nn.Module, policy_dir: Path) -> None:
     """A ``policy/`` checkpoint (written unsharded) into a sharded model: its full tensors scattered to the shards."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     if (policy_dir / "adapter_config.json").is_file():
         raise P3OError(
@@ -719,7 +718,6 @@ def _load_optimizer_into_sharded(
 ) -> None:
     """An unsharded AdamW state (keyed by parameter index, as ``optimizer.state_dict()`` writes it) into the
     optimizer of a sharded model: re-keyed by parameter name, then scattered."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     model = _unwrap(model)
     names = [n for n, p in model.named_parameters() if p.requires_grad]

@@ -81,6 +81,14 @@ def ess_scope_warning(cfg: Any, world_size: int = 1) -> str | None:
     rec = get_objective(name)
     # the record says whether the loss couples rows through a per-micro-batch statistic (M2PO's is step-wide)
     per_micro = rec.coupling != "row" and "m2po_threshold" not in rec.needs
+    budget = cfg.update.max_tokens_per_micro_batch
+    scope = cfg.objective.hyper.get("scope", "micro-batch")
+    if per_micro and budget and scope == "micro-batch":  # explicit or default: the set is now cut by tokens
+        return (
+            f"p3o train: warning: {name}'s ESS is taken per micro-batch, and update.max_tokens_per_micro_batch "
+            f"{budget} cuts the micro-batches by tokens, so the objective depends on that budget (and on the lengths "
+            "of each batch); --objective.scope step takes one ESS per optimizer step, which no budget changes"
+        )
     if not per_micro or "scope" in cfg.objective.hyper:
         return None
     per_rank = cfg.rollout.prompts_per_step * cfg.rollout.group_size // max(1, world_size)

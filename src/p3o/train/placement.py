@@ -35,17 +35,23 @@ the same engine code on it.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from transformers import AutoModelForCausalLM
 
 from p3o import dist
 from p3o.errors import ConfigError
 from p3o.logprobs import token_logprobs
-from p3o.models.lora import is_lora
+from p3o.models.lora import _adapted_layers as adapted_layers
+from p3o.models.lora import is_lora, merged_copy, merged_weights
 
 Strategy = Literal["auto", "ddp", "fsdp"]
 Precision = Literal["no", "bf16", "fp16"]
@@ -197,15 +203,6 @@ class Placement:
 
     # -- wrapping ----------------------------------------------------------------------------------------------------
     def _shard(self, forward: PolicyForward) -> nn.Module:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import (
-            CPUOffloadPolicy,
-            FSDPModule,
-            MixedPrecisionPolicy,
-            OffloadPolicy,
-            fully_shard,
-        )
-
         self.skeleton = _meta_skeleton(self.policy)
         mesh = init_device_mesh(self.device.type, (dist.world_size(),))
         mp = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
@@ -224,8 +221,6 @@ class Placement:
         if self.precision != "fp16":
             return None
         if self.strategy == "fsdp":
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
             return ShardedGradScaler(self.device.type)
         return torch.amp.GradScaler(self.device.type)
 
@@ -316,8 +311,6 @@ class Placement:
     def weights(self) -> Mapping[str, Tensor]:
         """What an engine sync sends: the state dict (LoRA: the merged adapted layers only); under FSDP a mapping
         that gathers each full tensor when read (a collective: every rank reads it in the same order)."""
-        from p3o.models.lora import merged_weights
-
         if not self.sharded:
             return merged_weights(self.policy) if is_lora(self.policy) else self.policy.state_dict()
         return GatheredWeights(self.policy)
@@ -336,8 +329,6 @@ class Placement:
         """Every tensor of the plain (LoRA merged) model by its plain key, full (gathered on read under FSDP)."""
         if not self.sharded:
             if is_lora(self.policy):
-                from p3o.models.lora import merged_copy
-
                 return merged_copy(self.policy).state_dict()
             return self.policy.state_dict()
         return GatheredWeights(self.policy, whole=True)
@@ -346,16 +337,12 @@ class Placement:
         """A plain full model for a new engine to copy (LoRA merged). Under FSDP it is built from the meta skeleton
         with the gathered weights (every rank calls it)."""
         if not self.sharded:
-            from p3o.models.lora import merged_copy
-
             return merged_copy(self.policy) if is_lora(self.policy) else self.policy
         return self.materialize(self.plain_weights())
 
     def materialize(self, weights: Mapping[str, Tensor]) -> nn.Module:
         """The plain model of the skeleton filled with `weights` (full tensors by plain key), on the CPU."""
         assert self.skeleton is not None
-        import copy
-
         model = copy.deepcopy(self.skeleton).to_empty(device=self.device)
         own = model.state_dict(keep_vars=True)
         with torch.no_grad():
@@ -375,8 +362,6 @@ class Placement:
 
 def _meta_skeleton(policy: nn.Module) -> nn.Module:
     """The plain HF model's structure on the meta device (no memory): what `Placement.materialize` fills."""
-    from transformers import AutoModelForCausalLM
-
     base = policy.get_base_model() if is_lora(policy) else policy
     with torch.device("meta"):
         skel = AutoModelForCausalLM.from_config(base.config, torch_dtype=next(policy.parameters()).dtype)
@@ -401,9 +386,7 @@ class GatheredWeights(Mapping[str, Tensor]):
         self.lora = is_lora(policy)
         self._merged: dict[str, tuple[nn.Module, Tensor]] = {}
         if self.lora:
-            from p3o.models.lora import _adapted_layers
-
-            for name, mod in _adapted_layers(policy):
+            for name, mod in adapted_layers(policy):
                 self._merged[f"{name}.weight"] = (mod, mod.get_base_layer().weight)
             base = policy.get_base_model()
             plain = {_plain_key(k): v for k, v in base.state_dict().items() if "lora_" not in k}
