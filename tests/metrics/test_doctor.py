@@ -230,3 +230,17 @@ def test_sync_run_with_four_mini_batches_names_staleness_not_the_engine(tmp_path
     assert out.splitlines()[0].startswith("unhealthy: staleness from mini-batches (low_ess")
     assert "lower update.num_mini_batches" in out and "this run: loop.mode sync, update.num_mini_batches 4" in out
     assert "engine" not in out.splitlines()[0] and "rollout.precision" not in out
+
+
+def test_engine_finding_names_the_trainer_compute_precision() -> None:
+    """A bf16 trainer (mixed precision over fp32 weights, or all-bf16) against an fp32 engine is a mismatch of both
+    sides: the suggestion says what the trainer computes in, not only the engine's precision."""
+    from p3o.metrics.doctor import _suggestion
+    from p3o.metrics.rules import Finding
+
+    f = Finding("engine_mismatch", "m", "e", "record rollout log-probs in fp32", "engine")
+    mixed = {"train": {"mixed_precision": "bf16"}, "model": {"dtype": "float32"}, "rollout": {"precision": "fp32"}}
+    assert "trainer computes in bf16" in _suggestion(f, mixed)
+    assert "trainer computes in bfloat16" in _suggestion(f, {"model": {"dtype": "bfloat16"}, "train": {}})
+    plain = {"train": {"mixed_precision": "no"}, "model": {"dtype": "float32"}, "rollout": {"precision": "fp32"}}
+    assert "trainer computes" not in _suggestion(f, plain)

@@ -274,6 +274,16 @@ def _suggestion(f: Finding, config: dict[str, Any]) -> str:
             extra.append("this run: " + ", ".join(mine))
     if engine and rollout.get("precision") not in (None, "fp32"):
         extra.append(f"this run: rollout.precision {rollout['precision']}")
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    compute = train.get("mixed_precision") if train.get("mixed_precision") not in (None, "no") else None
+    if compute is None and model.get("dtype") not in (None, "float32"):
+        compute = model["dtype"]
+    if engine and compute is not None:  # the trainer's side of the mismatch: its compute precision
+        extra.append(
+            f"this run's trainer computes in {compute} (train.mixed_precision / model.dtype), the engine in "
+            f"{rollout.get('precision', 'fp32')}: the ratios see both"
+        )
     if engine and rollout.get("kv_cache_dtype") not in (None, "auto"):
         extra.append(f"this run: rollout.kv_cache_dtype {rollout['kv_cache_dtype']}")
     return text + ("; " + "; ".join(extra) if extra else "")
