@@ -99,8 +99,9 @@ def synthetic_values(study_path: Path, doc: dict[str, Any], log: Any = print) ->
     return out, how
 
 
-def backfill(path: Path, study: Path | None = None, log: Any = print) -> dict[str, Any]:
-    """The verdict file ``path`` with what can be back-filled added (see the module docstring)."""
+def backfill(path: Path, study: Path | None = None, log: Any = print, reason: str | None = None) -> dict[str, Any]:
+    """The verdict file ``path`` with what can be back-filled added (see the module docstring); ``reason``: the
+    ``values_reason`` to record instead of the default one."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -122,7 +123,7 @@ def backfill(path: Path, study: Path | None = None, log: Any = print) -> dict[st
             if how:
                 out["values_source"] = how
             if missing and "values_reason" not in doc:
-                out["values_reason"] = (
+                out["values_reason"] = reason or (
                     LM_VALUES_REASON
                     if study is None
                     else "the recomputed cells did not reproduce these records' stored statistics"
@@ -142,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("verdicts", type=Path, help="the *.verdicts.json to back-fill (rewritten in place)")
     parser.add_argument("--study", type=Path, default=None, help="a synthetic study's file: recompute its cells")
+    parser.add_argument("--reason", default=None, help="why the records have no per-seed values (values_reason)")
     args = parser.parse_args(argv)
     try:
-        doc = backfill(args.verdicts, args.study)
+        doc = backfill(args.verdicts, args.study, reason=args.reason)
     except ConfigError as err:
         print(f"backfill: error: {err}", file=sys.stderr)
         return 2
