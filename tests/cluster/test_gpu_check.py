@@ -16,7 +16,19 @@ from p3o.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-CHECKS = ["vllm_in_process", "vllm_in_a_worker", "vllm_fp8_weights", "collective_weight_group", "hf_model_device_cuda"]
+CHECKS = [
+    "vllm_in_process",
+    "vllm_in_a_worker",
+    "vllm_fp8_weights",
+    "collective_weight_group",
+    "hf_model_device_cuda",
+    "fsdp_one_gpu",
+    "fsdp_two_gpus",
+    "fsdp_bf16_mixed_precision",
+    "bf16_mixed_precision_one_process",
+    "fsdp_vllm_in_process",
+]
+TORCHRUN = {"fsdp_one_gpu": 1, "fsdp_two_gpus": 2, "fsdp_bf16_mixed_precision": 1, "fsdp_vllm_in_process": 1}
 
 
 def _script(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -29,11 +41,23 @@ def test_dry_run_prints_one_valid_command_per_check(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert [line.split()[1].rstrip(":") for line in lines] == CHECKS
+    cfgs = {}
     for line in lines:
+        name = line.split()[1].rstrip(":")
         argv = shlex.split(line.split(": ", 1)[1])
+        if name in TORCHRUN:  # python -m torch.distributed.run --standalone --nproc_per_node N -m p3o train ...
+            launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(TORCHRUN[name])]
+            assert argv[1:6] == launch
+            argv = argv[:1] + argv[6:]
         assert argv[1:4] == ["-m", "p3o", "train"]
-        cfg = load_config(argv[4:])  # every option exists and every value is valid
+        cfg = cfgs[name] = load_config(argv[4:])  # every option exists and every value is valid
         assert cfg.model.device == "cuda" and cfg.steps == 3
+        if name in TORCHRUN:
+            assert cfg.train.strategy == "fsdp"
+        if "bf16" in name:
+            assert cfg.train.mixed_precision == "bf16"
+    assert cfgs["fsdp_vllm_in_process"].rollout.engine == "vllm"
+    assert cfgs["fsdp_one_gpu"].ckpt.every == 3  # the check reads the sharded checkpoint of its last step
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the checks would run for real")
