@@ -104,6 +104,7 @@ __all__ = [
     "RUN_OUTPUTS",
     "checkpoint_step",
     "clear_run_outputs",
+    "earlier_run",
     "gather_rng_states",
     "is_complete",
     "latest_checkpoint",
@@ -336,6 +337,26 @@ def run_outputs(run_dir: str | Path) -> list[str]:
         if path.is_file() or (path.is_dir() and any(path.iterdir())):
             found.append(name)
     return found
+
+
+def earlier_run(run_dir: str | Path) -> list[str]:
+    """The outputs of an earlier run in `run_dir` (`run_outputs`) when it completed a step — a
+    checkpoint, final/, or a metrics.jsonl row past step 0 — else []. A start that died before its first step
+    (killed while a base was being built, an engine that failed to start) left no run: the next start is not
+    refused, and it clears those leftovers."""
+    outputs = run_outputs(run_dir)
+    if not outputs or {CKPT_DIR, "final"} & set(outputs):
+        return outputs
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a torn line of a killed run
+            if isinstance(row, dict) and isinstance(row.get("step"), int | float) and row["step"] >= 1:
+                return outputs
+    return []
 
 
 def clear_run_outputs(run_dir: str | Path) -> list[str]:

@@ -194,9 +194,8 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
                 "CPU build .venv-vllm with `bash scripts/vllm_env.sh` and run p3o from it (docs/vllm.md)"
             )
         # heavy: transformers start-up, not for a refused setting (and a call-time lookup: tests patch loop.run)
-        from p3o.train.checkpoint import CheckpointWarning
+        from p3o.train.checkpoint import CheckpointWarning, earlier_run
         from p3o.train.loop import run
-        from p3o.train.wiring import earlier_run
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
         warning = ess_scope_warning(cfg, world)

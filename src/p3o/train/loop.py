@@ -63,7 +63,6 @@ from p3o.train.wiring import (
     build_optimizer,
     check_run_dir,
     describe_placement,
-    earlier_run,
     resolve_device,
     save_loop_checkpoint,
 )
@@ -410,7 +409,7 @@ def run(cfg: Any, *, components: Components | None = None, remote_source: Remote
         finished = True
     finally:
         trainer.close()
-        if created and not finished and dist.is_main() and not earlier_run(trainer.run_dir):
+        if created and not finished and dist.is_main() and not checkpoint.earlier_run(trainer.run_dir):
             shutil.rmtree(trainer.run_dir, ignore_errors=True)
     trainer.finish()
     return trainer.run_dir

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,38 +226,18 @@ def describe_placement(placement: Placement) -> str:
     return f"trainer {where}; compute {d['compute']}, parameters and AdamW states {d['param_dtype']}"
 
 
-def earlier_run(run_dir: str | Path) -> list[str]:
-    """The outputs of an earlier run in `run_dir` (`checkpoint.run_outputs`) when it completed a step — a
-    checkpoint, final/, or a metrics.jsonl row past step 0 — else []. A start that died before its first step
-    (killed while a base was being built, an engine that failed to start) left no run: the next start is not
-    refused, and it clears those leftovers."""
-    outputs = checkpoint.run_outputs(run_dir)
-    if not outputs or {checkpoint.CKPT_DIR, "final"} & set(outputs):
-        return outputs
-    metrics = Path(run_dir) / "metrics.jsonl"
-    if metrics.is_file():
-        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a torn line of a killed run
-            if isinstance(row, dict) and isinstance(row.get("step"), int | float) and row["step"] >= 1:
-                return outputs
-    return []
-
-
 def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse (ConfigError, on every rank together) a run_dir this run must not write into. It does not create it:
     the run does, once everything it can refuse (data, verifier, model, base building) has been built.
 
     A fresh run (no `resume`) never silently replaces another: a run_dir holding an earlier run that completed a
-    step (`earlier_run`) is refused unless `overwrite`. `resume` needs something to resume (`resume_problem`): a
-    missing or empty run_dir, a run with no checkpoint and one whose checkpoints are all damaged are refused with one
-    line.
+    step (`checkpoint.earlier_run`) is refused unless `overwrite`. `resume` needs something to resume
+    (`resume_problem`): a missing or empty run_dir, a run with no checkpoint and one whose checkpoints are all damaged
+    are refused with one line.
     """
     problem = None
     if dist.is_main():
-        outputs = earlier_run(run_dir)
+        outputs = checkpoint.earlier_run(run_dir)
         if outputs and not resume and not overwrite:
             problem = (
                 f"run_dir {run_dir} holds an earlier run ({', '.join(outputs)}); pass --resume to continue it or "
@@ -362,7 +341,6 @@ __all__ = [
     "load_tokenizer",
     "build_optimizer",
     "check_run_dir",
-    "earlier_run",
     "describe_placement",
     "engine_model",
     "resume_problem",
