@@ -92,6 +92,11 @@ def find_run(model: str | Path) -> tuple[Path, Path | None]:
         ckpt = latest_checkpoint(path)
         if ckpt is not None and (ckpt / "policy" / "config.json").is_file():
             return ckpt / "policy", path
+        if ckpt is not None and (ckpt / "sharded").is_dir():
+            raise ConfigError(
+                f"--model: run {path} has no final/ yet and its latest checkpoint {ckpt.name} is sharded "
+                "(train.strategy fsdp: torch.distributed.checkpoint shards); finish the run (--resume) to write final/"
+            )
         raise ConfigError(f"--model: run {path} has no final/ policy and no checkpoint yet (did training finish?)")
     if (path / "policy" / "config.json").is_file():  # checkpoints/step_N
         path = path / "policy"
