@@ -223,9 +223,10 @@ class OffPolicyMonitor:
             if versions is not None:
                 if version is None:
                     raise ValueError("OffPolicyMonitor: versions given without the trainer's version (version=)")
-                in_batch = torch.as_tensor(updates, dtype=torch.int64).to(dev).expand(n, t)
-                if bool((in_batch < 0).any()):
+                upd = torch.as_tensor(updates, dtype=torch.int64)
+                if upd.device.type == "cpu" and bool((upd < 0).any()):  # checked where it costs no device sync
                     raise ValueError("OffPolicyMonitor: updates must be >= 0")
+                in_batch = upd.to(dev).expand(n, t)
                 vlag = (int(version) - versions.detach().to(dev, torch.int64)).clamp(min=0)
                 lag = vlag * int(updates_per_version) + in_batch
                 self._has_versions = True
