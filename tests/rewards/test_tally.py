@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny_lm import make_tiny_lm
 
-from p3o.rewards import Tally, make_reward_fn, math_reward, score, tally
+from p3o.rewards import Tally, make_reward_fn, math_reward, safe_for_sympy, score, tally
 from p3o.rewards.sandbox import Worker
 from p3o.rewards.tally import record
 from p3o.rewards.verifiers import _worker
@@ -68,10 +68,13 @@ def test_worker_counts_a_timeout_and_the_restart() -> None:
 
 
 def test_a_pathological_math_answer_times_out_and_is_counted() -> None:
-    """`(10^{100})!` passes the cost filter (a 3-digit exponent) and sympy cannot finish it: killed, counted."""
+    """`\\binom{10^{100}}{10^{50}}` passes the cost filter (3-digit exponents) and no machine can evaluate it: the
+    worker is killed at the limit, and the timeout and the restart are counted."""
+    pathological = "\\binom{10^{100}}{10^{50}}"
+    assert safe_for_sympy(pathological)
     _worker().call({"op": "ping"}, timeout_s=60.0)
     with tally() as t:
-        assert score(["so \\boxed{(10^{100})!}"], ["7"], "math", timeout_s=0.3) == [0.0]
+        assert score([f"so \\boxed{{{pathological}}}"], ["7"], "math", timeout_s=0.3) == [0.0]
     assert (t.verifications, t.timeouts, t.restarts) == (1, 1, 1)
     _worker().call({"op": "ping"}, timeout_s=60.0)  # let the spare come up before the next test scores
     assert math_reward("\\boxed{3!}", "6", timeout_s=30.0) == 1.0

@@ -37,6 +37,19 @@ def _limit_memory(gib: float = 4.0) -> None:
         pass
 
 
+# Pairs compared once before the worker reports ready: they compile math-verify's regexes and load the sympy code
+# paths answers use (numbers, sets and intervals, equations and functions, words as symbol products), ~0.1-0.7 s each
+# the first time; a request meeting them cold could overrun a 1 s limit.
+WARM_UP = [
+    ("\\frac{1}{2}", "0.5"),
+    ("f'(x) = x^2", "\\sqrt{2}"),
+    ("\\text{(A)}", "\\{1,2\\}"),
+    ("(1,2]", "x = 2"),
+    ("eval('1+1')", "7"),
+    ("\\sin(x)+2i", "\\pi"),
+]
+
+
 def equal(pred: str, gold: str, seconds: int) -> bool:
     """math-verify equivalence of two LaTeX answers (each parsed as the content of a \\boxed{})."""
     from math_verify import LatexExtractionConfig, parse, verify  # heavy: sympy start-up, after main() capped memory
@@ -89,7 +102,8 @@ def main() -> int:
     # heavy: sympy start-up, under the memory cap; imported up front so the first request is not slowed by it
     import math_verify  # noqa: F401
 
-    equal("\\frac{1}{2}", "0.5", 5)  # compiles math-verify's regexes (~0.2 s): before the ready line, not in a call
+    for pred, gold in WARM_UP:  # before the ready line, so no call pays for it
+        equal(pred, gold, 5)
     return serve(_handle, sys.stdout)
 
 

@@ -45,14 +45,15 @@ Verifier = Callable[[str, str], float]
 
 _WORKER: Worker | None = None
 # What sympy can spend unbounded time or memory on, and no real answer needs: exponents with 4+ digits, nested
-# powers and towers, Python's `**`, factorials of 4+ digit numbers, huge scientific notation, sums / products /
-# limits / integrals, 41+ digit literals, `__`, macro definitions. Only cost decides what is here: anything else
-# goes to math-verify, whose worker has a time and a memory limit.
+# powers and towers, Python's `**`, factorials of 4+ digit numbers, of a parenthesised power (`(10^{100})!`) or of a
+# braced group, huge scientific notation, sums / products / limits / integrals, 41+ digit literals, `__`, macro
+# definitions. Only cost decides what is here: anything else goes to math-verify, whose worker has a time and a
+# memory limit.
 _HOSTILE = re.compile(
-    r"\^\s*\{?\s*[-+]?\d{4,}|\^\s*\{[^{}]*\^|\d\s*\^\s*\{?\s*\d+\s*\}?\s*\^|\*\*|\d{4,}\s*!|\d[eE][-+]?\d{3,}"
+    r"\^\s*\{?\s*[-+]?\d{4,}|\^\s*\{[^{}]*\^|\d\s*\^\s*\{?\s*\d+\s*\}?\s*\^|\*\*|\d[eE][-+]?\d{3,}"
+    r"|\d{4,}\s*!|\([^()]*\^[^()]*\)\s*!|\}\s*!"
     r"|\\(?:fact|prod|sum|lim|int)(?![a-zA-Z])|\d{41,}|__|\\def|\\newcommand"
 )
-_TRAILING_DOT = re.compile(r"\\.\s*$|\\.\s")  # "12." math-verify cannot read
 _EXPONENT = re.compile(r"\^\s*\{?\s*[-+]?(\d+)")
 MAX_POWERS = 16  # more `^` than this in one answer: no real answer, sympy's expansion can take minutes
 
@@ -106,10 +107,11 @@ def safe_for_sympy(s: str) -> bool:
     """False for the few inputs that are kept from sympy because of their cost alone.
 
     Rejected: longer than MAX_ANSWER_CHARS; control characters other than tab and newline; 4+ digit or nested
-    exponents, more than MAX_POWERS powers or 7+ exponent digits in all, `**`, factorials of 4+ digit numbers,
-    huge scientific notation; sums / products / limits / integrals; 41+ digit literals; `__`; macro definitions;
-    braces unbalanced or nested deeper than 10. Words, units, punctuation and unicode pass: math-verify reads them
-    (`12 apples`, `3\\;\\text{m}`), and its worker's time and memory limits are the safety net.
+    exponents, more than MAX_POWERS powers or 7+ exponent digits in all, `**`, factorials of 4+ digit numbers, of a
+    parenthesised power (`(10^{100})!`) or of a braced group, huge scientific notation; sums / products / limits /
+    integrals; 41+ digit literals; `__`; macro definitions; braces unbalanced or nested deeper than 10. Words,
+    units, punctuation and unicode pass: math-verify reads them (`12 apples`, `3\\;\\text{m}`), and its worker's
+    time and memory limits are the safety net.
     """
     if len(s) > MAX_ANSWER_CHARS or _HOSTILE.search(s):
         return False
