@@ -171,7 +171,8 @@ class Trainer:
                 if rng is not None:
                     torch.set_rng_state(rng)
         if dist.is_main():
-            print(f"p3o train: {describe_placement(self.placement)}", file=sys.stderr)
+            if self.placement.strategy != "single" or self.placement.precision != "no":  # one process, no cast: quiet
+                print(f"p3o train: {describe_placement(self.placement)}", file=sys.stderr)
             run_dir.mkdir(parents=True, exist_ok=True)  # only now: what a start can refuse was checked or built above
             if start == 0 and checkpoint.run_outputs(run_dir):
                 # --overwrite, or --resume with no checkpoint yet: the earlier outputs would mix with this run's (and
