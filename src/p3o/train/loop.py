@@ -305,6 +305,7 @@ class Trainer:
             time_s=time.perf_counter() - self.t_run,
             tokens_per_s=row["tokens"] / max(wall, 1e-9),
             version=float(step + 1),
+            world_size=float(dist.world_size()),  # recorded: a resume may change it (an operational setting)
         )
         if not source.overlaps_generation:  # sync-style sources generate inside get(); async overlaps it
             row["time_gen_s"] = t_wait
