@@ -12,9 +12,10 @@ tests/rewards/data/math_corpus.jsonl, and the ratio p3o / math-verify; > 1 means
 
 Each repeat runs each verifier in a fresh Python process (`--one NAME`): one cold pass over the corpus (new
 expressions, empty sympy caches: what new completions meet in training), then a warm pass (the same pairs again).
-Start-up is not timed: imports, math-verify's regex compilation (one trivial pair first, as p3o's worker does before
-it reports ready) and p3o's worker start-up. The two verifiers alternate repeat by repeat, so a shared machine's
-noise hits both alike; the median pass is reported.
+Start-up is not timed: imports, p3o's worker start-up, and in both the warm-up pairs the worker compares before it
+reports ready (`p3o.rewards.mv_worker.WARM_UP`: math-verify's regexes, sympy's code paths). The two verifiers
+alternate repeat by repeat, so a shared machine's noise hits both alike; the median pass is reported. On a loaded
+machine each worker round trip also waits for the scheduler (two wake-ups per pair), which direct calls do not.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def run_one(name: str, corpus: Path, timeout_s: float) -> dict[str, object]:
     from math_verify import parse, verify
 
     from p3o.rewards import math_reward, tally
+    from p3o.rewards.mv_worker import WARM_UP
     from p3o.rewards.verifiers import _worker
 
     pairs = load(corpus)
@@ -66,7 +68,8 @@ def run_one(name: str, corpus: Path, timeout_s: float) -> dict[str, object]:
         def fn(completion: str, answer: str) -> float:
             return float(verify(parse("\\boxed{" + answer + "}"), parse(completion)))
 
-        fn("\\frac{1}{2}", "0.5")  # compile math-verify's regexes, as p3o's worker does before it is ready
+        for pred, gold in WARM_UP:  # what p3o's worker does before it reports ready: regexes, sympy's code paths
+            fn("\\boxed{" + pred + "}", gold)
     out: dict[str, object] = {}
     with tally() as counts:
         out["cold"], out["verdicts"] = one_pass(fn, pairs)
