@@ -229,11 +229,12 @@ def test_base_and_every_run_are_evaluated_on_the_grids_one_engine(
     assert json.loads((exp.out_dir / "base_eval.json").read_text())["engine"] == engine
 
 
-def test_done_records_when_and_where_a_run_ran(tmp_path: Path) -> None:
+def test_done_records_when_and_where_a_run_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import datetime
 
     from p3o.experiments.grid.runner import base_key, cpu_kind
 
+    monkeypatch.setenv("P3O_CACHE", str(tmp_path / "cache"))
     exp = parse_experiment({**experiment(tmp_path, ["p3o"], seeds=1), "base": {"steps": 3, "model.name": "tiny"}})
     spec = expand(exp)[0]
     [outcome] = run_grid([spec], log_root=exp.out_dir / "logs", train_cmd=FAKE)
@@ -243,7 +244,14 @@ def test_done_records_when_and_where_a_run_ran(tmp_path: Path) -> None:
     assert start.utcoffset() is not None and start.utcoffset().total_seconds() == 0 and start <= end
     assert 0 < done["wall_s"] <= (end - start).total_seconds() + 0.01
     assert done["cpu"] == cpu_kind() and "(" in done["cpu"]
-    assert done["base_key"] == "tiny"  # the fake's final/config.json names no directory: the configured name
+    # the fake's final/config.json names no directory: the tiny base's cache key when that entry exists (none in this
+    # test's empty cache: P3O_CACHE), else the configured name
+    assert done["base_key"] == "tiny"
+    from p3o.models.tiny import base_dir
+
+    base_dir("1m").mkdir(parents=True)
+    assert base_key(spec.run_dir, "tiny") == base_dir("1m").name and base_dir("1m").name.startswith("tiny-1m-")
+    assert base_key(spec.run_dir, "tiny-random") == "tiny-random"
     (spec.run_dir / "final" / "config.json").write_text(json.dumps({"_name_or_path": "/c/models/tiny-1m-abc"}))
     assert base_key(spec.run_dir, "tiny") == "tiny-1m-abc"
     assert base_key(tmp_path / "nowhere", None) is None

@@ -100,15 +100,25 @@ def cpu_kind() -> str:
 
 
 def base_key(run_dir: Path, model_name: str | None) -> str | None:
-    """The key of the policy a run started from: the cache directory name of a warm-started base (its
-    ``final/config.json`` names the directory it was loaded from, ``_name_or_path``), else the configured
-    ``model.name``; None when neither is known."""
+    """The key of the policy a run started from: the directory a checkpoint says it was loaded from
+    (``final/config.json``'s ``_name_or_path``); else, for the built-in tiny model (``tiny``, ``tiny-<size>``), the
+    cache key of its warm-started base when that entry exists (``p3o.models.tiny.base_key``: size, task, seed and
+    the code version, so an AVX2 and an AVX-512 build of one code version share it); else the configured
+    ``model.name``; None when neither is known. Never builds anything."""
     try:
         loaded = json.loads((run_dir / "final" / "config.json").read_text()).get("_name_or_path")
     except (OSError, json.JSONDecodeError, AttributeError):
         loaded = None
     if isinstance(loaded, str) and loaded:
         return Path(loaded).name if os.sep in loaded else loaded
+    if model_name is not None:
+        from p3o.models.tiny import base_dir, parse_tiny  # light: no torch
+
+        tiny = parse_tiny(model_name)
+        if tiny is not None and not tiny[1]:  # an unknown size or a testbed name has no such entry
+            path = base_dir(tiny[0])
+            if path.is_dir():
+                return path.name
     return model_name
 
 
