@@ -120,6 +120,7 @@ def _reduce_info(values: dict[str, float]) -> dict[str, float]:
         return values
     keys = sorted(values)
     summed = {"tokens", "zero_adv_groups", "num_groups", "generated", "dropped_rows", "trimmed_rows"}
+    summed |= {"reward/timeouts", "reward/restarts", "reward/errors"}  # the verifier's counts: every rank's
     vec = dist.all_reduce_sum(torch.tensor([values[k] for k in keys], dtype=torch.float64)).tolist()
     w = dist.world_size()
     return {k: (v if k in summed else v / w) for k, v in zip(keys, vec)}
