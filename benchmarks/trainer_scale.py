@@ -16,11 +16,11 @@ rank, objective P3O, whose ESS set is then the step): `--warmup` updates, then `
    AdamW states after it (a post-hook). DDP's gradient buckets, FSDP's transient all-gathered layers and the bf16
    copies of autocast are not tensors the rank keeps and are not counted; the peak RSS sees them:
 
-       peak RSS (process)  = resource.getrusage(RUSAGE_SELF).ru_maxrss of the rank over its whole life: the larger of
-                             its value before the reset below and after the updates (model loading included: every
-                             rank loads the whole model before it is sharded, as `p3o train` does)
-       peak RSS (training) = VmHWM after the updates, the high-water mark having been reset (/proc/self/clear_refs 5)
-                             once the model was placed and the optimizer built (nan where the reset is refused)
+       load RSS  = ru_maxrss (resource.getrusage(RUSAGE_SELF)) once the model is loaded and placed and AdamW built:
+                   every rank loads the whole model before it is sharded, as `p3o train` does
+       train RSS = VmHWM after the updates, the high-water mark having been reset (/proc/self/clear_refs 5) after
+                   the load (nan where the reset is refused)
+       peak RSS  = the rank's whole-life peak: the larger of the two
 
    The check of issue 38: FSDP2's per-rank parameters + AdamW states at 2 ranks ≤ 0.55 × DDP's.
 2. **Throughput** at 2 ranks, fp32: the old hand-written all-reduce (`naive`: no wrapper, then after the whole
@@ -174,6 +174,14 @@ def make_batch(n: int, prompt: int, lengths: list[int], vocab: int, seed: int = 
     )
 
 
+def near_policy(placement: Any, batch: Any, noise: float = 0.05, seed: int = 3) -> None:
+    """Set `batch.rollout_logp` to the placed policy's own log-probs plus N(0, noise²) per token (a no-grad forward;
+    a collective under ddp / fsdp: every rank calls it): the ratios of a nearly on-policy batch, as a sync loop's."""
+    g = torch.Generator().manual_seed(seed)
+    logp, _ = placement.logprobs(batch, grad=False)
+    batch.rollout_logp = (logp + noise * torch.randn(logp.shape, generator=g)) * batch.mask
+
+
 def _load(model: str) -> torch.nn.Module:
     """The policy in float32 with every parameter trainable; progress bars and library warnings off (a rank's)."""
     import warnings
@@ -219,6 +227,7 @@ def layout_rank(rank: int, world: int, strategy: str, precision: str, args: argp
         vocab = policy.get_output_embeddings().weight.shape[0]
         batch = make_batch(args.rows, args.prompt, [args.response] * args.rows, min(vocab, 8000), seed=1)
         mine = batch.select(list(range(rank, args.rows, world)))
+        near_policy(placement, mine, seed=3 + rank)
         tokens = int(batch.prompt_mask.sum() + batch.mask.sum())
         load_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # the reset below clears it
         reset = _reset_peak()
@@ -246,6 +255,7 @@ def layout_rank(rank: int, world: int, strategy: str, precision: str, args: argp
             "params": sum(_local_bytes(p) for p in policy.parameters()),
             "grads": counts.get("grads", 0),
             "optimizer": counts.get("optimizer", 0),
+            "rss_load_peak": load_peak,
             "rss_peak": max(load_peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0),
             "rss_train_peak": _vm("VmHWM") if reset else float("nan"),
             "times": times,
@@ -271,6 +281,7 @@ def skew_rank(rank: int, args: argparse.Namespace, out: str) -> None:
     vocab = policy.get_output_embeddings().weight.shape[0]
     lengths = [args.long if i % args.micro == 0 else args.short for i in range(args.skew_rows)]
     batch = make_batch(args.skew_rows, args.prompt, lengths, min(vocab, 8000), seed=2)
+    near_policy(placement, batch)
     budget = args.micro * (args.prompt + args.long)
     call = resolve_objective(get_objective("p3o"), {"scope": "step"}, None)
     init = {k: v.detach().clone() for k, v in policy.state_dict().items()}
@@ -326,17 +337,19 @@ def report_memory(rows: list[dict[str, Any]]) -> dict[str, float]:
     print("\n## Memory per rank (MiB; the largest rank; states counted from the tensors each rank holds)")
     head = (
         f"{'layout':<16}{'ranks':>6}{'precision':>10}{'params':>9}{'grads':>9}{'AdamW':>9}{'p+g+AdamW':>11}"
-        f"{'vs 1 proc':>10}{'peak RSS':>10}{'train RSS':>10}"
+        f"{'vs 1 proc':>10}{'load RSS':>10}{'train RSS':>10}{'peak RSS':>10}"
     )
     print(head)
     for r in rows:
         big = max(r["ranks"], key=lambda x: x["params"] + x["grads"] + x["optimizer"])
         states = big["params"] + big["grads"] + big["optimizer"]
         rss = max(x["rss_peak"] for x in r["ranks"])
+        load_rss = max(x["rss_load_peak"] for x in r["ranks"])
         train_rss = max(x["rss_train_peak"] for x in r["ranks"])
         print(
             f"{r['label']:<16}{r['world']:>6}{r['precision']:>10}{_mib(big['params']):>9}{_mib(big['grads']):>9}"
-            f"{_mib(big['optimizer']):>9}{_mib(states):>11}{states / base_states:>9.2f}x{rss:>10.0f}{train_rss:>10.0f}"
+            f"{_mib(big['optimizer']):>9}{_mib(states):>11}{states / base_states:>9.2f}x"
+            f"{load_rss:>10.0f}{train_rss:>10.0f}{rss:>10.0f}"
         )
     ratios = {}
     for precision in ("no", "bf16"):
