@@ -6,6 +6,11 @@ The settings cover what every objective shares (rollout correction: none / token
 aggregations; the reference-KL and entropy terms; the step counts and ``loss_weight``); the variants cover each
 objective's own options. A refactor of the objectives must leave every case unchanged.
 
+Bit for bit holds per CPU kernel set: ATen dispatches its elementwise kernels (exp, log, the foreach ops) by the CPU's
+capability, and AVX2 and AVX-512 kernels round a few cases differently in the last bit (the rollout-correction and
+entropy settings). So there is one fixture per capability (`torch.backends.cpu.get_cpu_capability()`):
+``pinned_grid.json`` (AVX2) and ``pinned_grid.AVX512.json``; a machine with a capability that has none skips, saying so.
+
 Regenerate (only for a deliberate change of the numbers, and say why in the commit)::
 
     .venv/bin/python tests/objectives/test_objectives_pinned.py --write
@@ -24,7 +29,8 @@ import torch
 
 from p3o.objectives import OBJECTIVES, ObjectiveInputs, get_objective
 
-FIXTURE = Path(__file__).with_name("pinned_grid.json")
+CAPABILITY = torch.backends.cpu.get_cpu_capability()
+FIXTURE = Path(__file__).with_name("pinned_grid.json" if CAPABILITY == "AVX2" else f"pinned_grid.{CAPABILITY}.json")
 N, T = 5, 7
 
 # The settings every objective shares, each with the step counts / loss weight the loop may pass alongside.
@@ -163,6 +169,8 @@ def _key(name: str, case: str) -> str:
 
 @pytest.fixture(scope="module")
 def pinned() -> dict[str, Any]:
+    if not FIXTURE.is_file():
+        pytest.skip(f"no pinned fixture for CPU capability {CAPABILITY} ({FIXTURE.name}): write it with --write")
     return json.loads(FIXTURE.read_text())
 
 
