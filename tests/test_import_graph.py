@@ -270,8 +270,9 @@ def test_the_docs_draw_the_same_floors() -> None:
 # module whose syntax tree is a cache key (pinned: p3o.models.tiny hashes it, so moving an import rebuilds the cached
 # base); each says which in a comment that starts with one of REASONS, on its line or on a comment line right above
 # it (one such line covers the imports right below it). The ceiling holds the count: lower it when a change removes
-# some, never raise it silently.
-LOCAL_IMPORT_CEILING = 67
+# some, never raise it silently. 67 -> 70 (issues 39, 40): `p3o compare --check` (call-time), the synthetic studies'
+# back-fill (heavy: torch), pyarrow.parquet (optional: the p3o[data] extra).
+LOCAL_IMPORT_CEILING = 70
 REASONS = ("optional", "heavy", "call-time", "cycle", "pinned")
 
 

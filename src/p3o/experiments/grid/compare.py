@@ -245,7 +245,7 @@ def main(argv: list[str]) -> int:
         print(help_text())
         return 0
     if argv and argv[0] == "--check":
-        from p3o.experiments.stats.check import main as check_main
+        from p3o.experiments.stats.check import main as check_main  # call-time: only `p3o compare --check`
 
         return check_main(argv[1:])
     args = parse_args(argv)

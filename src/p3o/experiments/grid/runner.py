@@ -112,7 +112,7 @@ def base_key(run_dir: Path, model_name: str | None) -> str | None:
     if isinstance(loaded, str) and loaded:
         return Path(loaded).name if os.sep in loaded else loaded
     if model_name is not None:
-        from p3o.models.tiny import base_dir, parse_tiny  # light: no torch
+        from p3o.models.tiny import base_dir, parse_tiny  # call-time: only for a tiny model's base key (no torch)
 
         tiny = parse_tiny(model_name)
         if tiny is not None and not tiny[1]:  # an unknown size or a testbed name has no such entry
