@@ -79,7 +79,8 @@ def test_plain_grpo_trainer_with_steps_per_generation_is_staleness(tmp_path: Pat
     assert all(live[f"offpolicy/cause_{n}"] == 1.0 for n in fired if f"offpolicy/cause_{n}" in live), live
     assert main([str(tmp_path / "out"), "--no-plot"]) == 1
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == f"unhealthy: staleness ({', '.join(fired)})"
+    # TRL's versions are its optimizer steps, so its lag (steps_per_generation) reads as policy lag
+    assert out.splitlines()[0] == f"unhealthy: staleness from policy lag ({', '.join(fired)})"
     assert "GRPOConfig.steps_per_generation" in out and "num_iterations" in out and "loop.max_lag" not in out
     assert "12 steps, shorter than the 20-step window: judged on its own 12 steps" in out
     assert "tails among fresh tokens 0.00%" in out or "fresh tokens 1.000" in out
