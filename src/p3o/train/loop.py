@@ -197,7 +197,7 @@ class Trainer:
             truncate_after=start,  # a resumed run rewrites the steps after its checkpoint; a fresh one starts empty
         )
         # 4. the batch source: in this process, or Ray rollout workers
-        self.source = self._make_source(start, (loop_state.get("rank_source") or {}).get(dist.rank()))
+        self.source = self._make_source(start, _own_source_state(loop_state, start))
         self.bar = ProgressBar(
             cfg.steps, enabled=cfg.log.progress and main, description=cfg.objective.name, start=start
         )
@@ -416,6 +416,24 @@ def run(cfg: Any, *, components: Components | None = None, remote_source: Remote
             shutil.rmtree(trainer.run_dir, ignore_errors=True)
     trainer.finish()
     return trainer.run_dir
+
+
+def _own_source_state(loop_state: dict[str, Any], start: int) -> dict[str, Any] | None:
+    """This rank's saved batch-source state (queued batches of the stale / async / reuse sources), or None.
+
+    A checkpoint written at another world size holds batches cut for the other split (each rank's share of a batch
+    differs): then no rank takes any, every source starts afresh at the resumed step from the current policy (as a
+    fresh run at this world size from this checkpoint would), and rank 0 says so once."""
+    saved = loop_state.get("rank_source") or {}
+    if saved and len(saved) != dist.world_size():
+        if dist.is_main() and any(saved.values()):
+            print(
+                f"p3o train: resuming at step {start} with {dist.world_size()} rank(s), the checkpoint was written by "
+                f"{len(saved)}: its queued batches are dropped and the batch source refills from the current policy",
+                file=sys.stderr,
+            )
+        return None
+    return saved.get(dist.rank())
 
 
 def _preflight(cfg: Any, remote_source: RemoteSource | None) -> None:
