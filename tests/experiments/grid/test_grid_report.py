@@ -217,6 +217,12 @@ def test_minpro_tables_seven_and_eight(tmp_path: Path) -> None:
     assert "| cispo | 0.800 | 0.300 | 0.250 | 0.200 | 0.600 | – | – |" in text  # the arm's own m_t
     assert "| p3o | 0.800 | – |" in text  # every arm: the data's m_t (the monitor's)
     assert "| cispo | 0.250 | 0.245 | 0.240 |" in text and "Table 8" in text
+    # an arm of the paper's ablation (prefix_scope including) has no prefix factor: n/a, with the reason
+    for spec in expand(summary.exp):
+        if spec.objective == "cispo":
+            (spec.run_dir / "config.yaml").write_text("objective:\n  name: minpro\n  prefix_scope: including\n")
+    ablation = minpro_stats_tables(collect(summary.exp), "on-policy")
+    assert "| cispo | 0.800 | n/a | n/a | n/a | n/a | n/a | n/a |" in ablation and "n/a: cispo weight" in ablation
     report = write_report(summary, tmp_path / "r" / "rep.md")
     body = report.read_text()
     assert "Peak and final held-out pass@1" in body and "tables 7 and 8" in body

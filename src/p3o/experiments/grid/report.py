@@ -214,12 +214,19 @@ def minpro_stats_tables(summary: GridSummary, regime: str) -> str:
         "| m_t > 0.05 |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    ablation = {label for label, cell in cells if any(_including(r) for r in cell)}
     for label, cell in cells:
         if (label, cell) in data or (label, cell) in own:
-            rows.append(
-                f"| {label} | {f(cell, 'offpolicy/m_mean')} | " + " | ".join(f(cell, k) for k in M_KEYS) + " |"
-            )
+            own_m = " | ".join("n/a" if label in ablation else f(cell, k) for k in M_KEYS)
+            rows.append(f"| {label} | {f(cell, 'offpolicy/m_mean')} | {own_m} |")
     out = ["Table 7 (the prefix factor m_t):", "", *rows]
+    if ablation:
+        out += [
+            "",
+            f"n/a: {', '.join(sorted(ablation))} weight each token by a statistic of ρ_1 … ρ_t (the paper's ablation, "
+            "`prefix_scope: including`): no prefix factor multiplies ρ_t, and the w_t/ρ_t they log in its place is "
+            "unbounded where ρ_t is small, so only the data's m_t and their weights (table 8) are shown.",
+        ]
     if own:
         deciles = " | ".join(f"{10 * d}–{10 * d + 10} %" for d in range(10))
         out += ["", "Table 8 (effective token weight per decile of relative position):", ""]
@@ -227,6 +234,11 @@ def minpro_stats_tables(summary: GridSummary, regime: str) -> str:
         for label, cell in own:
             out.append(f"| {label} | " + " | ".join(f(cell, f"weight_decile_{d}") for d in range(10)) + " |")
     return "\n".join(out)
+
+
+def _including(run: RunSummary) -> bool:
+    """Whether a run weighted tokens by the paper's prefix-statistic ablation (minpro ``prefix_scope: including``)."""
+    return run.config.get("objective.prefix_scope") == "including"
 
 
 def run_records(summary: GridSummary) -> list[dict[str, Any]]:
