@@ -6,10 +6,13 @@ The settings cover what every objective shares (rollout correction: none / token
 aggregations; the reference-KL and entropy terms; the step counts and ``loss_weight``); the variants cover each
 objective's own options. A refactor of the objectives must leave every case unchanged.
 
-Bit for bit holds per CPU kernel set: ATen dispatches its elementwise kernels (exp, log, the foreach ops) by the CPU's
-capability, and AVX2 and AVX-512 kernels round a few cases differently in the last bit (the rollout-correction and
-entropy settings). So there is one fixture per capability (`torch.backends.cpu.get_cpu_capability()`):
-``pinned_grid.json`` (AVX2) and ``pinned_grid.AVX512.json``; a machine with a capability that has none skips, saying so.
+Bit for bit holds per machine kind: 35 of the 92 cases (the rollout-correction and entropy settings) round
+differently in the last bit on different CPUs of this project's machine kind (seen: the fixture's machine, and an
+AVX-512 BF16 CPU; forcing ATEN_CPU_CAPABILITY=avx2 there does not reproduce the fixture, so it is not only ATen's
+kernel set). ``pinned_grid.json`` is the reference; ``pinned_grid.alt.json`` holds the same cases as the AVX-512
+BF16 machine computes them. Each case must equal one of the two bit for bit; a change of the numbers matches neither.
+Regenerate both after a deliberate change (``--write`` writes the file this machine matches, ``--write-alt`` the
+other).
 
 Regenerate (only for a deliberate change of the numbers, and say why in the commit)::
 
@@ -29,8 +32,8 @@ import torch
 
 from p3o.objectives import OBJECTIVES, ObjectiveInputs, get_objective
 
-CAPABILITY = torch.backends.cpu.get_cpu_capability()
-FIXTURE = Path(__file__).with_name("pinned_grid.json" if CAPABILITY == "AVX2" else f"pinned_grid.{CAPABILITY}.json")
+FIXTURE = Path(__file__).with_name("pinned_grid.json")
+ALT = Path(__file__).with_name("pinned_grid.alt.json")
 N, T = 5, 7
 
 # The settings every objective shares, each with the step counts / loss weight the loop may pass alongside.
@@ -169,9 +172,12 @@ def _key(name: str, case: str) -> str:
 
 @pytest.fixture(scope="module")
 def pinned() -> dict[str, Any]:
-    if not FIXTURE.is_file():
-        pytest.skip(f"no pinned fixture for CPU capability {CAPABILITY} ({FIXTURE.name}): write it with --write")
     return json.loads(FIXTURE.read_text())
+
+
+@pytest.fixture(scope="module")
+def alternative() -> dict[str, Any]:
+    return json.loads(ALT.read_text())
 
 
 def test_fixture_covers_every_registered_objective_and_setting(pinned: dict[str, Any]) -> None:
@@ -192,24 +198,31 @@ def test_fixture_exercises_the_shared_settings(pinned: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(("name", "case", "hyper", "extra"), cases(), ids=[_key(c[0], c[1]) for c in cases()])
 def test_loss_gradient_and_stats_are_bit_identical(
-    name: str, case: str, hyper: dict[str, Any], extra: dict[str, Any], pinned: dict[str, Any]
+    name: str,
+    case: str,
+    hyper: dict[str, Any],
+    extra: dict[str, Any],
+    pinned: dict[str, Any],
+    alternative: dict[str, Any],
 ) -> None:
-    want = pinned[_key(name, case)]
     got = run_case(name, hyper, extra)
+    want = pinned[_key(name, case)]
+    if got != want and got == alternative[_key(name, case)]:
+        return  # the other machine kind's last-bit rounding, recorded (module docstring)
     assert got["loss"] == want["loss"]
     assert got["grad_logp"] == want["grad_logp"]
     assert got["grad_entropy"] == want["grad_entropy"]
     assert got["stats"] == want["stats"]
 
 
-def write_fixture() -> None:
-    """Write pinned_grid.json from the code as it is now."""
+def write_fixture(path: Path = FIXTURE) -> None:
+    """Write `path` (pinned_grid.json, or with --write-alt pinned_grid.alt.json) from the code as it is now."""
     data = {_key(n, c): run_case(n, h, e) for n, c, h, e in cases()}
-    FIXTURE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {FIXTURE} ({len(data)} cases)")
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path} ({len(data)} cases)")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: test_objectives_pinned.py --write")
-    write_fixture()
+    if sys.argv[1:] not in (["--write"], ["--write-alt"]):
+        sys.exit("usage: test_objectives_pinned.py --write | --write-alt")
+    write_fixture(ALT if sys.argv[1] == "--write-alt" else FIXTURE)
