@@ -18,6 +18,10 @@ The runs: a file lists them under ``runs`` (each with ``started_at`` / ``ended_a
 commit time (``preregistration.committed_at``) with the earliest recorded run start: a run that started before the
 commit is a problem.
 
+A record marked ``superseded`` (``{by, date, why}``: re-decided by a later study, out of the pooled family) must be
+one the record file's ``superseded`` amendments name, with the same mark, and every verdict they name must be
+marked (:func:`p3o.experiments.stats.ledger.superseded_problems`; the record file of the repository holding FILE).
+
     problems, notes = check_file(Path("docs/results/minpro-stale4.verdicts.json"))
     p3o compare --check docs/results/*.verdicts.json      # exit 1 on any problem, 2 on an unreadable file
 """
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
+from p3o.experiments.stats.ledger import Records, load_records, superseded_problems
 from p3o.experiments.stats.paired import PairedResult, decide_family, paired
 
 #: Absolute tolerance of a recomputed number (the stored files agree with scipy.stats to ~5e-13).
@@ -142,6 +147,30 @@ def check_runs(doc: dict[str, Any]) -> tuple[list[str], list[str]]:
     return problems, [f"earliest run start {first_text} (no confirmatory commit time to compare with)"]
 
 
+def _records_for(path: Path) -> Records | None:
+    """The record file of the repository that holds ``path`` (None outside one)."""
+    for parent in Path(path).resolve().parents:
+        if (parent / "configs" / "experiments").is_dir():
+            return load_records(parent / "configs" / "experiments")
+    return None
+
+
+def check_superseded(path: Path, records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the file's ``superseded`` marks against the record file's amendments."""
+    marked = [r for r in records if r.get("superseded") is not None]
+    problems = [
+        f"{_label(r)}: superseded mark needs by, date, why"
+        for r in marked
+        if not isinstance(r["superseded"], dict) or not all(r["superseded"].get(k) for k in ("by", "date", "why"))
+    ]
+    ledger = _records_for(path)
+    if ledger is not None:
+        problems += superseded_problems(Path(path).name.removesuffix(".verdicts.json"), records, ledger)
+    by = sorted({str(r["superseded"].get("by")) for r in marked if isinstance(r["superseded"], dict)})
+    notes = [f"{len(marked)} superseded by {', '.join(by)} (a recorded amendment)"] if marked else []
+    return problems, notes
+
+
 def check_file(path: Path) -> tuple[list[str], list[str]]:
     """(problems, notes) of one verdict file: every stored statistic and verdict against its recomputation from
     the per-seed values, the seeds against the pre-registration, and the runs' start times against its commit."""
@@ -181,7 +210,8 @@ def check_file(path: Path) -> tuple[list[str], list[str]]:
     checked = len(fresh)
     notes.insert(0, f"{checked} of {len(records)} verdicts recomputed from their per-seed values")
     run_problems, run_notes = check_runs(doc)
-    return problems + run_problems, notes + run_notes
+    sup_problems, sup_notes = check_superseded(path, records)
+    return problems + run_problems + sup_problems, notes + run_notes + sup_notes
 
 
 def main(argv: list[str]) -> int:

@@ -19,11 +19,20 @@ A study file whose bytes changed after its confirmatory results (the sha256 its 
 amendments, each ``{study, from, to, date, commit, what, why}`` with sha256s ``from`` → ``to``, chaining the recorded
 bytes to the current ones; otherwise ``p3o compare`` exits 2 with one line (:func:`check_amendments`).
 
+A verdict that a later study re-decided (its comparison was not the claim's: a wrong baseline, a wrong ablation) is
+**superseded** by a recorded amendment ``{study, file, verdicts, by, by_commit, date, what, why}``: ``verdicts``
+lists keys ``{claim, regime?, a?, b?}`` into the study's verdict file (every role matches), ``by`` names the
+superseding study. The verdicts stay in their file, each marked ``"superseded": {by, date, why}``
+(:func:`mark_superseded`; ``python -m p3o.experiments.stats.supersede FILE``), and leave the pooled
+Holm family of the summary; ``p3o compare --check`` refuses a marking the record file does not hold, and the reverse
+(:func:`superseded_problems`).
+
 Record file (``configs/experiments/records/ledger.yaml``)::
 
     seeds:       [{study, instrument, seeds, objectives | like, note}]    # objectives ["*"]: any comparison
     amendments:  [{study, file, from, to, date, commit, what, why}]
     looks:       [{study, look, file, seeds, date, commit, what, why}]
+    superseded:  [{study, file, verdicts: [{claim, regime?, a?, b?}], by, by_commit, date, what, why}]
 """
 
 from __future__ import annotations
@@ -64,6 +73,15 @@ class Records:
     seeds: list[dict[str, Any]] = field(default_factory=list)
     amendments: list[dict[str, Any]] = field(default_factory=list)
     looks: list[dict[str, Any]] = field(default_factory=list)
+    superseded: list[dict[str, Any]] = field(default_factory=list)
+
+
+#: The record file's keys, in the order they are written.
+KEYS = ("seeds", "amendments", "looks", "superseded")
+#: What an amendment that supersedes verdicts must record.
+SUPERSEDED_FIELDS = ("study", "file", "verdicts", "by", "date", "what", "why")
+#: The verdict-record fields a ``superseded`` key may name.
+SUPERSEDED_KEYS = ("claim", "regime", "a", "b")
 
 
 def shown(path: Path, root: Path) -> str:
@@ -90,9 +108,18 @@ def load_records(root: Path) -> Records:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
-    if not isinstance(raw, dict) or set(raw) - {"seeds", "amendments", "looks"}:
-        raise ConfigError(f"{path}: expected the keys seeds, amendments, looks")
-    return Records(**{k: list(raw.get(k) or []) for k in ("seeds", "amendments", "looks")})
+    if not isinstance(raw, dict) or set(raw) - set(KEYS):
+        raise ConfigError(f"{path}: expected the keys {', '.join(KEYS)}")
+    records = Records(**{k: list(raw.get(k) or []) for k in KEYS})
+    for i, entry in enumerate(records.superseded):
+        missing = [k for k in SUPERSEDED_FIELDS if not isinstance(entry, dict) or not entry.get(k)]
+        keys = entry.get("verdicts") if isinstance(entry, dict) else None
+        if missing or not isinstance(keys, list):
+            raise ConfigError(f"{path}: superseded[{i}] needs {', '.join(missing or ['verdicts: [...]'])}")
+        for key in keys:
+            if not isinstance(key, dict) or "claim" not in key or set(key) - set(SUPERSEDED_KEYS):
+                raise ConfigError(f"{path}: superseded[{i}].verdicts: each is {{claim, regime?, a?, b?}}, got {key!r}")
+    return records
 
 
 def _seed_list(raw: dict[str, Any]) -> list[int]:
@@ -231,3 +258,68 @@ def results_of(path: str | Path, name: str, report: Path | None = None) -> list[
     if root.name == "experiments" and root.parent.name == "configs":
         found.append(root.parent.parent / "docs" / "results" / f"{name}.verdicts.json")
     return found
+
+
+def superseding(records: Records, study: str, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The recorded amendment that supersedes verdict ``record`` of study ``study`` (None: not superseded)."""
+    for entry in records.superseded:
+        if entry["study"] != study:
+            continue
+        for key in entry["verdicts"]:
+            if all(record.get(k) == v for k, v in key.items()):
+                return entry
+    return None
+
+
+def superseded_mark(entry: dict[str, Any]) -> dict[str, str]:
+    """What a superseded verdict record carries: ``{by, date, why}`` of its amendment."""
+    return {"by": str(entry["by"]), "date": str(entry["date"]), "why": " ".join(str(entry["why"]).split())}
+
+
+def superseded_problems(study: str, verdicts: list[dict[str, Any]], records: Records) -> list[str]:
+    """Every disagreement between the ``superseded`` marks of a study's verdict records and the record file: a mark
+    no amendment records, an amendment's verdict without (or with another) mark, an amendment key that names no
+    verdict."""
+    out = []
+    for r in verdicts:
+        entry = superseding(records, study, r)
+        want = superseded_mark(entry) if entry else None
+        if r.get("superseded") != want:
+            where = f"{r.get('claim')} / {r.get('a')} vs {r.get('b')} ({r.get('role', 'primary')})"
+            if want is None:
+                out.append(f"{where}: marked superseded, but {RECORDS} records no such amendment")
+            else:
+                out.append(
+                    f"{where}: {RECORDS} supersedes it by {want['by']}; the file's mark is {r.get('superseded')!r}"
+                )
+    for entry in records.superseded:
+        if entry["study"] != study:
+            continue
+        for key in entry["verdicts"]:
+            if not any(all(r.get(k) == v for k, v in key.items()) for r in verdicts):
+                out.append(f"{RECORDS}: superseded key {key} names no verdict of {study}")
+    return out
+
+
+def mark_superseded(path: Path, root: Path) -> int:
+    """Write each verdict record's ``superseded`` mark of verdict file ``path`` from the record file under ``root``
+    (a record no amendment names loses its mark); the file is rewritten as ``p3o compare`` writes it. Returns how
+    many records are marked."""
+    doc = json.loads(path.read_text())
+    verdicts = doc if isinstance(doc, list) else doc.get("verdicts")
+    if not isinstance(verdicts, list):
+        raise ConfigError(f"{path}: expected {{preregistration, verdicts: [...]}}")
+    records = load_records(root)
+    study = path.name.removesuffix(".verdicts.json")
+    marked = 0
+    for r in verdicts:
+        entry = superseding(records, study, r)
+        r.pop("superseded", None)
+        if entry is not None:
+            r["superseded"] = superseded_mark(entry)
+            marked += 1
+    unknown = [p for p in superseded_problems(study, verdicts, records) if "names no verdict" in p]
+    if unknown:
+        raise ConfigError(unknown[0])
+    path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    return marked

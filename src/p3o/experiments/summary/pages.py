@@ -6,7 +6,10 @@ the output is typed by hand. The README shows only **confirmatory primary** verd
 before its runs: ``preregistration.exploratory`` false), and decides them in **one Holm family** pooled across
 the studies (:func:`pool`): each verdict's raw p-value (p_equiv for *tracks*, p_diff for *better* / *worse*) is
 Holm-adjusted over all of them and the verdict re-taken with :func:`p3o.experiments.stats.verdict`. Exploratory
-verdicts, secondary ones and files without a pre-registration record are listed on the front page only, marked.
+verdicts, secondary ones and files without a pre-registration record are listed on the front page only, marked. A
+verdict marked ``superseded`` (a later study re-decided it: a recorded amendment in
+configs/experiments/records/ledger.yaml, :mod:`p3o.experiments.stats.ledger`) stays in its study's table, marked,
+and leaves the pooled family.
 The README block sits between two markers and is replaced in place:
 
     <!-- verdicts:start -->  ...  <!-- verdicts:end -->
@@ -135,12 +138,24 @@ def _primary(r: dict[str, Any]) -> bool:
     return r.get("role", "primary") == "primary"
 
 
+def superseded(r: dict[str, Any]) -> dict[str, Any] | None:
+    """The record's ``superseded`` mark ``{by, date, why}`` (None: it is evidence of its own)."""
+    mark = r.get("superseded")
+    return mark if isinstance(mark, dict) else None
+
+
+def superseded_members(studies: list[Study]) -> list[tuple[Study, dict[str, Any]]]:
+    """The confirmatory primary verdicts that a recorded amendment took out of the pooled family."""
+    return [(s, r) for s in studies if s.confirmatory for r in s.records if _primary(r) and superseded(r)]
+
+
 def pool(studies: list[Study]) -> list[tuple[Study, dict[str, Any]]]:
-    """The README's family: every confirmatory primary verdict of every study, with ``p_pool`` (Holm over the
+    """The README's family: every confirmatory primary verdict of every study that no recorded amendment superseded
+    (:func:`superseded`), with ``p_pool`` (Holm over the
     pooled family) and ``verdict_pool`` (the verdict re-taken at that p, m = the pooled family's size).
 
     ConfigError when the studies declare different α (one family needs one α)."""
-    members = [(s, dict(r)) for s in studies if s.confirmatory for r in s.records if _primary(r)]
+    members = [(s, dict(r)) for s in studies if s.confirmatory for r in s.records if _primary(r) and not superseded(r)]
     alphas = {float(r.get("alpha", 0.05)) for _, r in members}
     if len(alphas) > 1:
         raise ConfigError(f"the confirmatory studies declare different alpha ({sorted(alphas)}): one family, one α")
@@ -183,6 +198,7 @@ def _mode(study: Study) -> str:
 def render_page(studies: list[Study], command: str) -> str:
     """docs/results/verdicts.md: the pooled family, then the verdict table of every study, linking each report."""
     pooled = pool(studies)
+    gone = superseded_members(studies)
     lines = [
         "# Verdicts: what the experiments support, contradict or leave open",
         "",
@@ -198,7 +214,14 @@ def render_page(studies: list[Study], command: str) -> str:
         f"## One family: the confirmatory verdicts ({len(pooled)})",
         "",
         "The primary verdicts of the pre-registered, confirmatory studies, with Holm's correction over all of them at "
-        "once (column p (Holm, pooled)); the per-study tables below adjust within each study.",
+        "once (column p (Holm, pooled)); the per-study tables below adjust within each study."
+        + (
+            f" {len(gone)} confirmatory verdict{'s' if len(gone) != 1 else ''} superseded by a later study (a "
+            "recorded amendment, listed in the results index) are out of it, marked **superseded** in their study's "
+            "table."
+            if gone
+            else ""
+        ),
         "",
         "| study | claim | regime | A | B | metric | n | A − B [95% CI] | p (Holm, pooled) | verdict |",
         "|---|---|---|---|---|---|---:|---|---:|---|",
@@ -224,9 +247,16 @@ def render_page(studies: list[Study], command: str) -> str:
             mark = " (exploratory)" if r.get("exploratory") else ""
             if r.get("verdict_report"):
                 mark += f" (today's rule; the report says {r['verdict_report']})"
+            shown = f"**{r['verdict']}**{mark}"
+            sup = superseded(r)
+            if sup:
+                shown = (
+                    f"**superseded** by [{sup['by']}]({sup['by']}.md) ({sup['date'][:10]}; its study's verdict: "
+                    f"{r['verdict']}{mark}; not evidence): {sup['why']}"
+                )
             lines.append(
                 f"| {r['title']} | {r['regime']} | {r['a']} | {r['b']} | {r['metric']} | {r.get('role', 'primary')} "
-                f"| {r['n']} | {_ci(r)} | {_p(r.get('p_adj'))} | **{r['verdict']}**{mark} |"
+                f"| {r['n']} | {_ci(r)} | {_p(r.get('p_adj'))} | {shown} |"
             )
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
@@ -320,6 +350,12 @@ def ledger_lines(root: Path) -> list[str]:
             f"- Amendment of **{a.get('study')}** ({a.get('date')}, commit `{a.get('commit')}`; sha256 "
             f"`{str(a.get('from'))[:12]}` → `{str(a.get('to'))[:12]}`): {a.get('what')} — {a.get('why')}"
         )
+    for e in records.superseded:
+        keys = "; ".join(", ".join(f"{k} {v}" for k, v in key.items()) for key in e.get("verdicts", []))
+        lines.append(
+            f"- Verdicts of **{e.get('study')}** superseded by **{e.get('by')}** ({e.get('date')}, its results commit "
+            f"`{e.get('by_commit')}`; {keys}): {e.get('what')} — {e.get('why')}"
+        )
     for k in records.looks:
         lines.append(
             f"- Look at **{k.get('study')}** by {k.get('look')} (seeds {_seed_text(list(k.get('seeds', [])))}, "
@@ -369,8 +405,10 @@ def render_block(studies: list[Study], readme: Path, pages: dict[str, Path], lin
     lines = [START, ""]
     lines += lines_in or []
     links = [f"[{role}]({rel(p)})" for role, p in pages.items()]
+    gone = superseded_members(studies)
+    out = f" ({len(gone)} superseded by a later study: out of it, shown as superseded)" if gone else ""
     lines += wrap(
-        f"Confirmatory verdicts, one Holm family across all {len(pooled)}, counted per instrument: "
+        f"Confirmatory verdicts, one Holm family across all {len(pooled)}{out}, counted per instrument: "
         f"{instrument_counts(studies)}. A cell counts its rows' verdicts; ≠ marks a regime that is not the claim's; "
         f'"cannot be tested here": the testbed\'s ESS stays above the bite threshold 0.95 ({", ".join(links)}).',
         indent="",

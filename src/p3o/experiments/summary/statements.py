@@ -18,7 +18,9 @@ looked up in the verdict files (diff and interval equal at three decimals). Rule
    contradicted): an in-study result is not a headline;
 5. "ends level with", "matches" or "tracks" right before an effect needs a supported *tracks* or a negligible
    verdict;
-6. phrases that the issue found overclaiming ("barely moves", "barely matters", "ranking is reversed") and counts of
+6. a verdict that a later study superseded (a recorded amendment; out of the pooled family) is named with its verdict
+   word only in a sentence that says "superseded";
+7. phrases that the issue found overclaiming ("barely moves", "barely matters", "ranking is reversed") and counts of
    the pooled family that are not its size ("of all 155 confirmatory verdicts") are refused.
 
     found = problems(text, verdict_index(all_studies, pooled_studies), pooled_size)
@@ -30,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from p3o.experiments.summary.pages import Study, pool
+from p3o.experiments.summary.pages import Study, pool, superseded
 
 VERDICT_WORDS = ("supported", "contradicted", "negligible", "inconclusive")
 EFFECT = re.compile(r"([+\-−]\d+\.\d{3}) \[([+\-−]\d+\.\d{3}), ([+\-−]\d+\.\d{3})\]")
@@ -38,7 +40,8 @@ _WORD = re.compile(r"\b(supported|contradicted|negligible|inconclusive)\b")
 _END = re.compile(r"\.\s|\.$|<br>| \| |\n\n|\n- ")
 IN_STUDY = re.compile(r"in-study|in the study's (own )?(holm )?family|within the study|in the study\b", re.IGNORECASE)
 NOT_POOLED = re.compile(
-    r"exploratory|secondary|not pooled|in-study|reported|did not bite|not a verdict|the study's", re.IGNORECASE
+    r"exploratory|secondary|not pooled|in-study|reported|did not bite|not a verdict|the study's|superseded",
+    re.IGNORECASE,
 )
 ORDER = re.compile(
     r"\b(beats?|ahead|below|above|holds?|level with|tracks?|matches|falls? furthest|reversed)\b", re.IGNORECASE
@@ -88,7 +91,13 @@ def verdict_index(studies: list[Study], pooled_studies: list[Study]) -> dict[tup
 def _pooled_with_source(studies: list[Study]) -> list[tuple[Study, dict[str, Any], dict[str, Any]]]:
     """(study, original record, pooled copy) for every member of the pooled family."""
     members = pool(studies)
-    originals = [(s, r) for s in studies if s.confirmatory for r in s.records if r.get("role", "primary") == "primary"]
+    originals = [
+        (s, r)
+        for s in studies
+        if s.confirmatory
+        for r in s.records
+        if r.get("role", "primary") == "primary" and not superseded(r)
+    ]
     return [(s, r0, r) for (s, r0), (_, r) in zip(originals, members)]
 
 
@@ -141,7 +150,10 @@ def problems(text: str, index: dict[tuple[str, str, str], list[Known]], pooled_s
                     )
             else:
                 ok = any(k.record["verdict"] == word for k in known) and bool(NOT_POOLED.search(sentence))
-                if not ok:
+                if all(k.record.get("superseded") for k in known) and "superseded" not in sentence.lower():
+                    by = known[0].record["superseded"].get("by")
+                    out.append(f"{where}: called '{word}', but {by} superseded it (say superseded)")
+                elif not ok:
                     want = "/".join(sorted({k.record["verdict"] for k in known}))
                     out.append(f"{where}: called '{word}' outside the pooled family (its study: '{want}'; say why)")
         lead = flat[max(s0, m.start() - 160) : m.start()]
