@@ -11,6 +11,8 @@ differently in the last bit on different CPUs of this project's machine kind (se
 AVX-512 BF16 CPU; forcing ATEN_CPU_CAPABILITY=avx2 there does not reproduce the fixture, so it is not only ATen's
 kernel set). ``pinned_grid.json`` is the reference; ``pinned_grid.alt.json`` holds the same cases as the AVX-512
 BF16 machine computes them. Each case must equal one of the two bit for bit; a change of the numbers matches neither.
+A case added since holds the same numbers in both files (it was computed on one kind only): on the other kind it
+may differ by float32 rounding (1e-5 relative; the 35 differ by ≤ 1.2e-6); --write-alt on that kind records it exactly.
 Regenerate both after a deliberate change (``--write`` writes the file this machine matches, ``--write-alt`` the
 other).
 
@@ -209,10 +211,41 @@ def test_loss_gradient_and_stats_are_bit_identical(
     want = pinned[_key(name, case)]
     if got != want and got == alternative[_key(name, case)]:
         return  # the other machine kind's last-bit rounding, recorded (module docstring)
+    if got != want and want == alternative[_key(name, case)] and _close(got, want):
+        # a case recorded on one machine kind only (both files hold the same numbers): the other kind's last-bit
+        # rounding was never seen, so it may differ by float32 rounding, never by more (a changed formula does)
+        return
     assert got["loss"] == want["loss"]
     assert got["grad_logp"] == want["grad_logp"]
     assert got["grad_entropy"] == want["grad_entropy"]
     assert got["stats"] == want["stats"]
+
+
+def test_the_rounding_tolerance_covers_the_machine_kinds_and_no_change(
+    pinned: dict[str, Any], alternative: dict[str, Any]
+) -> None:
+    """The tolerance for cases seen on one kind only: it holds every one of the 35 cases that differ between the two
+    recorded kinds, and refuses a loss moved by 0.1 %."""
+    differ = [k for k in pinned if pinned[k] != alternative[k]]
+    assert len(differ) >= 30 and all(_close(alternative[k], pinned[k]) for k in differ)
+    moved = {**pinned[differ[0]], "loss": (float.fromhex(pinned[differ[0]]["loss"]) * 1.001).hex()}
+    assert not _close(moved, pinned[differ[0]])
+
+
+def _close(got: Any, want: Any) -> bool:
+    """Every float of two records (float.hex strings, nested) within 1e-5 relative (the 35 cases seen to differ
+    between machine kinds differ by at most 1.2e-6: 10 float32 ulps; a changed formula moves far more)."""
+    if isinstance(want, str):
+        try:
+            a, b = float.fromhex(got), float.fromhex(want)
+        except (TypeError, ValueError):  # a stat's name
+            return got == want
+        return a == b or (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-5 * max(abs(a), abs(b), 1e-30)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(_close(x, y) for x, y in zip(got, want))
+    if isinstance(want, dict):
+        return isinstance(got, dict) and got.keys() == want.keys() and all(_close(got[k], want[k]) for k in want)
+    return got == want
 
 
 def write_fixture(path: Path = FIXTURE) -> None:
