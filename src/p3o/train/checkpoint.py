@@ -437,20 +437,8 @@ def save_checkpoint(
     tmp = root / f"{_TMP_PREFIX}{name}-{os.getpid()}"
     try:
         _write_policy(tmp / POLICY_DIR, model, tokenizer)
-        state = {
-            "format": FORMAT,
-            "step": int(step),
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "rng": {int(r): s for r, s in rng.items()} if rng is not None else {dist.rank(): rng_state()},
-            "loop_state": loop_state,
-        }
-        torch.save(state, tmp / STATE_FILE)
-        meta = {"format": FORMAT, "step": int(step), "time": time.time(), "files": file_records(tmp)}
-        (tmp / META_FILE).write_text(json.dumps(meta) + "\n")
-        _fsync_tree(tmp)
-        _swap_in(tmp, final)
-        _atomic_write_text(root / LATEST, name + "\n")
+        optim = optimizer.state_dict() if optimizer is not None else None
+        _commit(tmp, final, _trainer_state(step, optim, scheduler, rng, loop_state))
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         # a full disk or a file-size limit: OSError from Python's writes, SafetensorError from safetensors' (Rust)
@@ -459,6 +447,32 @@ def save_checkpoint(
         raise
     _prune(root, keep_last, keep=final)
     return final
+
+
+def _trainer_state(
+    step: int, optimizer: Any, scheduler: Any, rng: Mapping[int, dict[str, Any]] | None, loop_state: Any
+) -> dict[str, Any]:
+    """trainer_state.pt's content: format, step, the optimizer's state dict (or None), the scheduler's, every rank's
+    RNG states (this process's alone when `rng` is None) and the loop state."""
+    return {
+        "format": FORMAT,
+        "step": int(step),
+        "optimizer": optimizer,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "rng": {int(r): s for r, s in rng.items()} if rng is not None else {dist.rank(): rng_state()},
+        "loop_state": loop_state,
+    }
+
+
+def _commit(tmp: Path, final: Path, state: dict[str, Any]) -> None:
+    """Finish a checkpoint written into `tmp`: trainer_state.pt, then meta.json (sizes and sha256 of every file,
+    written last), fsync, rename into `final` and point ``latest`` at it."""
+    torch.save(state, tmp / STATE_FILE)
+    meta = {"format": FORMAT, "step": state["step"], "time": time.time(), "files": file_records(tmp)}
+    (tmp / META_FILE).write_text(json.dumps(meta) + "\n")
+    _fsync_tree(tmp)
+    _swap_in(tmp, final)
+    _atomic_write_text(final.parent / LATEST, final.name + "\n")
 
 
 def _write_error(run_dir: str | Path, name: str, err: BaseException) -> CheckpointWriteError:
@@ -666,21 +680,8 @@ def save_sharded_checkpoint(
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDED_DIR))
         dist.barrier()
         if dist.is_main():
-            state = {
-                "format": FORMAT,
-                "step": int(step),
-                "optimizer": None,  # in sharded/
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "rng": {int(r): s for r, s in rng.items()} if rng is not None else {dist.rank(): rng_state()},
-                "loop_state": loop_state,
-                "placement": placement or {},
-            }
-            torch.save(state, tmp / STATE_FILE)
-            meta = {"format": FORMAT, "step": int(step), "time": time.time(), "files": file_records(tmp)}
-            (tmp / META_FILE).write_text(json.dumps(meta) + "\n")
-            _fsync_tree(tmp)
-            _swap_in(tmp, final)
-            _atomic_write_text(root / LATEST, name + "\n")
+            state = _trainer_state(step, None, scheduler, rng, loop_state)  # the optimizer is in sharded/
+            _commit(tmp, final, {**state, "placement": placement or {}})
     except BaseException as err:
         if dist.is_main():
             shutil.rmtree(tmp, ignore_errors=True)
