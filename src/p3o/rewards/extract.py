@@ -42,8 +42,17 @@ def last_boxed(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
     if text[i] != "{":  # "\boxed 5": up to the next space or "$"
         m = re.match(r"[^\s${}]{1,64}", text[i : i + 65])
         return m.group(0) if m else None
-    depth, j, end = 0, i, min(n, i + max_chars + 2)
-    while j < end:
+    j = _closing_brace(text, i, min(n, i + max_chars + 2))
+    if j is None:  # unbalanced, longer than max_chars or nested too deep
+        return None
+    return text[i + 1 : j].strip() or None
+
+
+def _closing_brace(text: str, i: int, end: int) -> int | None:
+    """Index of the `}` matching the `{` at `text[i]`, searched before `end`; None when unbalanced there or nested
+    deeper than MAX_BRACE_DEPTH (a short scan, whatever the input)."""
+    depth = 0
+    for j in range(i, end):
         c = text[j]
         if c == "{":
             depth += 1
@@ -52,10 +61,8 @@ def last_boxed(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:
         elif c == "}":
             depth -= 1
             if depth == 0:
-                content = text[i + 1 : j].strip()
-                return content or None
-        j += 1
-    return None  # unbalanced or longer than max_chars
+                return j
+    return None
 
 
 MAX_BOXES = 16  # final_boxed joins at most this many boxes
@@ -70,19 +77,8 @@ def _box_at(text: str, start: int, stop: int, max_chars: int) -> tuple[str, int]
         i += 1
     if i >= stop or text[i] != "{":
         return None
-    depth, j, end = 0, i, min(stop, i + max_chars + 2)
-    while j < end:
-        c = text[j]
-        if c == "{":
-            depth += 1
-            if depth > MAX_BRACE_DEPTH:
-                return None
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j].strip(), j
-        j += 1
-    return None
+    j = _closing_brace(text, i, min(stop, i + max_chars + 2))
+    return None if j is None else (text[i + 1 : j].strip(), j)
 
 
 def final_boxed(text: str, max_chars: int = MAX_ANSWER_CHARS) -> str | None:

@@ -233,12 +233,7 @@ def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
     adapter directory (``adapter_model.safetensors``) into its adapters; the base weights are left as they are.
     """
     policy_dir = Path(policy_dir)
-    files = sorted(policy_dir.glob("*.safetensors"))
-    if not files:
-        raise P3OError(f"{policy_dir}: no *.safetensors weights found")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
+    state = _read_weights(policy_dir)
     model = _unwrap(model)
     has_adapters = (policy_dir / "adapter_config.json").is_file()
     if has_adapters != is_lora(model):
@@ -255,6 +250,17 @@ def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
     if missing or unexpected:
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise P3OError(f"{policy_dir}: weights do not match the model ({what})")
+
+
+def _read_weights(policy_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the ``*.safetensors`` files in ``policy_dir`` (read fully before any model changes)."""
+    files = sorted(policy_dir.glob("*.safetensors"))
+    if not files:
+        raise P3OError(f"{policy_dir}: no *.safetensors weights found")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
 
 
 def _load_adapters(model: torch.nn.Module, state: dict[str, torch.Tensor], policy_dir: Path) -> None:
@@ -718,20 +724,18 @@ def _load_full_into_sharded(model: torch.nn.Module, policy_dir: Path) -> None:
             f"{policy_dir}: LoRA adapters saved without train.strategy fsdp cannot be resumed under fsdp; resume with "
             "the run's strategy"
         )
-    files = sorted(policy_dir.glob("*.safetensors"))
-    if not files:
-        raise P3OError(f"{policy_dir}: no *.safetensors weights found")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
+    state = _read_weights(policy_dir)
     model = _unwrap(model)
     own = dict(model.state_dict())
     unexpected = [k for k in state if k not in own]
     if unexpected:
         raise P3OError(f"{policy_dir}: weights do not match the model (unexpected {unexpected[:3]})")
-    for k in own:  # tied weights dropped by save_pretrained (lm_head -> embed_tokens) are filled from their twin
-        if k not in state and k == "lm_head.weight" and "model.embed_tokens.weight" in state:
-            state[k] = state["model.embed_tokens.weight"]
+    # tied weights dropped by save_pretrained (lm_head -> embed_tokens): the same parameter object under another name
+    params = model.state_dict(keep_vars=True)
+    loaded = {id(params[k]): k for k in state}
+    for k, v in params.items():
+        if k not in state and id(v) in loaded:
+            state[k] = state[loaded[id(v)]]
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
