@@ -12,9 +12,9 @@ from train_fakes import fake_components, fake_config
 
 import p3o.train.loop as loop_mod
 from p3o.errors import ConfigError
-from p3o.train.checkpoint import clear_run_outputs, earlier_run
 from p3o.train.cli import main as train_main
 from p3o.train.loop import run
+from p3o.train.run_dir import clear_run_outputs, earlier_run
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ import p3o.train.loop as loop_mod
 from p3o.cli import main as p3o_main
 from p3o.config import load_config
 from p3o.errors import ConfigError
-from p3o.train.checkpoint import clear_run_outputs, list_checkpoints, run_outputs
+from p3o.train.checkpoint import list_checkpoints
 from p3o.train.loop import run
+from p3o.train.run_dir import clear_run_outputs, run_outputs
 
 
 def _snapshot(run_dir) -> dict[str, bytes]:

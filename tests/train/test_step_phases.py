@@ -13,9 +13,9 @@ from p3o.errors import ConfigError
 from p3o.logprobs import token_logprobs
 from p3o.metrics.monitor import OffPolicyMonitor
 from p3o.objectives import Correction, effective_sample_size, get_objective, m2po_threshold
+from p3o.train.stats import UpdateStats
 from p3o.train.step import (
     UpdateSettings,
-    UpdateStats,
     UpdateStep,
     make_optimizer,
     resolve_objective,

@@ -220,18 +220,8 @@ class OffPolicyMonitor:
             rho = torch.exp(lr)
             vf = valid.double()
             m = torch.exp(prefix_log_stat(lr.float(), valid, "min")).double()
-            if versions is not None:
-                if version is None:
-                    raise ValueError("OffPolicyMonitor: versions given without the trainer's version (version=)")
-                upd = torch.as_tensor(updates, dtype=torch.int64)
-                if upd.device.type == "cpu" and bool((upd < 0).any()):  # checked where it costs no device sync
-                    raise ValueError("OffPolicyMonitor: updates must be >= 0")
-                in_batch = upd.to(dev).expand(n, t)
-                vlag = (int(version) - versions.detach().to(dev, torch.int64)).clamp(min=0)
-                lag = vlag * int(updates_per_version) + in_batch
-                self._has_versions = True
-            else:
-                lag = in_batch = torch.zeros((n, t), dtype=torch.int64, device=dev)
+            lag, in_batch = _token_lag((n, t), dev, versions, version, updates, int(updates_per_version))
+            self._has_versions = self._has_versions or versions is not None
             bucket_masks = [valid & (lag >= lo) & (lag <= (lag.max() if hi is None else hi)) for lo, hi in LAG_BUCKETS]
             pos = torch.arange(t, device=dev).expand(n, t)
             dec = (pos * N_POSITION_BUCKETS // self.max_len).clamp(max=N_POSITION_BUCKETS - 1)
@@ -434,3 +424,28 @@ def strip_prefixes(row: Mapping[str, Any], prefixes: Iterable[str]) -> dict[str,
             if k.startswith(p):
                 out[k[len(p) :]] = v
     return out
+
+
+def _token_lag(
+    shape: tuple[int, int],
+    dev: torch.device,
+    versions: torch.Tensor | None,
+    version: int | None,
+    updates: int | torch.Tensor,
+    updates_per_version: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's lag in optimizer updates, and its in-batch part, both (N, T) int64:
+
+    lag = (version − versions)⁺ · updates_per_version + updates        (0 everywhere without `versions`)
+    """
+    if versions is None:
+        zero = torch.zeros(shape, dtype=torch.int64, device=dev)
+        return zero, zero
+    if version is None:
+        raise ValueError("OffPolicyMonitor: versions given without the trainer's version (version=)")
+    upd = torch.as_tensor(updates, dtype=torch.int64)
+    if upd.device.type == "cpu" and bool((upd < 0).any()):  # checked where it costs no device sync
+        raise ValueError("OffPolicyMonitor: updates must be >= 0")
+    in_batch = upd.to(dev).expand(*shape)
+    vlag = (int(version) - versions.detach().to(dev, torch.int64)).clamp(min=0)
+    return vlag * updates_per_version + in_batch, in_batch

@@ -34,6 +34,7 @@ from p3o.metrics.rules import CAUSE_TEXT, CAUSES
 from p3o.objectives import get_objective
 from p3o.rollout.capabilities import check_rollout_backend
 from p3o.train.resume import HISTORY_FILE, describe_changes, record_changes, resume_config
+from p3o.train.run_dir import earlier_run
 
 
 def _summary(run_dir: str, wall_s: float) -> str:
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
                 "CPU build .venv-vllm with `bash scripts/vllm_env.sh` and run p3o from it (docs/vllm.md)"
             )
         # heavy: transformers start-up, not for a refused setting (and a call-time lookup: tests patch loop.run)
-        from p3o.train.checkpoint import CheckpointWarning, earlier_run
+        from p3o.train.checkpoint import CheckpointWarning
         from p3o.train.loop import run
 
         world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -55,6 +55,7 @@ from p3o.objectives import get_objective
 from p3o.train import checkpoint  # called through the module: tests patch its functions
 from p3o.train.evaluation import Evaluator
 from p3o.train.placement import Placement, PlacementSettings, check_placement
+from p3o.train.run_dir import clear_run_outputs, earlier_run, run_outputs
 from p3o.train.sources import BatchSource, Producer, PromptStream, RemoteSource, make_source, stream_seed, token_lag
 from p3o.train.step import ObjectiveCall, UpdateSettings, UpdateStep
 from p3o.train.wiring import (
@@ -175,10 +176,10 @@ class Trainer:
             if self.placement.strategy != "single" or self.placement.precision != "no":  # one process, no cast: quiet
                 print(f"p3o train: {describe_placement(self.placement)}", file=sys.stderr)
             run_dir.mkdir(parents=True, exist_ok=True)  # only now: what a start can refuse was checked or built above
-            if start == 0 and checkpoint.run_outputs(run_dir):
+            if start == 0 and run_outputs(run_dir):
                 # --overwrite, or --resume with no checkpoint yet: the earlier outputs would mix with this run's (and
                 # its checkpoints would be picked up by a later --resume)
-                removed = checkpoint.clear_run_outputs(run_dir)
+                removed = clear_run_outputs(run_dir)
                 print(f"p3o train: starting fresh in {run_dir}: removed {', '.join(removed)}", file=sys.stderr)
             # `overwrite` is an action, not a setting: rerunning the saved config must not delete this run. A resumed
             # run keeps its first config.yaml (its changes: config_history.jsonl, p3o.train.resume)
@@ -412,7 +413,7 @@ def run(cfg: Any, *, components: Components | None = None, remote_source: Remote
         finished = True
     finally:
         trainer.close()
-        if created and not finished and dist.is_main() and not checkpoint.earlier_run(trainer.run_dir):
+        if created and not finished and dist.is_main() and not earlier_run(trainer.run_dir):
             shutil.rmtree(trainer.run_dir, ignore_errors=True)
     trainer.finish()
     return trainer.run_dir

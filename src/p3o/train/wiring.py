@@ -32,6 +32,7 @@ from p3o.rollout.settings import EngineSettings
 from p3o.tasks import format_prompt, load_eval_problems, load_train_problems, task_verifier
 from p3o.train import checkpoint  # called through the module: tests patch its functions
 from p3o.train.placement import Placement
+from p3o.train.run_dir import earlier_run, run_outputs
 from p3o.train.sources import BatchSource
 from p3o.train.step import make_optimizer, make_scheduler
 from p3o.types import Rollouts
@@ -231,13 +232,13 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     the run does, once everything it can refuse (data, verifier, model, base building) has been built.
 
     A fresh run (no `resume`) never silently replaces another: a run_dir holding an earlier run that completed a
-    step (`checkpoint.earlier_run`) is refused unless `overwrite`. `resume` needs something to resume
+    step (`p3o.train.run_dir.earlier_run`) is refused unless `overwrite`. `resume` needs something to resume
     (`resume_problem`): a missing or empty run_dir, a run with no checkpoint and one whose checkpoints are all damaged
     are refused with one line.
     """
     problem = None
     if dist.is_main():
-        outputs = checkpoint.earlier_run(run_dir)
+        outputs = earlier_run(run_dir)
         if outputs and not resume and not overwrite:
             problem = (
                 f"run_dir {run_dir} holds an earlier run ({', '.join(outputs)}); pass --resume to continue it or "
@@ -263,7 +264,7 @@ def resume_problem(run_dir: str | Path) -> str | None:
         near = difflib.get_close_matches(run_dir.name, siblings, n=1, cutoff=0.6)
         hint = f" (did you mean {parent / near[0]}?)" if near else ""
         return f"run_dir {run_dir} does not exist: nothing to resume{hint}"
-    outputs = checkpoint.run_outputs(run_dir)
+    outputs = run_outputs(run_dir)
     if not checkpoint.list_checkpoints(run_dir):
         if not outputs:
             return f"run_dir {run_dir} holds no run: nothing to resume (drop --resume to start a run there)"
