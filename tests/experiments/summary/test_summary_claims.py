@@ -90,7 +90,10 @@ def test_claims_table_and_plot_regenerate_byte_identically(tmp_path: Path) -> No
     assert "| [Untested](docs/paper-claims.md#t) (MinPRO) | not yet run (any) | not run |" in block
     # counts per instrument (the toy study has no study file: LM), never one count across instruments
     flat = " ".join(block.split())
-    assert "**LM testbed** 3 from 1 study (0 supported, 1 contradicted, 1 negligible, 1 inconclusive)" in flat
+    assert (
+        "**LM testbed** 3 from 1 study (0 supported, 1 contradicted, 1 negligible, 1 inconclusive; 0 with per-seed "
+        "values)" in flat
+    )
     assert "lag-4" not in block
 
 

@@ -51,7 +51,10 @@ def _write(path: Path, records: list[dict], exploratory: bool | None = False) ->
 
 
 def test_one_holm_family_across_the_confirmatory_studies(tmp_path: Path) -> None:
-    lm = _write(tmp_path / "results-lm.verdicts.json", [_record("a", 0.012), _record("s", 0.001, role="secondary")])
+    kept = {"seeds": [10, 11], "values_a": [0.6, 0.6], "values_b": [0.55, 0.56]}  # a's per-seed values; b has none
+    lm = _write(
+        tmp_path / "results-lm.verdicts.json", [_record("a", 0.012, **kept), _record("s", 0.001, role="secondary")]
+    )
     syn = _write(tmp_path / "results-syn.verdicts.json", [_record("b", 0.02)])
     draft = _write(tmp_path / "results-draft.verdicts.json", [_record("c", 0.0001, exploratory=True)], True)
     legacy = tmp_path / "results-old.verdicts.json"
@@ -73,7 +76,9 @@ def test_one_holm_family_across_the_confirmatory_studies(tmp_path: Path) -> None
     flat = " ".join(text.split())
     # counted per instrument (no study file here: both LM), one Holm family across all of them
     assert "across all 2, counted per instrument: **LM testbed** 2 from 2 studies (2 supported," in flat
-    assert "[results](results/README.md), [every verdict](results/verdicts.md)" in text
+    assert "0 inconclusive; 1 with per-seed values)" in flat  # of the 2 pooled, only a kept them
+    assert "`p3o compare --check FILE` recomputes every verdict that kept its per-seed values" in flat
+    assert "[results](results/README.md), [every verdict](results/verdicts.md)" in flat
     assert block.read_text().startswith(START)
     page = out.read_text()
     assert "[results-lm](results-lm.md)" in page and "**exploratory**" in page and "no pre-registration" in page

@@ -378,7 +378,9 @@ INSTRUMENT_NAMES = {"lm": "LM testbed", "synthetic": "simulator"}
 
 def instrument_counts(studies: list[Study]) -> str:
     """The confirmatory primary verdicts counted per instrument, as the pooled Holm family decides them — never one
-    count across instruments: "**LM testbed** 102 from 10 studies (8 supported, ...); **simulator** ..."."""
+    count across instruments — and how many of them keep their per-seed values (`p3o compare --check` recomputes
+    those; the others come from files written before the values were kept, which say so): "**LM testbed** 102 from
+    10 studies (8 supported, ...; 20 with per-seed values); **simulator** ..."."""
     pooled = pool(studies)
     order = [*INSTRUMENT_NAMES, *sorted({s.instrument for s, _ in pooled} - set(INSTRUMENT_NAMES))]
     parts = []
@@ -389,7 +391,10 @@ def instrument_counts(studies: list[Study]) -> str:
         names = list(dict.fromkeys(s.name for s, _ in mine))
         where = f"{len(names)} stud{'y' if len(names) == 1 else 'ies'}"
         tally = _counts([r for _, r in mine], "verdict_pool")
-        parts.append(f"**{INSTRUMENT_NAMES.get(inst, inst)}** {len(mine)} from {where} ({tally})")
+        kept = sum(r.get("values_a") is not None and r.get("values_b") is not None for _, r in mine)
+        parts.append(
+            f"**{INSTRUMENT_NAMES.get(inst, inst)}** {len(mine)} from {where} ({tally}; {kept} with per-seed values)"
+        )
     return "; ".join(parts)
 
 
@@ -410,7 +415,8 @@ def render_block(studies: list[Study], readme: Path, pages: dict[str, Path], lin
     lines += wrap(
         f"Confirmatory verdicts, one Holm family across all {len(pooled)}{out}, counted per instrument: "
         f"{instrument_counts(studies)}. A cell counts its rows' verdicts; ≠ marks a regime that is not the claim's; "
-        f'"cannot be tested here": the testbed\'s ESS stays above the bite threshold 0.95 ({", ".join(links)}).',
+        f'"cannot be tested here": the testbed\'s ESS stays above the bite threshold 0.95; `p3o compare --check FILE` '
+        f"recomputes every verdict that kept its per-seed values ({', '.join(links)}).",
         indent="",
     )
     lines += ["", END]
