@@ -90,13 +90,31 @@ def test_missing_values_need_a_reason_and_runs_before_the_commit_fail(tmp_path: 
     path.write_text(json.dumps(doc))
     problems, _ = check_file(path)
     assert sum("no per-seed values and no `values_reason`" in p for p in problems) == 4
-    assert any("before the study file's commit (2026-12-02T01:00:00+00:00)" in p for p in problems)
+    assert any("before the study file was committed (2026-12-02T01:00:00+00:00)" in p for p in problems)
     doc["values_reason"], doc["runs"], doc["runs_reason"] = "runs lost", None, "never recorded"
     path.write_text(json.dumps(doc))
     problems, notes = check_file(path)
     assert problems == []
     assert "0 of 4 verdicts recomputed" in notes[0] and "4 of 4 verdicts without per-seed values: runs lost" in notes
     assert notes[-1] == "run times not recorded: never recorded"
+
+
+def test_an_amended_file_checks_its_runs_against_the_version_they_were_declared_under(tmp_path: Path) -> None:
+    # A run at 00:59 is before the study file's (amended) commit at 01:00 but after its first registration at 00:30.
+    path = _write(tmp_path, runs=[_run("2026-12-02T00:59:00+00:00", "2026-12-02T01:03:00+00:00")])
+    doc = json.loads(path.read_text())
+    doc["preregistration"]["amendments"] = [{"from": "aa" * 32, "to": "ab" * 32, "what": "prose", "why": "a typo"}]
+    doc["preregistration"]["registered_at"] = "2026-12-02T00:30:00+00:00"
+    path.write_text(json.dumps(doc))
+    problems, notes = check_file(path)
+    assert problems == [] and "declared (before its amendments) 2026-12-02T00:30:00+00:00" in notes[-1]
+    doc["preregistration"]["registered_at"] = "2026-12-02T00:59:30+00:00"  # the run came before the declaration
+    path.write_text(json.dumps(doc))
+    problems, _ = check_file(path)
+    assert problems == [
+        "the earliest run started at 2026-12-02T00:59:00+00:00, before the study file was declared (before its "
+        "amendments) (2026-12-02T00:59:30+00:00)"
+    ]
 
 
 def test_a_seed_outside_the_preregistration_fails(tmp_path: Path) -> None:

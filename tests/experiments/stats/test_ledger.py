@@ -90,7 +90,8 @@ def test_a_changed_study_file_without_an_amendment_exits_2(tmp_path: Path, capsy
     path = _commit(repo, "st", "# p3o compare configs/experiments/st.yaml\n" + raw)
     assert _compare(path) == 0
     verdicts = repo / "docs" / "results" / "st.verdicts.json"
-    before = json.loads(verdicts.read_text())["preregistration"]["sha256"]
+    first = json.loads(verdicts.read_text())["preregistration"]
+    before = first["sha256"]
     # Same claims, metric, margins and seeds (the out_dir's decision rule is unchanged), but other bytes.
     _commit(repo, "st", "# p3o compare configs/experiments/st.yaml --report docs/results/st.md\n" + raw)
     assert _compare(path, "--report-only") == 2
@@ -111,12 +112,16 @@ def test_a_changed_study_file_without_an_amendment_exits_2(tmp_path: Path, capsy
     assert _compare(path, "--report-only") == 0
     pre = json.loads(verdicts.read_text())["preregistration"]
     assert pre["sha256"] == after and pre["amendments"] == [amendment]
+    # its runs were declared under the first version: p3o compare --check compares them with that commit time
+    assert pre["registered_at"] == first["committed_at"] and pre["committed_at"] > first["committed_at"]
     assert (
         "- Amendment (2026-12-01, commit `abc`): the command line — the report moved"
         in (repo / "docs" / "results" / "st.md").read_text()
     )
-    # Its results now record the amended bytes: a further run needs no amendment.
+    # Writing the report again keeps the whole chain (it starts from the first amendment's `from`), byte for byte.
+    text = verdicts.read_text()
     assert _compare(path, "--report-only") == 0
+    assert verdicts.read_text() == text
 
 
 def test_amendment_chains_follow_from_to() -> None:

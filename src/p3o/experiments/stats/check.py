@@ -15,8 +15,9 @@ difference is a problem; so is a record without per-seed values unless the file 
 
 The runs: a file lists them under ``runs`` (each with ``started_at`` / ``ended_at``, ISO 8601), or says why not
 (``runs: null`` with ``runs_reason``). For a confirmatory file the pre-registration check compares the study file's
-commit time (``preregistration.committed_at``) with the earliest recorded run start: a run that started before the
-commit is a problem.
+commit time (``preregistration.committed_at``; for a file amended after its results, ``registered_at``, the commit time
+of the version its runs were declared under) with the earliest recorded run start: a run that started before it is a
+problem.
 
 A record marked ``superseded`` (``{by, date, why}``: re-decided by a later study, out of the pooled family) must be
 one the record file's ``superseded`` amendments name, with the same mark, and every verdict they name must be
@@ -135,15 +136,16 @@ def check_runs(doc: dict[str, Any]) -> tuple[list[str], list[str]]:
     if not starts:
         return problems, ["no run start times recorded"]
     first, first_text = min(starts)
-    committed = _when(pre.get("committed_at")) if pre.get("committed_at") else None
+    # an amended file: its runs were declared under the version before the amendments (registered_at)
+    declared = (pre.get("registered_at") or pre.get("committed_at")) if pre else None
+    committed = _when(declared) if declared else None
+    what = "declared (before its amendments)" if pre and pre.get("registered_at") else "committed"
     if pre and not pre.get("exploratory", True) and committed is not None:
         if first < committed:
-            problems.append(
-                f"the earliest run started at {first_text}, before the study file's commit ({pre['committed_at']})"
-            )
+            problems.append(f"the earliest run started at {first_text}, before the study file was {what} ({declared})")
         else:
             gap = (first - committed).total_seconds()
-            return problems, [f"committed {pre['committed_at']}, earliest run start {first_text} ({gap:.0f} s later)"]
+            return problems, [f"{what} {declared}, earliest run start {first_text} ({gap:.0f} s later)"]
     return problems, [f"earliest run start {first_text} (no confirmatory commit time to compare with)"]
 
 

@@ -204,7 +204,9 @@ def check_seeds(path: str | Path, name: str, seeds: list[int]) -> None:
 
 
 def _sha_of(verdicts: Path) -> tuple[str | None, bool]:
-    """(sha256 the verdict file's pre-registration recorded, whether it was confirmatory)."""
+    """(sha256 of the version the verdict file's results were declared under, whether it was confirmatory): the
+    recorded sha256, or, when the file already lists amendments, the first one's ``from`` (so that writing the
+    report again keeps the whole chain)."""
     try:
         doc = json.loads(verdicts.read_text())
     except (OSError, json.JSONDecodeError):
@@ -212,7 +214,23 @@ def _sha_of(verdicts: Path) -> tuple[str | None, bool]:
     pre = doc.get("preregistration") if isinstance(doc, dict) else None
     if not isinstance(pre, dict):
         return None, False
-    return pre.get("sha256"), not pre.get("exploratory", True)
+    amended = pre.get("amendments")
+    first = amended[0].get("from") if isinstance(amended, list) and amended and isinstance(amended[0], dict) else None
+    return first or pre.get("sha256"), not pre.get("exploratory", True)
+
+
+def first_registration(results: list[Path]) -> str | None:
+    """When the study's earlier confirmatory results were declared: the first of ``results`` that is a confirmatory
+    verdict file gives its ``registered_at`` (itself amended before) or else its ``committed_at``; None if none."""
+    for verdicts in results:
+        try:
+            doc = json.loads(verdicts.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        pre = doc.get("preregistration") if isinstance(doc, dict) else None
+        if isinstance(pre, dict) and not pre.get("exploratory", True):
+            return pre.get("registered_at") or pre.get("committed_at")
+    return None
 
 
 def amendment_chain(records: Records, name: str, start: str, end: str) -> list[dict[str, Any]] | None:

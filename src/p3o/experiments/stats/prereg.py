@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
-from p3o.experiments.stats.ledger import check_amendments, check_seeds, results_of
+from p3o.experiments.stats.ledger import check_amendments, check_seeds, first_registration, results_of
 
 LEDGER = "preregistration.jsonl"
 
@@ -53,12 +53,17 @@ class Preregistration:
     exploratory: bool
     amendments: list[dict[str, Any]] = field(default_factory=list)
     """Recorded amendments of the file since its earlier confirmatory results (what, when, why)."""
+    registered_at: str | None = None
+    """With amendments: the commit time of the version the earlier results were declared under (their verdict
+    file's own ``registered_at`` or ``committed_at``). Runs made before the amendments are checked against it."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON record (the field order above; ``amendments`` only when there are some)."""
+        """The JSON record (the field order above; ``amendments`` and ``registered_at`` only with amendments)."""
         out = dataclasses.asdict(self)
         if not self.amendments:
             out.pop("amendments")
+        if self.registered_at is None:
+            out.pop("registered_at")
         return out
 
     def lines(self, path: str | Path | None) -> list[str]:
@@ -66,6 +71,8 @@ class Preregistration:
         where = f"`{path}`" if path else "the experiment file"
         if self.commit:
             when = f"last changed in commit `{self.commit[:12]}` ({self.committed_at})"
+            if self.registered_at:
+                when += f"; its results were declared under the version committed {self.registered_at}"
         else:
             when = "not committed"
         mode = (
@@ -182,7 +189,10 @@ def preregister(
             "needs fresh seeds"
         )
     check_seeds(path, name, pre.seeds)
-    pre.amendments = check_amendments(path, name, sha, results_of(path, name, report))
+    results = results_of(path, name, report)
+    pre.amendments = check_amendments(path, name, sha, results)
+    if pre.amendments:
+        pre.registered_at = first_registration(results)
     return pre
 
 
