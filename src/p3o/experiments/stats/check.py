@@ -48,7 +48,9 @@ SHOW = 20
 FIELDS = ("n", "mean_a", "mean_b", "diff", "sd", "ci", "p_diff", "p_equiv", "identical", "boot_ci")
 
 
-def _load(path: Path) -> dict[str, Any]:
+def load_verdicts(path: Path) -> dict[str, Any]:
+    """A verdict file as ``{preregistration, verdicts, ...}`` (an old bare list: no pre-registration); ConfigError
+    (one line naming the file) when it cannot be read."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -176,7 +178,7 @@ def check_superseded(path: Path, records: list[dict[str, Any]]) -> tuple[list[st
 def check_file(path: Path) -> tuple[list[str], list[str]]:
     """(problems, notes) of one verdict file: every stored statistic and verdict against its recomputation from
     the per-seed values, the seeds against the pre-registration, and the runs' start times against its commit."""
-    doc = _load(path)
+    doc = load_verdicts(path)
     records = doc["verdicts"]
     problems: list[str] = []
     notes: list[str] = []

@@ -15,7 +15,6 @@ run records, so ``p3o compare --check`` rechecks it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
+from p3o.experiments.stats.check import load_verdicts
 
 __all__ = ["Row", "compare_files", "main", "render"]
 
@@ -50,14 +50,7 @@ def _verdict(rec: dict[str, Any]) -> str:
 
 
 def _primaries(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], dict[str, Any]]]:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read verdicts: {str(err).splitlines()[0]}") from None
-    if isinstance(doc, list):  # written before pre-registration was recorded
-        doc = {"preregistration": None, "verdicts": doc}
-    if not isinstance(doc, dict) or not isinstance(doc.get("verdicts"), list):
-        raise ConfigError(f"{path}: expected {{preregistration, verdicts: [...]}}")
+    doc = load_verdicts(path)
     recs = {
         tuple(str(r.get(k)) for k in _KEY): r
         for r in doc["verdicts"]
