@@ -203,32 +203,34 @@ def check_seeds(path: str | Path, name: str, seeds: list[int]) -> None:
             )
 
 
-def _sha_of(verdicts: Path) -> tuple[str | None, bool]:
-    """(sha256 of the version the verdict file's results were declared under, whether it was confirmatory): the
-    recorded sha256, or, when the file already lists amendments, the first one's ``from`` (so that writing the
-    report again keeps the whole chain)."""
+def _preregistration_of(verdicts: Path) -> dict[str, Any] | None:
+    """The ``preregistration`` record of a confirmatory verdict file; None when unreadable, absent or exploratory."""
     try:
         doc = json.loads(verdicts.read_text())
     except (OSError, json.JSONDecodeError):
-        return None, False
+        return None
     pre = doc.get("preregistration") if isinstance(doc, dict) else None
-    if not isinstance(pre, dict):
-        return None, False
+    return pre if isinstance(pre, dict) and not pre.get("exploratory", True) else None
+
+
+def _sha_of(verdicts: Path) -> str | None:
+    """sha256 of the version a confirmatory verdict file's results were declared under: the recorded sha256, or,
+    when the file already lists amendments, the first one's ``from`` (so that writing the report again keeps the whole
+    chain); None when the file is not a confirmatory verdict file."""
+    pre = _preregistration_of(verdicts)
+    if pre is None:
+        return None
     amended = pre.get("amendments")
     first = amended[0].get("from") if isinstance(amended, list) and amended and isinstance(amended[0], dict) else None
-    return first or pre.get("sha256"), not pre.get("exploratory", True)
+    return first or pre.get("sha256")
 
 
 def first_registration(results: list[Path]) -> str | None:
     """When the study's earlier confirmatory results were declared: the first of ``results`` that is a confirmatory
     verdict file gives its ``registered_at`` (itself amended before) or else its ``committed_at``; None if none."""
     for verdicts in results:
-        try:
-            doc = json.loads(verdicts.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        pre = doc.get("preregistration") if isinstance(doc, dict) else None
-        if isinstance(pre, dict) and not pre.get("exploratory", True):
+        pre = _preregistration_of(verdicts)
+        if pre is not None:
             return pre.get("registered_at") or pre.get("committed_at")
     return None
 
@@ -256,8 +258,8 @@ def check_amendments(path: str | Path, name: str, sha256: str, results: list[Pat
     recorded."""
     root = studies_root(path)
     for verdicts in results:
-        recorded, confirmatory = _sha_of(verdicts)
-        if recorded is None or not confirmatory:
+        recorded = _sha_of(verdicts)
+        if recorded is None:
             continue
         chain = amendment_chain(load_records(root), name, recorded, sha256)
         if chain is None:
