@@ -18,6 +18,7 @@ the data-parallel one, formed over a TCP store by `new_group` and used through h
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from typing import Any
 
@@ -61,8 +62,11 @@ def init_from_env(backend: str | None = None, *, force: bool = False) -> bool:
 
 
 def destroy() -> None:
-    """Leave the process group (no-op when none is up)."""
+    """Leave the process group (no-op when none is up). Unreachable DDP / FSDP state is collected first, while the
+    group is still up: a DDP reducer released after ``destroy_process_group`` (a reference cycle freed later, at
+    exit) can hang in gloo's destructor, joining its worker threads."""
     if is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -38,6 +38,35 @@ def _skewed_batch() -> object:
     return batch
 
 
+def _one_update(name: str, hyper: dict, batch: object, strategy: str, micro: int, budget: int) -> dict:
+    """The gradient of one update of objective `name` on `batch`: {param: grad} (full tensors under FSDP). Its DDP /
+    FSDP wrapper is released when this returns, while the process group is still up (a DDP reducer freed after
+    ``destroy_process_group`` can hang in gloo's destructor)."""
+    from p3o import dist
+
+    model = make_tiny_lm(seed=0)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    placement = Placement(model, PlacementSettings(strategy if strategy != "single" else "auto"))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    rec = get_objective(name)
+    update(
+        model,
+        opt,
+        None,
+        batch,
+        rec,
+        hyper,
+        needs=rec.inputs_needed(hyper),
+        micro_batch_size=micro,
+        max_tokens_per_micro_batch=budget,
+        grad_clip=0.0,
+        group=dist.group(),
+        placement=placement,
+    )
+    full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach() for k, v in model.state_dict().items()}
+    return {k: init[k] - full[k] for k in init}
+
+
 def gradients(rank: int, world: int, strategy: str, micro: int, budget: int, init_file: str, out: str) -> None:
     """One rank: for each objective, the gradient of one update on its rows; rank 0 saves {name: {param: grad}}."""
     import torch.distributed as tdist
@@ -49,37 +78,11 @@ def gradients(rank: int, world: int, strategy: str, micro: int, budget: int, ini
         tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         batch = _skewed_batch().select(ROWS[world][rank])
-        result = {}
-        for name, hyper in CASES.items():
-            model = make_tiny_lm(seed=0)
-            init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            placement = Placement(model, PlacementSettings(strategy if strategy != "single" else "auto"))
-            opt = torch.optim.SGD(model.parameters(), lr=1.0)
-            rec = get_objective(name)
-            update(
-                model,
-                opt,
-                None,
-                batch,
-                rec,
-                hyper,
-                needs=rec.inputs_needed(hyper),
-                micro_batch_size=micro,
-                max_tokens_per_micro_batch=budget,
-                grad_clip=0.0,
-                group=dist.group(),
-                placement=placement,
-            )
-            full = {
-                k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach()
-                for k, v in model.state_dict().items()
-            }
-            result[name] = {k: init[k] - full[k] for k in init}
+        result = {name: _one_update(name, hyper, batch, strategy, micro, budget) for name, hyper in CASES.items()}
         if rank == 0:
             torch.save(result, out)
     finally:
-        if tdist.is_initialized():
-            tdist.destroy_process_group()
+        dist.destroy()
 
 
 def _run(tmp: Path, tag: str, world: int, strategy: str, micro: int, budget: int = 0) -> dict:
