@@ -9,6 +9,7 @@ off-policy micro-batch and writes ``{"ess": logged objective/ess, "ref_full": ES
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -54,6 +55,8 @@ def main(out_dir: str) -> None:
     }
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
     trainer.accelerator.wait_for_everyone()
+    del trainer  # its DDP reducer goes while the group is up (freed after destroy, gloo's destructor can hang)
+    gc.collect()
     torch.distributed.destroy_process_group()
 
 
