@@ -129,8 +129,10 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
 
 
 def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float) -> Tensor:
-    """(C, V) float32 logits (h Wᵀ + b) / τ."""
-    z = h.float() @ w.t()
+    """(C, V) float32 logits (h Wᵀ + b) / τ, also inside a bf16 / fp16 autocast (the backward recomputes them
+    outside it: forward and gradient must come from the same float32 function)."""
+    with torch.autocast(device_type=h.device.type, enabled=False):
+        z = h.float() @ w.float().t()
     if b is not None:
         z.add_(b)
     if temperature != 1.0:
@@ -310,6 +312,7 @@ def token_logprobs(
     chunk_size: int = 256,
     with_entropy: bool = False,
     share_prompts: bool = True,
+    loss_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log π_θ(y_t | x, y_<t) of every response token under `model` with logits divided by `temperature`.
 
@@ -326,13 +329,16 @@ def token_logprobs(
     Args:
         model: an HF causal LM (`get_decoder()` / `.model` backbone + `get_output_embeddings()` linear head).
         prompt_ids: (N, P) long, left-padded; prompt_mask: (N, P) bool, True = real token.
-        response_ids: (N, T) long, right-padded; response_mask: (N, T) bool, True = a token that counts.
+        response_ids: (N, T) long, right-padded; response_mask: (N, T) bool, True = a real token the model reads
+            (the attention mask of the response: model and, in an agent episode, observation tokens).
         temperature: τ > 0; log-probs are log softmax(z / τ).
         chunk_size: tokens per vocabulary projection chunk.
         with_entropy: also return the per-token entropy of softmax(z / τ).
         share_prompts: compute each run of identical consecutive prompts once (see above).
+        loss_mask: (N, T) bool ⊆ response_mask, the tokens whose log-probs are wanted (an episode's model tokens);
+            None = response_mask. Only these positions are projected to the vocabulary.
     Returns:
-        logp (N, T) float32 (0 where masked) and entropy (N, T) float32 (0 where masked) or None.
+        logp (N, T) float32 (0 outside loss_mask) and entropy (N, T) float32 (0 outside loss_mask) or None.
     """
     _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
     head = model.get_output_embeddings()
@@ -348,7 +354,8 @@ def token_logprobs(
             hidden = _shared_response_hidden(model, prompt_ids, pmask, response_ids, mask, first, inverse)
     if hidden is None:
         hidden = _response_hidden(model, prompt_ids, pmask, response_ids, mask)  # (N, T, H)
-    flat = mask.reshape(-1).nonzero().squeeze(-1)  # (M,) valid token indices
+    want = mask if loss_mask is None else loss_mask.bool() & mask
+    flat = want.reshape(-1).nonzero().squeeze(-1)  # (M,) indices of the tokens whose log-probs are wanted
     h = hidden.reshape(n * t, -1).index_select(0, flat)  # (M, H)
     y = response_ids.reshape(-1).index_select(0, flat)  # (M,)
     lp, ent = chunked_head_logprobs(
@@ -370,6 +377,7 @@ def naive_token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    loss_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The obviously-correct oracle: full model logits → float32 log_softmax → gather (materialises (N, T, V)).
 
@@ -387,8 +395,9 @@ def naive_token_logprobs(
     )
     logits = out.logits[:, p - 1 : p - 1 + t].float() / temperature  # (N, T, V)
     logq = F.log_softmax(logits, dim=-1)
-    logp = logq.gather(-1, response_ids[..., None]).squeeze(-1).masked_fill(~mask, 0.0)
+    want = mask if loss_mask is None else loss_mask.bool() & mask
+    logp = logq.gather(-1, response_ids[..., None]).squeeze(-1).masked_fill(~want, 0.0)
     entropy = None
     if with_entropy:
-        entropy = -(logq.exp() * logq).sum(-1).masked_fill(~mask, 0.0)
+        entropy = -(logq.exp() * logq).sum(-1).masked_fill(~want, 0.0)
     return logp, entropy

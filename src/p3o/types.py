@@ -31,7 +31,8 @@ class Rollouts:
         prompt_ids: (N, P) long, left-padded prompt tokens.
         prompt_mask: (N, P) bool, True = a real prompt token.
         response_ids: (N, T) long, right-padded sampled tokens (pad id at masked positions).
-        mask: (N, T) bool, True = a valid response token that counts (up to and including EOS).
+        mask: (N, T) bool, the LOSS mask: True = a token the policy sampled and the objective counts (up to and
+            including each turn's stop token). Observation and template tokens of an episode are False here.
         rollout_logp: (N, T) float32, log π_b(y_t | ·) recorded by the engine at sampling time; 0 where masked.
         policy_version: (N, T) long, the weight version that sampled each token; -1 where masked.
         group_ids: (N,) long, sequences with the same id share a prompt (GRPO groups).
@@ -40,6 +41,16 @@ class Rollouts:
         texts: decoded completions, len N.
         answers: reference answers per sequence (for the verifier), len N; may be empty.
         advantages: (N,) float32 or None until computed.
+        attn: (N, T) bool, the ATTENTION mask of the response: True = a real token the model reads (model tokens and,
+            in an episode, the observation / template tokens an environment appended). Defaults to `mask` (a
+            single-turn completion has no other tokens); always ``attn ⊇ mask``.
+        extras: per-row episode statistics, name -> (N,) float32 (``turns``, ``tool_calls``, ``tool_errors``, ...;
+            see `p3o.envs.runner`); empty for single-turn rollouts.
+
+    Agent episodes are one row each: ``response_ids`` = [turn 1 | observation 1 | turn 2 | ...], exactly the ids the
+    engine sampled plus the ids the environment appended (never re-tokenised); ``mask`` is 1 on model tokens only,
+    ``rollout_logp`` and ``policy_version`` are recorded per model token (0 and −1 on observations), so one row may
+    carry several versions and every token's ratio uses its own recorded log-prob.
     """
 
     prompt_ids: Tensor
@@ -54,10 +65,17 @@ class Rollouts:
     texts: list[str] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
     advantages: Tensor | None = None
+    attn: Tensor | None = None
+    extras: dict[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n, t = self.response_ids.shape
         assert self.mask.shape == (n, t), (self.mask.shape, (n, t))
+        if self.attn is None:
+            self.attn = self.mask
+        assert self.attn.shape == (n, t), (self.attn.shape, (n, t))
+        for k, v in self.extras.items():
+            assert v.shape == (n,), (k, v.shape, n)
         assert self.rollout_logp.shape == (n, t), (self.rollout_logp.shape, (n, t))
         assert self.policy_version.shape == (n, t), (self.policy_version.shape, (n, t))
         assert self.prompt_ids.shape[0] == n and self.prompt_mask.shape == self.prompt_ids.shape
@@ -68,8 +86,13 @@ class Rollouts:
 
     @property
     def num_tokens(self) -> int:
-        """Number of valid response tokens."""
+        """Number of model (loss-mask) tokens."""
         return int(self.mask.sum())
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether any row holds tokens the policy did not sample (observations): ``attn`` differs from ``mask``."""
+        return self.attn is not self.mask and bool((self.attn != self.mask).any())
 
     def select(self, idx: Tensor | list[int] | slice) -> Rollouts:
         """Rows `idx` as a new Rollouts (tensors indexed, lists picked)."""
@@ -83,8 +106,12 @@ class Rollouts:
                 out[f.name] = v[index]
             elif isinstance(v, list):
                 out[f.name] = [v[i] for i in index.tolist()] if v else []
+            elif isinstance(v, dict):
+                out[f.name] = {k: x[index] for k, x in v.items()}
             else:
                 out[f.name] = v
+        if self.attn is self.mask:
+            out["attn"] = None
         return Rollouts(**out)
 
     def to(self, device: torch.device | str) -> Rollouts:
@@ -93,6 +120,10 @@ class Rollouts:
         for k, v in out.items():
             if isinstance(v, Tensor):
                 out[k] = v.to(device)
+            elif isinstance(v, dict):
+                out[k] = {name: x.to(device) for name, x in v.items()}
+        if self.attn is self.mask:
+            out["attn"] = None
         return Rollouts(**out)
 
     @staticmethod
@@ -108,6 +139,13 @@ class Rollouts:
         adv = None
         if all(r.advantages is not None for r in parts):
             adv = torch.cat([r.advantages for r in parts])  # type: ignore[misc]
+        attn = None
+        if any(r.attn is not r.mask for r in parts):
+            attn = col("attn", t, False)
+        names = sorted({k for r in parts for k in r.extras})
+        extras = {
+            k: torch.cat([r.extras.get(k, torch.zeros(len(r), device=r.rewards.device)) for r in parts]) for k in names
+        }
         return Rollouts(
             prompt_ids=col("prompt_ids", p, pad_id, left=True),
             prompt_mask=col("prompt_mask", p, False, left=True),
@@ -121,4 +159,6 @@ class Rollouts:
             texts=[s for r in parts for s in r.texts],
             answers=[s for r in parts for s in r.answers],
             advantages=adv,
+            attn=attn,
+            extras=extras,
         )

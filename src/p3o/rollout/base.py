@@ -123,9 +123,16 @@ class RolloutEngine(Protocol):
     """Version of the weights currently loaded; stamped on every token generated until the next `load_weights`."""
 
     def generate(
-        self, prompt_ids: list[list[int]], n: int, *, seed: int | None = None, answers: list[str] | None = None
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        *,
+        seed: int | None = None,
+        answers: list[str] | None = None,
+        max_new_tokens: int | None = None,
     ) -> Rollouts:
         """Sample `n` completions of every prompt; rows are grouped: prompt i gives rows i·n … i·n+n−1.
+        `max_new_tokens`, where given, replaces the engine's limit for this call (an agent turn's budget).
 
         `group_ids` (N,) gives the rows of one prompt the same id and different prompts different ids; the values
         themselves are the engine's (an engine may number them on across calls): callers that need batch-wide ids

@@ -197,9 +197,16 @@ class HFEngine:
         return list(self.tokenizer.batch_decode(rows, skip_special_tokens=True))
 
     def generate(
-        self, prompt_ids: list[list[int]], n: int, *, seed: int | None = None, answers: list[str] | None = None
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        *,
+        seed: int | None = None,
+        answers: list[str] | None = None,
+        max_new_tokens: int | None = None,
     ) -> Rollouts:
-        """Sample `n` completions for each prompt (see `RolloutEngine.generate`).
+        """Sample `n` completions for each prompt (see `RolloutEngine.generate`; `max_new_tokens` overrides the
+        engine's for this call, as an agent episode's turn budget does).
 
         The prompts are prefilled once (left-padded, positions from the mask) and the KV cache is repeated n times.
         Each step records log π_b(y_t) (per `logprob_mode`); rows stop at the first stop token (kept, mask True)
@@ -214,7 +221,7 @@ class HFEngine:
             ids, pmask = left_pad(prompt_ids, self.pad_token_id)
             p_len = ids.shape[1]
             ids, pmask = ids.to(dev), pmask.to(dev)
-            t_max = self.settings.max_new_tokens
+            t_max = int(max_new_tokens) if max_new_tokens else self.settings.max_new_tokens
             attn = torch.ones((b, p_len + t_max), dtype=torch.long, device=dev)
             attn[:, :p_len] = pmask.long()
             pos0 = position_ids_from_mask(pmask)

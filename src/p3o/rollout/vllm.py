@@ -452,7 +452,7 @@ class VLLMEngine:
         return rows, lps
 
     def _sample_in_chunks(
-        self, prompts: list[list[int]], seeds: list[int]
+        self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int | None = None
     ) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
         """Partial rollouts: `INFLIGHT_CHUNK` tokens per vLLM call, `on_decode_step` between calls (a newer version
         may load there). A running row continues from its prompt + the tokens it has (vLLM's prefix cache reuses
@@ -465,7 +465,7 @@ class VLLMEngine:
         stops = set(self.stop_token_ids)
         alive = list(range(num))
         t, chunk = 0, 0
-        t_max = self.settings.max_new_tokens
+        t_max = int(max_new_tokens or self.settings.max_new_tokens)
         while alive and t < t_max:
             k = min(INFLIGHT_CHUNK, t_max - t)
             # a seed per (row, chunk): a row's draws depend on neither the other rows nor where the chunks fall
@@ -483,9 +483,16 @@ class VLLMEngine:
         return rows, lps, vers
 
     def generate(
-        self, prompt_ids: list[list[int]], n: int, *, seed: int | None = None, answers: list[str] | None = None
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        *,
+        seed: int | None = None,
+        answers: list[str] | None = None,
+        max_new_tokens: int | None = None,
     ) -> Rollouts:
         """Sample `n` completions for each prompt (see `RolloutEngine.generate`); rows laid out as `HFEngine`'s.
+        `max_new_tokens` overrides the engine's for this call (an agent episode's turn budget).
 
         Every row is its own vLLM request with its own seed (derived from `seed`, or from the engine's generator),
         so a seeded call is reproducible and each row's draws do not depend on the other rows. Rows stop at the
@@ -504,10 +511,10 @@ class VLLMEngine:
             seeds = self._row_seeds(num, seed)
             prompts = [[int(t) for t in p] for p in prompt_ids for _ in range(n)]
             if self.on_decode_step is None:
-                rows, lps = self._sample(prompts, seeds, self.settings.max_new_tokens)
+                rows, lps = self._sample(prompts, seeds, int(max_new_tokens or self.settings.max_new_tokens))
                 vers = [[self.version] * len(r) for r in rows]
             else:
-                rows, lps, vers = self._sample_in_chunks(prompts, seeds)
+                rows, lps, vers = self._sample_in_chunks(prompts, seeds, max_new_tokens)
             self._group_offset += b
             group_offset = self._group_offset - b
 

@@ -1,0 +1,326 @@
+"""Agent episodes on any rollout engine: a tick loop that batches every episode waiting on the model into one
+`generate` call and steps the environments of the finished turns concurrently.
+
+Token in, token out. An episode's row is built from an append-only list of segments:
+
+    prompt ids (rendered once, from env.reset's messages)
+    | model turn 1 (the engine's sampled ids, log-probs, versions)   mask 1
+    | observation 1 (ids the renderer appended)                       mask 0, log-prob 0, version −1
+    | model turn 2 | …
+
+Nothing is decoded and re-tokenised: the text of a turn is decoded only for the environment to parse. Each engine call
+gets the ids of the whole history as its prompt and returns only that turn's ids, appended as they are. A weight push
+between turns (or, with in-flight updates, inside one) stamps the later tokens with the new version, so one row may
+carry several versions; each token keeps its own recorded log-prob, which is what P3O's ratio is taken against.
+
+    rollouts = run_episodes(engine, lambda: make_env("calc"), problems, n=4, renderer=renderer,
+                            limits=EnvLimits(max_turns=3), seed=0)
+    rollouts.mask      # (N, T) model tokens (the loss mask);  rollouts.attn: every real token
+    rollouts.extras    # per-row turns, tool_calls, tool_errors, obs_tokens, versions, cut, ...
+
+Scheduling: in ``overlap=False`` mode (the default) every tick waits for all environment steps of that tick, so the
+engine calls and their seeds are a function of (seed, tick) alone and a run reproduces; tools of different episodes
+still run at the same time (a thread pool). ``overlap=True`` generates for the episodes that are ready while the
+others' tools run (more throughput, not reproducible).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from p3o.envs.base import Environment, EnvLimits, Step, info_number
+from p3o.errors import P3OError
+from p3o.rollout.base import RolloutEngine, left_pad
+from p3o.tasks.base import Problem
+from p3o.types import Rollouts
+
+__all__ = ["EPISODE_STATS", "STOP_REASONS", "Episode", "run_episodes"]
+
+STOP_REASONS = ("done", "max_turns", "length", "turn_length", "env_error")
+"""Why an episode ended: the environment said done; the turn limit; the episode's token budget; a model turn hit
+``max_turn_tokens`` without a stop; the environment raised (its error is counted, the episode scored 0)."""
+
+EPISODE_STATS = (
+    "turns",
+    "tool_calls",
+    "tool_errors",
+    "tool_timeouts",
+    "parse_errors",
+    "tool_latency_s",
+    "obs_tokens",
+    "obs_cut",
+    "model_tokens",
+    "versions",
+    "cut",
+)
+"""Per-row `Rollouts.extras` keys written by `run_episodes` (float32 each): model turns; the summed `Step.info`
+counters; observation tokens appended and observations cut to ``max_obs_tokens``; model tokens; distinct policy
+versions among the model tokens; 1 when a limit ended the episode (not the environment)."""
+
+
+@dataclass
+class Episode:
+    """One running episode: its environment, its prompt and its segments so far."""
+
+    env: Environment
+    problem: Problem
+    group: int
+    prompt: list[int]
+    ids: list[int] = field(default_factory=list)
+    model: list[bool] = field(default_factory=list)
+    logp: list[float] = field(default_factory=list)
+    version: list[int] = field(default_factory=list)
+    turns: int = 0
+    reward: float = 0.0
+    stats: dict[str, float] = field(default_factory=dict)
+    stop_reason: str = ""
+    ended_with_eos: bool = True
+
+    @property
+    def done(self) -> bool:
+        return bool(self.stop_reason)
+
+    def add(self, key: str, value: float) -> None:
+        self.stats[key] = self.stats.get(key, 0.0) + float(value)
+
+
+def _cut_at_stop(ids: list[int], stops: set[int]) -> tuple[int, bool]:
+    """Length of the turn up to and including its first stop id, and whether it has one."""
+    for i, t in enumerate(ids):
+        if t in stops:
+            return i + 1, True
+    return len(ids), False
+
+
+def run_episodes(
+    engine: RolloutEngine,
+    make_env: Callable[[], Environment],
+    problems: Sequence[Problem],
+    n: int,
+    *,
+    renderer,  # p3o.envs.render.Renderer
+    limits: EnvLimits,
+    seed: int,
+    eos_ids: Sequence[int],
+    stop_ids: Sequence[int] = (),
+    overlap: bool = False,
+    max_workers: int = 16,
+    on_tick: Callable[[int], None] | None = None,
+) -> Rollouts:
+    """Run `n` episodes of every problem to their end; one row per episode, rows of a problem consecutive.
+
+    Args:
+        engine: any `RolloutEngine`; its ``generate`` takes each episode's history as a prompt (n = 1) and, where it
+            accepts it, ``max_new_tokens`` per call (clamped to what the episodes have left).
+        make_env: a fresh `Environment` per episode (closed at the end, also on error).
+        problems: B problems; rows b·n … b·n + n − 1 are problem b's episodes (one GRPO group).
+        renderer: turns messages into ids (`p3o.envs.render.Renderer`): ``prompt_ids(messages)`` and
+            ``observation_ids(messages, turn_ended_with_eos) -> (ids, cut)``.
+        limits: `EnvLimits` (turns, tokens per turn / episode / observation; tool limits live in the tools).
+        seed: the episode seeds (env.reset) and each tick's engine seed derive from it.
+        eos_ids: ids that end a turn as a finished message; `stop_ids`: the environment's other turn-ending ids
+            (a tool call's close). A turn is cut after its first id of either set, whatever the engine did.
+        overlap: generate for ready episodes while others' tools run (not reproducible); see the module docstring.
+        on_tick: called with the tick number before each engine call (tests push weights there).
+    Returns:
+        `Rollouts`: prompt (B·n, P) left-padded; response (B·n, T) = turns and observations; ``mask`` model tokens,
+        ``attn`` every real token; ``rollout_logp`` / ``policy_version`` per model token (0 / −1 elsewhere);
+        ``rewards`` the episodes' returns; ``truncated`` = a limit ended it; ``extras`` = `EPISODE_STATS`.
+    """
+    if n < 1:
+        raise P3OError(f"run_episodes: n must be >= 1, got {n}")
+    eos, stops = set(int(i) for i in eos_ids), set(int(i) for i in stop_ids)
+    ends = eos | stops
+    episodes: list[Episode] = []
+    try:
+        for b, problem in enumerate(problems):
+            for j in range(n):
+                env = make_env()
+                ep = Episode(env=env, problem=problem, group=b, prompt=[])
+                episodes.append(ep)
+                messages = env.reset(problem, seed=seed * 1_000_003 + b * 1009 + j)
+                ep.prompt = list(renderer.prompt_ids(messages))
+                if not ep.prompt:
+                    raise P3OError(f"environment {type(env).__name__}: reset returned no prompt")
+        with cf.ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(episodes)))) as pool:
+            _tick_loop(engine, episodes, renderer, limits, seed, eos, ends, overlap, pool, on_tick)
+    finally:
+        for ep in episodes:
+            with contextlib.suppress(Exception):  # a user env's close must not lose the batch
+                ep.env.close()
+    return _rows(episodes, engine, renderer)
+
+
+def _tick_loop(engine, episodes, renderer, limits, seed, eos, ends, overlap, pool, on_tick) -> None:
+    pending: dict[cf.Future, tuple[Episode, float]] = {}
+    ready = list(episodes)
+    tick = 0
+    while ready or pending:
+        if ready:
+            if on_tick is not None:
+                on_tick(tick)
+            finished = _generate_turn(engine, ready, limits, seed * 7919 + tick, ends, eos)
+            tick += 1
+            ready = []
+            for ep, text in finished:
+                if ep.done:
+                    continue
+                pending[pool.submit(_safe_step, ep.env, text)] = (ep, time.perf_counter())
+        if not pending:
+            continue
+        done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED if overlap else cf.ALL_COMPLETED)
+        for fut in sorted(done, key=lambda f: episodes.index(pending[f][0])):
+            ep, _t0 = pending.pop(fut)
+            if _after_step(ep, fut.result(), renderer, limits):
+                ready.append(ep)
+        ready.sort(key=episodes.index)
+
+
+def _safe_step(env: Environment, text: str) -> Step | BaseException:
+    try:
+        return env.step(text)
+    except Exception as exc:  # a user environment's bug ends its episode, never the run
+        return exc
+
+
+def _generate_turn(engine, ready: list[Episode], limits: EnvLimits, seed: int, ends: set[int], eos: set[int]):
+    """One engine call for every ready episode; appends each turn; returns (episode, decoded turn text)."""
+    budgets = [min(limits.max_turn_tokens, limits.max_total_tokens - len(ep.ids)) for ep in ready]
+    histories = [ep.prompt + ep.ids for ep in ready]
+    kw = {"seed": seed}
+    if _takes_max_new_tokens(engine):
+        kw["max_new_tokens"] = max(budgets)
+    ro = engine.generate(histories, 1, **kw)
+    tok = getattr(engine, "tokenizer", None)
+    out = []
+    for i, ep in enumerate(ready):
+        valid = ro.mask[i].cpu()
+        ids = ro.response_ids[i].cpu()[valid].tolist()
+        lps = ro.rollout_logp[i].cpu()[valid].tolist()
+        vers = ro.policy_version[i].cpu()[valid].tolist()
+        k, stopped = _cut_at_stop(ids, ends)
+        if k > budgets[i]:  # the engine sampled past this episode's budget: those tokens were never its own
+            k, stopped = budgets[i], False
+        ids, lps, vers = ids[:k], lps[:k], vers[:k]
+        ep.ids += ids
+        ep.model += [True] * k
+        ep.logp += lps
+        ep.version += vers
+        ep.turns += 1
+        ep.ended_with_eos = bool(ids) and ids[-1] in eos
+        if not stopped:
+            ep.stop_reason = "length" if len(ep.ids) >= limits.max_total_tokens else "turn_length"
+        text = tok.decode(ids, skip_special_tokens=False) if tok is not None else ""
+        out.append((ep, text))
+    return out
+
+
+def _takes_max_new_tokens(engine) -> bool:
+    import inspect
+
+    try:
+        return "max_new_tokens" in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _after_step(ep: Episode, result: Step | BaseException, renderer, limits: EnvLimits) -> bool:
+    """Apply the environment's answer; True when the episode goes on (its observation appended)."""
+    if isinstance(result, BaseException):
+        ep.add("env_errors", 1)
+        ep.stop_reason = "env_error"
+        ep.reward = 0.0
+        return False
+    ep.reward += float(result.reward)
+    for key in result.info:
+        ep.add(key, info_number(result.info, key))
+    if result.done:
+        ep.stop_reason = "done"
+        return False
+    if ep.turns >= limits.max_turns:
+        ep.stop_reason = "max_turns"
+        return False
+    obs, cut = renderer.observation_ids(result.observation, ep.ended_with_eos)
+    obs = list(obs)
+    if len(obs) > limits.max_obs_tokens:  # a renderer that does not cut: keep the limit anyway
+        obs, cut = obs[: limits.max_obs_tokens], True
+    if len(ep.ids) + len(obs) >= limits.max_total_tokens:
+        ep.stop_reason = "length"  # no room for the observation and a model token: the trailing observation is dropped
+        return False
+    ep.add("obs_tokens", len(obs))
+    ep.add("obs_cut", float(bool(cut)))
+    ep.ids += obs
+    ep.model += [False] * len(obs)
+    ep.logp += [0.0] * len(obs)
+    ep.version += [-1] * len(obs)
+    return True
+
+
+def _rows(episodes: list[Episode], engine, renderer) -> Rollouts:
+    """The episodes as one `Rollouts` (see `run_episodes`' Returns)."""
+    pad = int(getattr(engine, "pad_token_id", 0) or 0)
+    num = len(episodes)
+    p_ids, p_mask = left_pad([ep.prompt for ep in episodes], pad)
+    t = max(1, max(len(ep.ids) for ep in episodes))
+    ids = torch.full((num, t), pad, dtype=torch.long)
+    mask = torch.zeros((num, t), dtype=torch.bool)
+    attn = torch.zeros((num, t), dtype=torch.bool)
+    logp = torch.zeros((num, t), dtype=torch.float32)
+    version = torch.full((num, t), -1, dtype=torch.long)
+    extras: dict[str, list[float]] = {k: [] for k in EPISODE_STATS}
+    for i, ep in enumerate(episodes):
+        k = len(ep.ids)
+        if k:
+            ids[i, :k] = torch.tensor(ep.ids, dtype=torch.long)
+            mask[i, :k] = torch.tensor(ep.model, dtype=torch.bool)
+            attn[i, :k] = True
+            logp[i, :k] = torch.tensor(ep.logp, dtype=torch.float32)
+            version[i, :k] = torch.tensor(ep.version, dtype=torch.long)
+        model_versions = {v for v, m in zip(ep.version, ep.model) if m}
+        row = {
+            "turns": float(ep.turns),
+            "obs_tokens": ep.stats.get("obs_tokens", 0.0),
+            "obs_cut": ep.stats.get("obs_cut", 0.0),
+            "model_tokens": float(sum(ep.model)),
+            "versions": float(len(model_versions)),
+            "cut": float(ep.stop_reason not in ("done",)),
+        }
+        for key in EPISODE_STATS:
+            extras[key].append(row[key] if key in row else ep.stats.get(key, 0.0))
+    tok = getattr(engine, "tokenizer", None)
+    texts = [tok.decode(ep.ids, skip_special_tokens=False) for ep in episodes] if tok is not None else []
+    dev = getattr(engine, "device", torch.device("cpu"))
+    del renderer
+    return Rollouts(
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+        response_ids=ids,
+        mask=mask,
+        rollout_logp=logp,
+        policy_version=version,
+        group_ids=torch.tensor([ep.group for ep in episodes], dtype=torch.long),
+        rewards=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
+        truncated=torch.tensor([ep.stop_reason != "done" for ep in episodes], dtype=torch.bool),
+        texts=texts,
+        answers=[ep.problem.answer for ep in episodes],
+        attn=attn,
+        extras={k: torch.tensor(v, dtype=torch.float32) for k, v in extras.items()},
+    ).to(dev)
+
+
+def stop_reason_counts(reasons: Sequence[str]) -> dict[str, int]:
+    """How many episodes ended for each of `STOP_REASONS`."""
+    return {r: sum(1 for x in reasons if x == r) for r in STOP_REASONS}
+
+
+def model_token_share(rollouts: Rollouts) -> Tensor:
+    """0-d: the share of response tokens the model sampled (1 for single-turn rollouts)."""
+    attn = rollouts.attn if rollouts.attn is not None else rollouts.mask
+    return rollouts.mask.sum().float() / attn.sum().clamp(min=1).float()
