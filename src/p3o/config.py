@@ -13,6 +13,8 @@ the objective's registry record (``p3o.objectives.OBJECTIVES[name]``), whose ``r
 
 from __future__ import annotations
 
+import difflib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,7 @@ from p3o.options import apply_overrides, config_field, list_presets, metavar, pr
 
 __all__ = [
     "AdvantageConfig",
+    "AgentConfig",
     "CkptConfig",
     "LogConfig",
     "LoopConfig",
@@ -306,6 +309,31 @@ class RayConfig:
 
 
 @dataclass
+class AgentConfig:
+    """Multi-turn agent episodes (docs/agents.md): an environment the model talks to between its turns.
+
+    ``env`` None keeps the single-turn path (a prompt, one completion, the verifier). With an environment every
+    training and held-out row is one episode: the model's turns (the loss mask) and the observations the environment
+    appended (never in the loss, the ESS or the monitor), rewarded by the environment.
+    """
+
+    env: str | None = _f(
+        None, "environment: a built-in name (calc, guess) or package.module:Name (None: single-turn, no environment)"
+    )
+    max_turns: int = _f(4, "model turns per episode", ge=1)
+    max_turn_tokens: int = _f(48, "tokens the model may sample in one turn", ge=1)
+    max_total_tokens: int = _f(160, "response tokens per episode, model and observation tokens together", ge=1)
+    max_obs_tokens: int = _f(32, "tokens per observation (a longer one is cut in the middle, marked)", ge=1)
+    tool_timeout_s: float = _f(
+        2.0, "wall-clock limit of one tool call (killed past it; the model reads an error)", gt=0
+    )
+    max_tool_output_chars: int = _f(2000, "characters of a tool's result kept (a flood is cut and counted)", ge=1)
+    overlap: bool = _f(
+        False, "generate for ready episodes while others' tools run (faster, not reproducible; False: tick barrier)"
+    )
+
+
+@dataclass
 class TrainConfig:
     """Root config of one training run: ``p3o train`` with no arguments runs exactly these defaults.
 
@@ -332,6 +360,7 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "metrics"})
     ckpt: CkptConfig = field(default_factory=CkptConfig, metadata={"help": "checkpoints"})
     ray: RayConfig = field(default_factory=RayConfig, metadata={"help": "Ray cluster of the rollout workers"})
+    agent: AgentConfig = field(default_factory=AgentConfig, metadata={"help": "multi-turn agent episodes"})
 
     def _cross_check(self) -> None:
         """The constraints between sections (one line each), then the objective's keywords typed by its record."""
@@ -392,6 +421,11 @@ def _check_objective(cfg: ObjectiveConfig) -> None:
     The record's ``resolve`` is the one resolver: unknown keywords (one line with the nearest one and the objectives
     it belongs to), deprecated spellings (renamed with a warning) and both spellings at once (refused).
     """
+    names = [r.split(":")[0].removeprefix("objective.name ") for r in objective_rows() if isinstance(r, str)][:-1]
+    if names and cfg.name not in names:  # the registry's own message, before its torch import (a fast typo)
+        near = difflib.get_close_matches(str(cfg.name), names, n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        raise ConfigError(f"objective.name: unknown objective '{cfg.name}'{hint}; known: {', '.join(names)}")
     from p3o.objectives import get_objective  # heavy: torch, not needed by --help
 
     rec = get_objective(cfg.name)
@@ -463,24 +497,42 @@ def config_help(cls: type | None = None, extra: Sequence[tuple[str, str]] | None
     if cls not in (None, TrainConfig):
         default_row = ("--config PATH", "YAML file of these keys (applied before the command-line options)")
         return options.config_help(cls, [default_row, *(extra or [])])
-    from p3o.objectives import OBJECTIVES  # heavy: torch, not needed by --help
-
     general = [
         ("--config PATH_OR_PRESET", "YAML file or preset: " + ", ".join(list_presets())),
         ("--resume", "continue the run in run_dir from its newest intact checkpoint, with the run's own settings"),
         ("--allow-changes", "with --resume: let given values change the experiment (in config_history.jsonl)"),
         *(extra or []),
     ]
+    tail = objective_rows()
+    return options.config_help(TrainConfig, general, tail)
+
+
+#: The objectives' rows of ``p3o train --help``, snapshot from the registry (package data: reading it imports no torch)
+OBJECTIVE_ROWS = "objectives-help.json"
+
+
+def objective_rows(*, fresh: bool = False) -> list[Any]:
+    """The objectives and their typed ``objective.<hyper>`` keys as ``--help`` rows (a heading string or an
+    (option, help) pair), from the packaged snapshot p3o/configs/objectives-help.json, or from the registry
+    (``fresh``, or no snapshot; the registry imports torch). A test keeps the snapshot equal to the registry;
+    regenerate it with ``python -m p3o.config --objectives > src/p3o/configs/objectives-help.json``.
+    """
+    if not fresh:
+        snap = Path(__file__).with_name("configs") / OBJECTIVE_ROWS
+        if snap.is_file():
+            return [r if isinstance(r, str) else tuple(r) for r in json.loads(snap.read_text(encoding="utf-8"))]
+    from p3o.objectives import OBJECTIVES  # heavy: torch, not needed by --help
+
     records = list(OBJECTIVES.values())
     common = set.intersection(*(set(r.hypers) for r in records))
-    tail: list[tuple[str, str] | str] = []
+    tail: list[Any] = []
     for i, rec in enumerate(records):
         tail.append(f"objective.name {rec.name}: {rec.summary}")
         for h in rec.hypers.values():
             if h.name not in common or i == len(records) - 1:
                 tail.append((f"--objective.{h.name} {metavar(h.type)}", f"[default: {shown(h.default)}]"))
     tail.append(f"(every objective also takes {', '.join(sorted(common))}; defaults as for {records[-1].name})")
-    return options.config_help(TrainConfig, general, tail)
+    return tail
 
 
 def default_preset_text() -> str:
@@ -498,4 +550,9 @@ def default_preset_text() -> str:
 
 
 if __name__ == "__main__":
-    print(default_preset_text(), end="")
+    import sys
+
+    if sys.argv[1:] == ["--objectives"]:
+        print(json.dumps(objective_rows(fresh=True), indent=1, ensure_ascii=False))
+    else:
+        print(default_preset_text(), end="")

@@ -41,7 +41,7 @@ from p3o.rollout.base import RolloutEngine, left_pad
 from p3o.tasks.base import Problem
 from p3o.types import Rollouts
 
-__all__ = ["EPISODE_STATS", "STOP_REASONS", "Episode", "run_episodes"]
+__all__ = ["EPISODE_STATS", "STOP_REASONS", "Episode", "EpisodeEngine", "model_token_share", "run_episodes"]
 
 STOP_REASONS = ("done", "max_turns", "length", "turn_length", "env_error")
 """Why an episode ended: the environment said done; the turn limit; the episode's token budget; a model turn hit
@@ -324,3 +324,98 @@ def model_token_share(rollouts: Rollouts) -> Tensor:
     """0-d: the share of response tokens the model sampled (1 for single-turn rollouts)."""
     attn = rollouts.attn if rollouts.attn is not None else rollouts.mask
     return rollouts.mask.sum().float() / attn.sum().clamp(min=1).float()
+
+
+class EpisodeEngine:
+    """A `RolloutEngine` whose ``generate`` runs agent episodes on an inner engine: what the training loop, its
+    sources, the held-out evaluation and the Ray rollout workers hold when ``agent.env`` is set, so every one of them
+    runs episodes without knowing it (a prompt's id list names its problem).
+
+    Weights, versions and in-flight updates are the inner engine's (``load_weights``, ``version``,
+    ``on_decode_step`` pass through), so a push between two turns of one episode stamps the later turns with the new
+    version.
+
+        engine = EpisodeEngine(HFEngine(model, tok), lambda: make_env("calc"), problems_by_prompt, renderer=r,
+                               limits=EnvLimits(), eos_ids=[tok.eos_token_id], stop_ids=r.stop_ids(("</calc>",)))
+        rollouts = engine.generate(prompt_ids, n=4, seed=0)     # episodes; rewards filled by the environment
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        make_env: Callable[[], Environment],
+        problems: dict[tuple[int, ...], Problem],
+        *,
+        renderer,
+        limits: EnvLimits,
+        eos_ids: Sequence[int],
+        stop_ids: Sequence[int] = (),
+        overlap: bool = False,
+    ) -> None:
+        self.inner = engine
+        self.make_env, self.problems = make_env, problems
+        self.renderer, self.limits, self.overlap = renderer, limits, overlap
+        self.eos_ids, self.stop_ids = list(eos_ids), list(stop_ids)
+        self._calls = 0
+
+    # the inner engine's weights, version and in-flight hook
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.inner.version = value
+
+    @property
+    def on_decode_step(self):
+        return getattr(self.inner, "on_decode_step", None)
+
+    @on_decode_step.setter
+    def on_decode_step(self, hook) -> None:
+        self.inner.on_decode_step = hook
+
+    def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        self.inner.load_weights(state_dict, version)
+
+    def __getattr__(self, name: str):
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        *,
+        seed: int | None = None,
+        answers: list[str] | None = None,
+        max_new_tokens: int | None = None,
+    ) -> Rollouts:
+        """`n` episodes of the problem each prompt names (its id list, as the rollout side encoded it).
+
+        ``answers`` are checked against the problems'; ``max_new_tokens`` is ignored (``agent.max_turn_tokens`` and
+        ``agent.max_total_tokens`` bound episodes).
+        """
+        del max_new_tokens
+        try:
+            problems = [self.problems[tuple(int(t) for t in p)] for p in prompt_ids]
+        except KeyError:
+            raise P3OError("EpisodeEngine.generate: a prompt that names no problem of this run's task") from None
+        if answers is not None and [p.answer for p in problems] != list(answers):
+            raise P3OError("EpisodeEngine.generate: answers differ from the prompts' problems")
+        if seed is None:
+            seed = 1_000_000_007 + self._calls
+        self._calls += 1
+        return run_episodes(
+            self.inner,
+            self.make_env,
+            problems,
+            n,
+            renderer=self.renderer,
+            limits=self.limits,
+            seed=int(seed),
+            eos_ids=self.eos_ids,
+            stop_ids=self.stop_ids,
+            overlap=self.overlap,
+        )

@@ -39,11 +39,12 @@ from p3o.models.warmstart import resolve_tiny
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")  # "org/name", as on huggingface.co
 SMOLLM2_NAMES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct")
+AGENT_NAME = "tiny-agent"  # the agent testbed's base: the main base taught the calculator tool (p3o.models.agent)
 
 
 def builtin_names() -> list[str]:
     """The built-in model names `load_policy` knows (tiny sizes and testbeds, tiny-random, smollm2)."""
-    return ["tiny", *(f"tiny-{s}" for s in [*SIZES, *TESTBEDS]), "tiny-random", SMOLLM2_NAMES[0]]
+    return ["tiny", *(f"tiny-{s}" for s in [*SIZES, *TESTBEDS]), AGENT_NAME, "tiny-random", SMOLLM2_NAMES[0]]
 
 
 def ensure_tokenizer(
@@ -161,6 +162,10 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
     Hub id "org/name" (e.g. "Qwen/Qwen3-0.6B": downloaded by transformers; offline, only from the HF cache).
     """
     name = str(name_or_path)
+    if name == AGENT_NAME and not Path(name).exists():
+        from p3o.models.agent import ensure_agent_base
+
+        return load_pretrained(ensure_agent_base(cache_dir))
     tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():
         size, rand = tiny
@@ -209,6 +214,8 @@ def check_model_name(name: str, *, key: str = "model.name") -> None:
     path that does not exist says so (not "download it"); a Hub id with no network and no cached copy says that.
     """
     name = str(name)
+    if name == AGENT_NAME:
+        return
     tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():
         size, rand = tiny

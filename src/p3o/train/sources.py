@@ -179,6 +179,7 @@ class Producer:
         info["gen_rounds"] = float(len(scores))
         info["time_gen_s"] = time.perf_counter() - t0
         info.update(verifier_counts.metrics())  # reward/timeouts, reward/restarts, reward/errors
+        info.update(episode_metrics(batch))
         return batch, info
 
     def sample(self, b: int, engine: Any) -> tuple[Rollouts, list[Tensor]]:
@@ -233,6 +234,21 @@ class Producer:
             reward = reward + overlong_penalty(lengths, self.ro.max_new_tokens, lp.overlong_buffer, lp.overlong_factor)
         r.rewards = reward
         return r, score
+
+
+def episode_metrics(batch: Rollouts) -> dict[str, float]:
+    """Agent-episode statistics of a batch ({} for single-turn rows): the mean per episode of every `extras` key
+    (``episode/turns``, ``episode/tool_calls``, ``episode/tool_errors``, ``episode/tool_latency_s``, …), the share of
+    response tokens that are observations (``episode/obs_share``), the share of episodes a limit cut
+    (``episode/cut``) and of episodes whose model tokens span ≥ 2 policy versions (``episode/multi_version``)."""
+    if not batch.extras:
+        return {}
+    out = {f"episode/{k}": float(v.float().mean()) for k, v in batch.extras.items()}
+    attn = batch.attn if batch.attn is not None else batch.mask
+    out["episode/obs_share"] = float(1.0 - batch.mask.sum().float() / attn.sum().clamp(min=1).float())
+    if "versions" in batch.extras:
+        out["episode/multi_version"] = float((batch.extras["versions"] >= 2).float().mean())
+    return out
 
 
 def _informative_rows(rewards: Tensor, group_ids: Tensor) -> list[int]:

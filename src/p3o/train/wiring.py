@@ -145,6 +145,10 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     settings = EngineSettings.from_config(cfg.rollout, seed=cfg.seed, device=resolve_device(cfg.model.device))
     tokenizer = get_tokenizer() if get_tokenizer is not None else load_tokenizer(cfg)
 
+    pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else 0
+    if getattr(cfg, "agent", None) is not None and cfg.agent.env:
+        return _agent_rollout_side(cfg, problems, eval_problems, settings, tokenizer, int(pad))
+
     def encode(probs: list[Any]) -> list[list[int]]:
         texts = [format_prompt(p, tokenizer, task.template, system=task.system_prompt) for p in probs]
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
@@ -152,7 +156,6 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     def make_engine(model: nn.Module) -> Any:
         return _make(settings, model, tokenizer)
 
-    pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else 0
     return RolloutSide(
         tokenizer,
         encode(problems),
@@ -161,6 +164,72 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
         make_engine,
         int(pad),
         eval_prompts=encode(eval_problems) if eval_problems else [],
+        eval_answers=[p.answer for p in eval_problems],
+    )
+
+
+def _agent_rollout_side(
+    cfg: Any, problems: list[Any], eval_problems: list[Any], settings: EngineSettings, tokenizer: Any, pad: int
+) -> RolloutSide:
+    """The rollout side of an agent run (``agent.env`` set): every prompt is the rendered first messages of an
+    episode's environment, every engine an `EpisodeEngine` (episodes in, one row each), every reward the environment's.
+
+    The environment name, its stop strings (one token each) and the renderer are checked here, before any model
+    weights load; a prompt's token ids name its problem for the engine.
+    """
+    from p3o.envs import EnvLimits, EpisodeEngine, Renderer, make_env, stop_ids
+
+    a = cfg.agent
+    limits = EnvLimits(
+        max_turns=a.max_turns,
+        max_turn_tokens=a.max_turn_tokens,
+        max_total_tokens=a.max_total_tokens,
+        max_obs_tokens=a.max_obs_tokens,
+        tool_timeout_s=a.tool_timeout_s,
+        max_tool_output_chars=a.max_tool_output_chars,
+    )
+
+    def new_env() -> Any:
+        return make_env(a.env, limits=limits)
+
+    probe = new_env()
+    stops = stop_ids(tokenizer, tuple(getattr(probe, "stop_strings", ())))
+    renderer = Renderer(tokenizer, max_obs_tokens=limits.max_obs_tokens)
+    by_prompt: dict[tuple[int, ...], Any] = {}
+
+    def encode(probs: list[Any]) -> list[list[int]]:
+        out = []
+        for p in probs:
+            env = new_env()
+            try:
+                ids = list(renderer.prompt_ids(env.reset(p, seed=0)))
+            finally:
+                env.close()
+            by_prompt.setdefault(tuple(ids), p)
+            out.append(ids)
+        return out
+
+    prompts, eval_prompts = encode(problems), encode(eval_problems)
+    probe.close()
+    eos = [int(tokenizer.eos_token_id)] if getattr(tokenizer, "eos_token_id", None) is not None else []
+
+    def make_engine(model: nn.Module) -> Any:
+        inner = _make(settings, model, tokenizer, stop_token_ids=stops)
+        return EpisodeEngine(
+            inner, new_env, by_prompt, renderer=renderer, limits=limits, eos_ids=eos, stop_ids=stops, overlap=a.overlap
+        )
+
+    def episode_rewards(rollouts: Rollouts) -> Tensor:
+        return rollouts.rewards.clone()  # the environment's returns, filled in by the episodes
+
+    return RolloutSide(
+        tokenizer,
+        prompts,
+        [p.answer for p in problems],
+        episode_rewards,
+        make_engine,
+        pad,
+        eval_prompts=eval_prompts,
         eval_answers=[p.answer for p in eval_problems],
     )
 

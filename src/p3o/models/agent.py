@@ -1,0 +1,135 @@
+"""The agent testbed's base, ``tiny-agent``: the main tiny base taught to call the calculator tool.
+
+The main base (``tiny``, the arithmetic warm start) knows the ChatML template and the ``#### N`` answer format but
+cannot multiply 3-digit by 2-digit numbers. ``tiny-agent`` is that model with four tokens added to its tokenizer
+(``AGENT_TOKENS``, appended at the end of the vocabulary: the main tokenizer's ids are unchanged) and a short
+supervised warm start on calc-environment transcripts (`p3o.envs.builtin.calc_transcript`):
+
+    <|im_start|>user\\nWhat is 4821 * 37?<|im_end|>\\n<|im_start|>assistant\\n
+    <calc>4821*37</calc><result>178377</result>\\n#### 178377<|im_end|>          (one line)
+
+with the loss on the model's segments only (the ``<result>…</result>`` observation is context, as in RL). A share
+``AGENT_RECIPE["tool_share"]`` of the transcripts call the tool, the rest answer directly (mostly wrongly, as the
+model cannot compute the product): the base calls the tool on some problems, so RL has a behaviour to strengthen.
+
+    path = ensure_agent_base()            # built on first use (about a minute on a CPU), cached by code version
+    model, tok = load_policy("tiny-agent")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p3o.models.cache import atomic_build, cache_root
+from p3o.models.tiny import DEFAULT_SIZE, code_version
+
+__all__ = ["AGENT_RECIPE", "AGENT_SOURCES", "AGENT_TOKENS", "agent_base_dir", "ensure_agent_base", "warm_start_agent"]
+
+AGENT_TOKENS = ("<calc>", "</calc>", "<result>", "</result>")
+"""The calculator markup, one token each (``</calc>`` is the turn's stop token; `p3o.envs.render` needs single ids)."""
+
+AGENT_RECIPE: dict[str, Any] = {
+    "steps": 300,
+    "batch_size": 32,
+    "lr": 2e-3,
+    "warmup_steps": 20,
+    "tool_share": 0.5,
+    "seed": 0,
+}
+"""The warm start: steps × batch transcripts, AdamW lr (linear warm-up, cosine to 10 %), the share that call the
+tool."""
+
+# What builds the agent base besides the main base's own sources (its key fingerprints them).
+AGENT_SOURCES: tuple[str, ...] = ("models/agent.py", "tasks/calc.py", "envs/builtin.py:calc_transcript")
+
+
+def agent_base_dir(cache_dir: str | Path | None = None) -> Path:
+    """``<cache>/models/tiny-agent-1m-s0-c<code version of the main base + AGENT_SOURCES>-r<recipe>``."""
+    from p3o.models.tiny import BASE_SOURCES
+
+    recipe = hashlib.sha256(json.dumps(AGENT_RECIPE, sort_keys=True).encode()).hexdigest()[:6]
+    version = code_version((*BASE_SOURCES, *AGENT_SOURCES))
+    return cache_root(cache_dir) / "models" / f"tiny-agent-{DEFAULT_SIZE}-c{version}-r{recipe}"
+
+
+def _examples(tok: Any, n: int, seed: int, tool_share: float) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) of `n` calc transcripts: labels −100 on the prompt and on observation segments."""
+    from p3o.envs.builtin import calc_transcript
+    from p3o.tasks import format_prompt, load_task
+
+    problems = load_task("calc", "train", seed=seed, n=n)
+    rng = random.Random(seed)
+    out = []
+    for p in problems:
+        prompt = tok(format_prompt(p, tok), add_special_tokens=False)["input_ids"]
+        ids, labels = list(prompt), [-100] * len(prompt)
+        for text, trainable in calc_transcript(p, use_tool=rng.random() < tool_share):
+            seg = tok(text, add_special_tokens=False)["input_ids"]
+            ids += seg
+            labels += seg if trainable else [-100] * len(seg)
+        ids.append(tok.eos_token_id)
+        labels.append(tok.eos_token_id)
+        out.append((ids, labels))
+    return out
+
+
+def warm_start_agent(init_dir: str | Path, out_dir: str | Path, log: bool = True) -> dict[str, Any]:
+    """Add `AGENT_TOKENS` to the base in `init_dir`, warm-start it on calc transcripts (`AGENT_RECIPE`), save it to
+    `out_dir` (safetensors + tokenizer + sft.json); return the statistics."""
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    from p3o.models.warmstart import collate, lr_factor
+
+    rc = AGENT_RECIPE
+    t0 = time.perf_counter()
+    random.seed(rc["seed"])
+    torch.manual_seed(rc["seed"])
+    tok = AutoTokenizer.from_pretrained(init_dir)
+    special = list(tok.additional_special_tokens) + [t for t in AGENT_TOKENS if t not in tok.additional_special_tokens]
+    tok.add_special_tokens({"additional_special_tokens": special})
+    model = Qwen3ForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+    old_vocab = model.get_input_embeddings().weight.shape[0]
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
+    with torch.no_grad():  # new rows start at the mean of the old ones (deterministic, no sampling)
+        emb = model.get_input_embeddings().weight
+        emb[old_vocab:] = emb[:old_vocab].mean(0, keepdim=True)
+    model.train()
+    examples = _examples(tok, rc["steps"] * rc["batch_size"], rc["seed"], rc["tool_share"])
+    opt = torch.optim.AdamW(model.parameters(), lr=rc["lr"], weight_decay=0.01, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, rc["warmup_steps"], rc["steps"]))
+    loss_val = float("nan")
+    for step in range(rc["steps"]):
+        batch = collate(examples[step * rc["batch_size"] : (step + 1) * rc["batch_size"]], tok.pad_token_id)
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_val = float(loss.detach())
+        if log and (step % 50 == 0 or step == rc["steps"] - 1):
+            print(f"agent sft step {step:4d}  loss {loss_val:.4f}  {time.perf_counter() - t0:6.1f}s", flush=True)
+    model.eval()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    stats = {"steps": rc["steps"], "final_loss": loss_val, "train_s": round(time.perf_counter() - t0, 2)}
+    (out / "sft.json").write_text(json.dumps({"recipe": rc, "stats": stats, "init": str(init_dir)}, indent=2))
+    return stats
+
+
+def ensure_agent_base(cache_dir: str | Path | None = None, *, force: bool = False) -> Path:
+    """Path of the ``tiny-agent`` base, warm-started from the main base on first use (`p3o.models.cache`)."""
+    from p3o.models.warmstart import ensure_base
+
+    target = agent_base_dir(cache_dir)
+    init = ensure_base(DEFAULT_SIZE, cache_dir)
+    return atomic_build(target, lambda tmp: warm_start_agent(init, tmp), force=force)

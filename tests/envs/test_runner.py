@@ -1,0 +1,202 @@
+"""Agent episodes end to end on the HF engine (a tiny random model, a scripted environment): token in / token out,
+the loss mask apart from the attention mask, observation tokens out of the loss, the ESS and the monitor, and an
+episode that spans a weight push."""
+
+from __future__ import annotations
+
+import torch
+from tiny_lm import make_tiny_lm
+
+from p3o.envs.base import EnvLimits, Step
+from p3o.envs.runner import EPISODE_STATS, EpisodeEngine, run_episodes
+from p3o.logprobs import token_logprobs
+from p3o.metrics.monitor import OffPolicyMonitor
+from p3o.objectives import ObjectiveInputs, get_objective
+from p3o.rollout import HFEngine
+from p3o.tasks.base import Problem
+
+OBS = [7, 8, 9]  # the ids the scripted environment's observation renders to
+STOPS = list(range(10, 40))  # a turn ends at any of these (the random model hits one within a few tokens)
+
+
+class ScriptedEnv:
+    """Three model turns, an observation after each of the first two; reward = 1 on the last step."""
+
+    stop_strings = ()
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reset(self, problem: Problem, seed: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": problem.prompt}]
+
+    def step(self, turn: str) -> Step:
+        self.turns += 1
+        done = self.turns >= 3
+        obs = [] if done else [{"role": "tool", "content": "ok"}]
+        return Step(observation=obs, reward=1.0 if done else 0.0, done=done, info={"tool_calls": 1.0})
+
+    def close(self) -> None:
+        pass
+
+
+class IdsRenderer:
+    """Prompts: their text's characters as ids 40..63; every observation: `OBS`."""
+
+    def prompt_ids(self, messages):
+        return [40 + (ord(c) % 24) for c in messages[0]["content"]]
+
+    def observation_ids(self, messages, turn_ended_with_eos):
+        return list(OBS), False
+
+
+class Recording:
+    """An HFEngine that remembers what each generate call sampled (ids and log-probs per row)."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompt_ids, n, *, seed=None, answers=None, max_new_tokens=None):
+        ro = self.engine.generate(prompt_ids, n, seed=seed, answers=answers, max_new_tokens=max_new_tokens)
+        self.calls.append([(list(p), ro.response_ids[i][ro.mask[i]].tolist()) for i, p in enumerate(prompt_ids)])
+        return ro
+
+
+def _episodes(engine, on_tick=None, n=2, max_turn_tokens=6):
+    problems = [Problem(prompt="abc", answer="1"), Problem(prompt="de", answer="2")]
+    limits = EnvLimits(max_turns=3, max_turn_tokens=max_turn_tokens, max_total_tokens=64, max_obs_tokens=8)
+    return run_episodes(
+        engine,
+        ScriptedEnv,
+        problems,
+        n,
+        renderer=IdsRenderer(),
+        limits=limits,
+        seed=3,
+        eos_ids=[2],
+        stop_ids=STOPS,
+        on_tick=on_tick,
+    )
+
+
+def test_token_in_token_out_and_masks() -> None:
+    """The row is exactly turn 1 | OBS | turn 2 | OBS | turn 3 of the engine's own ids; mask = model tokens only; the
+    recorded log-probs equal the trainer's (fp32) at every model token, with observations read as context."""
+    model = make_tiny_lm()
+    rec = Recording(HFEngine(model, None, max_new_tokens=6, seed=0))
+    ro = _episodes(rec)
+    assert len(ro) == 4 and ro.multi_turn
+    calls = [entry for call in rec.calls for entry in call]
+    for i in range(len(ro)):
+        prompt = ro.prompt_ids[i][ro.prompt_mask[i]].tolist()
+        row = ro.response_ids[i][ro.attn[i]].tolist()
+        is_model = ro.mask[i][ro.attn[i]].tolist()
+        assert len(ro.attn[i].nonzero()) == len(row) and ro.attn[i][: len(row)].all()  # no holes: one sequence
+        j, turns = 0, 0
+        while j < len(row):
+            k = j
+            while k < len(row) and is_model[k] == is_model[j]:
+                k += 1
+            seg = row[j:k]
+            if is_model[j]:  # a model turn: exactly what one engine call sampled after this very history
+                turns += 1
+                assert any(p == prompt + row[:j] and out[: len(seg)] == seg for p, out in calls), (i, j)
+            else:  # an observation: exactly the environment's ids, appended after a finished turn
+                assert seg == OBS, seg
+                assert row[j - 1] in STOPS or row[j - 1] == 2
+            j = k
+        assert turns == int(ro.extras["turns"][i])
+        obs = ro.attn[i] & ~ro.mask[i]
+        assert (ro.rollout_logp[i][obs] == 0).all() and (ro.policy_version[i][obs] == -1).all()
+        assert int(obs.sum()) == int(ro.extras["obs_tokens"][i])
+    assert ro.rewards.tolist() == [1.0] * 4 or (ro.extras["turns"] < 3).any()
+    assert set(EPISODE_STATS) <= set(ro.extras)
+    lp, _ = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.attn, loss_mask=ro.mask)
+    torch.testing.assert_close(lp[ro.mask], ro.rollout_logp[ro.mask], atol=1e-5, rtol=0)
+    assert (lp[~ro.mask] == 0).all()
+
+
+def test_observation_tokens_get_no_gradient_and_stay_out_of_ess_and_monitor() -> None:
+    """Perturbing what sits at observation positions (their log-probs, their recorded log-probs) changes neither the
+    loss, its gradient, P3O's ESS nor the monitor; the loss's gradient at observation positions is exactly 0."""
+    model = make_tiny_lm()
+    ro = _episodes(HFEngine(model, None, max_new_tokens=6, seed=0))
+    obs = ro.attn & ~ro.mask
+    assert obs.any()
+    torch.manual_seed(0)
+    base = ro.rollout_logp + 0.3 * torch.randn_like(ro.rollout_logp) * ro.mask  # an off-policy trainer
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+
+    def run(junk: float):
+        logp = torch.where(obs, torch.full_like(base, junk), base).requires_grad_()
+        rollout = torch.where(obs, torch.full_like(base, -junk), ro.rollout_logp)
+        loss, stats = get_objective("p3o")(
+            ObjectiveInputs(logp=logp, rollout_logp=rollout, mask=ro.mask, advantages=adv, num_tokens=ro.mask.sum())
+        )
+        loss.backward()
+        mon = OffPolicyMonitor()
+        row = mon.update(logp.detach(), rollout, ro.mask, ro.policy_version, step=1)
+        return float(loss.detach()), logp.grad, float(stats["ess"]), row
+
+    l1, g1, e1, m1 = run(0.0)
+    l2, g2, e2, m2 = run(5.0)
+    assert l1 == l2 and e1 == e2 and e1 < 1.0
+    assert torch.equal(g1, g2) and (g1[obs] == 0).all()
+    assert {k: v for k, v in m1.items() if k != "time"} == {k: v for k, v in m2.items() if k != "time"}
+
+
+def test_weight_push_mid_episode_two_versions_in_one_row() -> None:
+    """A push between turns stamps the later turns with the new version: one row holds versions 0 and 1, and every
+    token's recorded log-prob is the one of the weights that sampled it (ratio 1 under its own weights)."""
+    model = make_tiny_lm(seed=0)
+    newer = make_tiny_lm(seed=1)
+    engine = HFEngine(model, None, max_new_tokens=6, seed=0)
+
+    def push(tick: int) -> None:
+        if tick == 1:
+            engine.load_weights(newer.state_dict(), version=1)
+
+    ro = _episodes(engine, on_tick=push)
+    versions = [set(ro.policy_version[i][ro.mask[i]].tolist()) for i in range(len(ro))]
+    assert any(v == {0, 1} for v in versions), versions
+    assert ro.extras["versions"].max() == 2
+    old = ro.mask & (ro.policy_version == 0)
+    new = ro.mask & (ro.policy_version == 1)
+    args = (ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.attn)
+    lp_old, _ = token_logprobs(model, *args, loss_mask=ro.mask)
+    lp_new, _ = token_logprobs(newer, *args, loss_mask=ro.mask)
+    torch.testing.assert_close(ro.rollout_logp[old], lp_old[old], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ro.rollout_logp[new], lp_new[new], atol=1e-5, rtol=0)
+    # the trainer at version 1: ratios exactly 1 on version-1 tokens, π_new/π_old on version-0 tokens
+    ratio = torch.exp(lp_new - ro.rollout_logp)
+    torch.testing.assert_close(ratio[new], torch.ones_like(ratio[new]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(ratio[old], torch.exp(lp_new[old] - lp_old[old]), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(ratio[old], torch.ones_like(ratio[old]), atol=1e-3)
+
+
+def test_episode_engine_is_a_rollout_engine() -> None:
+    """EpisodeEngine passes weights, versions and the in-flight hook to its engine and finds problems by prompt."""
+    model = make_tiny_lm()
+    inner = HFEngine(model, None, max_new_tokens=6, seed=0)
+    renderer = IdsRenderer()
+    problems = {tuple(renderer.prompt_ids([{"content": p}])): Problem(prompt=p, answer=a) for p, a in [("abc", "1")]}
+    eng = EpisodeEngine(
+        inner,
+        ScriptedEnv,
+        problems,
+        renderer=renderer,
+        limits=EnvLimits(max_turns=2, max_turn_tokens=4, max_total_tokens=32),
+        eos_ids=[2],
+        stop_ids=STOPS,
+    )
+    eng.load_weights(make_tiny_lm(seed=2).state_dict(), version=5)
+    assert eng.version == inner.version == 5
+    hook = lambda t: None  # noqa: E731
+    eng.on_decode_step = hook
+    assert inner.on_decode_step is hook
+    ro = eng.generate([list(next(iter(problems)))], 3, seed=0, answers=["1"])
+    assert len(ro) == 3 and (ro.policy_version[ro.mask] == 5).all()
+    assert ro.extras["turns"].max() <= 2
