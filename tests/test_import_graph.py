@@ -27,7 +27,7 @@ SRC = ROOT / "src"
 FLOORS: list[tuple[str, frozenset[str]]] = [
     ("ground", frozenset({"logprobs", "types", "errors", "dist"})),
     ("primitives", frozenset({"objectives", "rollout", "rewards", "advantages", "options"})),
-    ("components", frozenset({"models", "integrations", "config", "tasks", "metrics"})),
+    ("components", frozenset({"models", "integrations", "config", "tasks", "metrics", "envs"})),
     ("eval", frozenset({"eval"})),
     ("train", frozenset({"train"})),
     ("cluster", frozenset({"cluster"})),
@@ -39,6 +39,8 @@ SAME_FLOOR: dict[tuple[str, str], str] = {
     ("models", "tasks"): "the built-in tokenizer is trained on the arithmetic task's text",
     ("__main__", "cli"): "`python -m p3o` is the `p3o` command",
     ("integrations", "metrics"): "the TRL / verl adapters report the trainer's off-policy monitor (metrics.monitor)",
+    ("envs", "tasks"): "an environment is reset with a task's Problem; the calc environment runs the calc task",
+    ("models", "envs"): "the tiny agent base is warm-started on the calc environment's transcripts",
 }
 # What the floors must forbid, as the architecture states it (a check of the table itself).
 FORBIDDEN = [

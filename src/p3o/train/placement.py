@@ -4,7 +4,7 @@ never ask which strategy runs.
 
     placement = Placement(policy, PlacementSettings.of(cfg))   # DDP / fully_shard applied once, before the optimizer
     logp, ent = placement.logprobs(mb, grad=True)              # a forward through the wrapper, in compute precision
-    with placement.accumulate(last=False):                     # DDP no_sync / FSDP no reduce-scatter but the last
+    with placement.accumulate(last=False):                     # DDP no_sync but the last; FSDP reduce-scatters each
         placement.backward(loss)
     grad_norm = placement.step(optimizer, scheduler, grad_clip)
     weights = placement.weights()                              # full tensors by name, gathered one at a time
@@ -19,7 +19,8 @@ Strategies (`train.strategy`):
 * `fsdp`: FSDP2's `fully_shard` on every decoder layer (the classes in the HF model's `_no_split_modules`, or the
   elements of its `ModuleList`s) and on the root, over the data-parallel mesh: parameters, gradients and AdamW states
   are sharded (each rank holds 1/W of them as DTensor shards). The gradient divide factor is 1 (a sum, as above);
-  gradient sync is skipped on all micro-batches but the last (`set_requires_gradient_sync`).
+  every micro-batch's gradients are reduce-scattered into the shards as its backward runs (torchtune's way), so no
+  rank holds the whole model's gradients during accumulation.
 
 Mixed precision (`train.mixed_precision`): the parameters (master weights) and AdamW states stay in `model.dtype`
 (float32 by default); forward and backward run in bf16 / fp16: FSDP2's `MixedPrecisionPolicy(param_dtype=…,
@@ -50,8 +51,8 @@ from transformers import AutoModelForCausalLM
 from p3o import dist
 from p3o.errors import ConfigError
 from p3o.logprobs import token_logprobs
+from p3o.models.lora import AdaptersOff, is_lora, merged_copy, merged_weights
 from p3o.models.lora import _adapted_layers as adapted_layers
-from p3o.models.lora import is_lora, merged_copy, merged_weights
 
 Strategy = Literal["auto", "ddp", "fsdp"]
 Precision = Literal["no", "bf16", "fp16"]
@@ -204,17 +205,27 @@ class Placement:
     # -- wrapping ----------------------------------------------------------------------------------------------------
     def _shard(self, forward: PolicyForward) -> nn.Module:
         self.skeleton = _meta_skeleton(self.policy)
+        _fully_shard(forward, self._shard_kw())
+        return forward
+
+    def _shard_kw(self) -> dict[str, Any]:
+        """fully_shard's arguments: the data-parallel mesh, the compute precision (float32 reductions), the offload."""
         mesh = init_device_mesh(self.device.type, (dist.world_size(),))
         mp = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
         offload = CPUOffloadPolicy() if self.settings.cpu_offload else OffloadPolicy()
-        kw = {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
-        for layer in decoder_layers(self.policy):
-            fully_shard(layer, **kw)
-        fully_shard(forward, **kw)
-        for unit in forward.modules():  # every FSDP unit (the setting does not recurse)
-            if isinstance(unit, FSDPModule):
-                unit.set_gradient_divide_factor(1.0)  # Σ over ranks, not the mean (module docstring)
-                unit.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no PREMUL_SUM)
+        return {"mesh": mesh, "mp_policy": mp, "offload_policy": offload}
+
+    def place_reference(self, ref: nn.Module | None) -> nn.Module | None:
+        """The frozen reference model (`ref_kl_coef`), placed like the policy. Under FSDP a full model is sharded as
+        its own FSDP module (decoder layers + root, the policy's mesh, mixed precision and offload, as verl does):
+        1/N of it per rank, and its log-probs come from the same computation as the policy's, so at identical weights
+        the KL is exactly 0 (`logprobs(mb, module=ref)` runs it). A LoRA policy's base (`AdaptersOff`) goes through
+        the policy's own wrapper; one process and DDP keep the reference as it is (run under the policy's
+        autocast)."""
+        if ref is None or not self.sharded or isinstance(ref, (AdaptersOff, PolicyForward)):
+            return ref
+        forward = PolicyForward(ref.requires_grad_(False).eval())
+        _fully_shard(forward, self._shard_kw())
         return forward
 
     def _scaler(self) -> Any:
@@ -251,11 +262,13 @@ class Placement:
         temperature: float = 1.0,
         chunk_size: int = 256,
         adapters_off: bool = False,
+        module: nn.Module | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """(n, t) log-probs (float32) of micro-batch `mb`'s responses under the placed policy, and their entropies."""
+        """(n, t) log-probs (float32) of micro-batch `mb`'s responses under the placed policy, and their entropies;
+        `module`: another placed forward to run instead (the sharded reference of `place_reference`)."""
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx, self.autocast():
-            logp, ent = self.module(
+            logp, ent = (module or self.module)(
                 mb.prompt_ids,
                 mb.prompt_mask,
                 mb.response_ids,
@@ -268,15 +281,32 @@ class Placement:
         return logp.float(), (ent.float() if ent is not None else None)
 
     def accumulate(self, last: bool) -> contextlib.AbstractContextManager[Any]:
-        """The backward of a micro-batch: gradients are reduced over ranks only on the step's `last` one."""
-        if last or self.strategy == "single":
-            if self.strategy == "fsdp":
-                self.module.set_requires_gradient_sync(True)  # type: ignore[operator]
-            return contextlib.nullcontext()
-        if self.strategy == "ddp":
+        """The backward of a micro-batch. DDP: gradients are all-reduced only on the step's `last` one (`no_sync`
+        before: every rank holds whole gradients anyway). FSDP: every micro-batch reduce-scatters its gradients into
+        the rank's shard, as torchtune does: skipping the sync would keep the whole model's unsharded float32
+        gradients on every rank until the last micro-batch (4Φ bytes per rank instead of 4Φ/N)."""
+        if self.strategy == "ddp" and not last:
             return self.module.no_sync()  # type: ignore[operator]
-        self.module.set_requires_gradient_sync(False)  # type: ignore[operator]
         return contextlib.nullcontext()
+
+    def held_gradient_bytes(self) -> int:
+        """Bytes of gradients this rank holds now: its shards' `.grad` (local part) under FSDP, plus any unsharded
+        gradient FSDP keeps between micro-batches; every parameter's `.grad` otherwise (a diagnostic: tests and
+        benchmarks/trainer_scale.py)."""
+        total = 0
+        for p in self.policy.parameters():
+            g = p.grad
+            if g is not None:
+                g = g.to_local() if hasattr(g, "to_local") else g
+                total += g.numel() * g.element_size()
+        if self.sharded:
+            for unit in self.module.modules():
+                group = unit._get_fsdp_state()._fsdp_param_group if isinstance(unit, FSDPModule) else None
+                for fp in group.fsdp_params if group is not None else ():
+                    for g in (fp._unsharded_param.grad if hasattr(fp, "_unsharded_param") else None,
+                              fp.unsharded_accumulated_grad):  # fmt: skip
+                        total += 0 if g is None else g.numel() * g.element_size()
+        return total
 
     def backward(self, loss: Tensor) -> None:
         """loss.backward(), scaled by the fp16 gradient scaler when there is one."""
@@ -358,6 +388,18 @@ class Placement:
         if hasattr(model, "tie_weights"):
             model.tie_weights()
         return model.requires_grad_(False).eval()
+
+
+def _fully_shard(forward: PolicyForward, kw: dict[str, Any]) -> None:
+    """FSDP2 on every decoder layer of `forward.policy` and on `forward` (the root: embedding, norm, head); every
+    unit reduces gradients as a plain sum over ranks (module docstring)."""
+    for layer in decoder_layers(forward.policy):
+        fully_shard(layer, **kw)
+    fully_shard(forward, **kw)
+    for unit in forward.modules():  # every FSDP unit (the setting does not recurse)
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)  # Σ over ranks, not the mean (module docstring)
+            unit.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no PREMUL_SUM)
 
 
 def _meta_skeleton(policy: nn.Module) -> nn.Module:

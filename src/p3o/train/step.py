@@ -58,7 +58,7 @@ from p3o.objectives import (
     m2po_threshold,
 )
 from p3o.objectives.registry import BoundObjective, Objective
-from p3o.train.placement import Placement
+from p3o.train.placement import Placement, PolicyForward
 from p3o.train.stats import UpdateStats
 from p3o.types import Rollouts
 
@@ -254,8 +254,9 @@ class UpdateStep:
             raise ValueError("update: the objective needs ref_logp (ref_kl_coef != 0) but no ref_model was given")
         self.policy, self.optimizer, self.scheduler = policy, optimizer, scheduler
         self.call, self.settings = call, settings
-        self.ref_model, self.group, self.monitor = ref_model, group, monitor
+        self.group, self.monitor = group, monitor
         self.placement = placement if placement is not None else Placement(policy)
+        self.ref_model = self.placement.place_reference(ref_model)  # under FSDP: sharded like the policy
 
     def run(self, batch: Rollouts, version: int = 0) -> dict[str, float]:
         """Train on `batch` (its `advantages` set) as the policy at `version`; the statistics of `update`."""
@@ -334,8 +335,8 @@ class UpdateStep:
         reference; a LoRA policy's own base goes through the wrapper with its adapters off)."""
         settings, placement = self.settings, self.placement
         kw = {"with_entropy": with_entropy, "temperature": settings.temperature, "chunk_size": settings.chunk_size}
-        if model is None:
-            return placement.logprobs(mb, grad=grad, **kw)
+        if model is None or isinstance(model, PolicyForward):  # the policy, or a reference sharded like it
+            return placement.logprobs(mb, grad=grad, module=model, **kw)
         if placement.sharded and isinstance(model, AdaptersOff):
             return placement.logprobs(mb, grad=False, adapters_off=True, **kw)
         with placement.autocast():

@@ -1,0 +1,122 @@
+"""The sharded trainer as a GPU engineer reviews it (issue 45), on 2 gloo ranks of the tiny model:
+
+* FSDP reduce-scatters every micro-batch: during accumulation a rank holds its shard of the gradients, not the whole
+  model's (no `set_requires_gradient_sync(False)` keeping unsharded float32 gradients until the last micro-batch);
+* the frozen reference under FSDP is its own FSDP module with the policy's mixed precision: 1/N of it per rank, and
+  at identical weights its log-probs equal the policy's exactly (the KL is 0 when it must be);
+* the chunked head's logits are float32 under a bf16 autocast (one process and DDP), as its backward recomputes them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from train_fakes import make_tiny_lm, random_batch
+
+
+def _spawn(fn, tmp: Path, *args) -> list[dict]:
+    """Run `fn(rank, world, init_file, out, *args)` on 2 forked gloo ranks; each rank's JSON result."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    outs = [tmp / f"rank{r}.json" for r in range(2)]
+    mp.start_processes(_rank, args=(fn, str(tmp / "init"), str(tmp), args), nprocs=2, join=True, start_method="fork")
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def _rank(rank: int, fn, init_file: str, tmp: str, args: tuple) -> None:
+    import torch.distributed as tdist
+
+    from p3o import dist
+
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        result = fn(rank, Path(tmp), *args)
+        Path(tmp, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy()
+
+
+def _step(model, strategy: str, precision: str, micro_batch_size: int, ref=None):
+    """An UpdateStep of P3O (with a KL to `ref` when given) over `model` placed by `strategy` / `precision`."""
+    from p3o.objectives import get_objective
+    from p3o.train.placement import Placement, PlacementSettings
+    from p3o.train.step import UpdateSettings, UpdateStep, resolve_objective
+
+    placement = Placement(model, PlacementSettings(strategy, precision))
+    call = resolve_objective(get_objective("p3o"), {"ref_kl_coef": 0.1} if ref is not None else {}, None)
+    settings = UpdateSettings(micro_batch_size=micro_batch_size)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    return UpdateStep(model, optimizer, None, call, settings, ref_model=ref, placement=placement)
+
+
+def _accumulation_bytes(rank: int, tmp: Path, strategy: str) -> dict:
+    """Gradient bytes this rank holds after the first of two micro-batches, and after the step's last one."""
+    model = make_tiny_lm(seed=0)
+    whole = sum(p.numel() * p.element_size() for p in model.parameters())
+    step = _step(model, strategy, "no", micro_batch_size=1)
+    placement = step.placement
+    batch = random_batch(make_tiny_lm(seed=0), n=4, seed=1).select([rank, rank + 2])
+    batch.advantages = torch.randn(2)
+    held = []
+    for j, mb in enumerate(step.plan(batch).all_micros):
+        with placement.accumulate(last=j == 1):
+            logp, _ = placement.logprobs(mb, grad=True)
+            placement.backward(logp.sum())
+        held.append(placement.held_gradient_bytes())
+    return {"whole": whole, "held": held}
+
+
+def test_fsdp_holds_only_its_gradient_shard_during_accumulation(tmp_path):
+    fsdp = _spawn(_accumulation_bytes, tmp_path / "fsdp", "fsdp")
+    ddp = _spawn(_accumulation_bytes, tmp_path / "ddp", "ddp")
+    for r in range(2):
+        whole = fsdp[r]["whole"]
+        assert ddp[r]["held"] == [whole, whole]  # DDP: whole gradients on every rank, as expected
+        # FSDP: about half the model's gradients on each rank at every micro-batch (before the fix: the whole
+        # model's after the first, no-sync, micro-batch)
+        assert all(h <= 0.55 * whole for h in fsdp[r]["held"]), (fsdp[r], whole)
+
+
+def _reference_vs_policy(rank: int, tmp: Path, precision: str) -> dict:
+    """Policy and reference log-probs at identical weights under FSDP (bf16 compute), and the reference's bytes."""
+    model = make_tiny_lm(seed=0)
+    ref = make_tiny_lm(seed=0).requires_grad_(False)
+    whole = sum(p.numel() * p.element_size() for p in ref.parameters())
+    step = _step(model, "fsdp", precision, micro_batch_size=2, ref=ref)
+    batch = random_batch(make_tiny_lm(seed=0), n=8, seed=2).select(list(range(rank, 8, 2)))
+    batch.advantages = torch.randn(len(batch))
+    plan = step.plan(batch)
+    policy = step.snapshot(None, plan)
+    reference = step.snapshot(step.ref_model, plan)
+    local = sum(
+        (p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size()
+        for p in step.ref_model.parameters()
+    )
+    return {"max_diff": (policy - reference).abs().max().item(), "ref_bytes": local, "whole": whole}
+
+
+@pytest.mark.parametrize("precision", ["bf16"])
+def test_fsdp_reference_equals_the_policy_at_identical_weights_and_is_sharded(tmp_path, precision):
+    for r in _spawn(_reference_vs_policy, tmp_path, precision):
+        assert r["max_diff"] == 0.0, r  # before: 1.96e-3 (the reference ran fp32 unsharded, the policy bf16)
+        assert r["ref_bytes"] <= 0.55 * r["whole"], r  # before: the whole fp32 copy on every rank
+
+
+def test_chunked_head_logits_are_float32_under_autocast():
+    """Inside a bf16 autocast (one process, DDP) the head's forward runs float32, as its backward recomputes it:
+    the log-probs equal those computed outside autocast exactly."""
+    from p3o.logprobs import _chunk_logits, chunked_head_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(16, 1024, generator=g), torch.randn(300, 1024, generator=g) / 32
+    y = torch.randint(0, 300, (16,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = _chunk_logits(h, w, None, 1.0)
+        lp_cast, _ = chunked_head_logprobs(h, w, y)
+    lp, _ = chunked_head_logprobs(h, w, y)
+    assert z.dtype == torch.float32  # before: bfloat16
+    torch.testing.assert_close(lp_cast, lp, rtol=0, atol=0)
