@@ -4,9 +4,11 @@ problems = load_task("arithmetic", "train", seed=0, n=512, difficulty=2)
 held_out = load_task("tests/data/own_task.jsonl", "test", fields={"prompt": "q", "answer": "a"})
 text = format_prompt(problems[0], tokenizer, template="hash", system="You are a careful calculator.")
 verifier = default_verifier("arithmetic", problems)                   # "exact-int": a task owns its verifier
+calc = load_calc("train", seed=0, n=512)                              # the calc task (p3o.envs "calc" episodes)
 """
 
 from p3o.tasks.base import Problem
+from p3o.tasks.calc import load_calc
 from p3o.tasks.loaders import PRESETS, default_verifier, in_test_split, load_task, read_rows
 from p3o.tasks.prompts import TEMPLATES, format_prompt
 from p3o.tasks.sources import load_eval_problems, load_train_problems, task_options, task_verifier
@@ -18,6 +20,7 @@ __all__ = [
     "default_verifier",
     "format_prompt",
     "in_test_split",
+    "load_calc",
     "load_eval_problems",
     "load_task",
     "load_train_problems",
