@@ -273,8 +273,9 @@ def test_the_docs_draw_the_same_floors() -> None:
 # base); each says which in a comment that starts with one of REASONS, on its line or on a comment line right above
 # it (one such line covers the imports right below it). The ceiling holds the count: lower it when a change removes
 # some, never raise it silently. 67 -> 70 (issues 39, 40): `p3o compare --check` (call-time), the synthetic studies'
-# back-fill (heavy: torch), pyarrow.parquet (optional: the p3o[data] extra).
-LOCAL_IMPORT_CEILING = 70
+# back-fill (heavy: torch), pyarrow.parquet (optional: the p3o[data] extra). +12 (issue 47): `p3o train` and `p3o
+# eval` import torch / transformers only once their options are read (heavy), so `--help` and option errors are fast.
+LOCAL_IMPORT_CEILING = 82
 REASONS = ("optional", "heavy", "call-time", "cycle", "pinned")
 
 

@@ -6,15 +6,20 @@ importing the module lazily so `p3o --help` stays fast. `train` is also handed t
 
     p3o train --objective.name grpo --objective.clip_eps 0.4
 
-`p3o` alone prints the command list and exits with status 2 (it names no command; `p3o --help` exits 0).
+`p3o` alone prints the command list and exits with status 2 (it names no command; `p3o --help` exits 0);
+`p3o --version` prints the version. This module imports nothing heavy: `--help`, `--version`, a command's `--help`
+and its option errors answer before torch or transformers load (benchmarks/cli_startup.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.metadata
 import os
 import sys
+from importlib.resources import files
+from typing import Any
 
 from p3o.errors import P3OError
 
@@ -32,11 +37,67 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mismatch": ("p3o.eval.mismatch", "how far a rollout engine's log-probs are from the fp32 trainer's"),
     "doctor": ("p3o.metrics.doctor", "off-policy findings from a run's metrics (exit 0 healthy, 1 finding)"),
     "convert-smollm2": ("p3o.models.smollm2", "convert the SmolLM2-135M-Instruct GGUF to a safetensors checkpoint"),
+    "docs": ("p3o.cli", "print a page of the documentation shipped with the package (p3o docs NAME)"),
 }
 
 
+class _LazyRaySource:
+    """`p3o.cluster.RaySource`, imported on first use (torch and Ray start-up), so `p3o train --help` and option
+    errors stay fast. The loop calls it (`remote_source(cfg, ...)`) and its `preflight`."""
+
+    @staticmethod
+    def _cls() -> Any:
+        from p3o.cluster import RaySource  # heavy: torch start-up, only once a run needs rollout workers
+
+        return RaySource
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._cls()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cls(), name)
+
+
+def _pages() -> Any:
+    """The documentation pages shipped with the package (p3o/pages/*.md: the repository's docs/, package data)."""
+    return files("p3o") / "pages"
+
+
+def docs_main(argv: list[str]) -> int:
+    """`p3o docs [NAME]`: print the page docs/NAME.md as shipped with the package (no NAME: the list of pages).
+
+    Messages that name a page (`docs/metrics.md`) can be read this way wherever p3o is installed:
+    `p3o docs metrics` (or `p3o docs docs/metrics.md`). A `#section` suffix is accepted and ignored.
+    """
+    pages = _pages()
+    names = sorted(p.name[:-3] for p in pages.iterdir() if p.name.endswith(".md")) if pages.is_dir() else []
+    if not argv or argv[0] in {"-h", "--help"}:
+        print("usage: p3o docs NAME   (print the page docs/NAME.md shipped with the package)\n")
+        print("pages: " + ", ".join(names))
+        return 0
+    if len(argv) > 1:
+        print(f"p3o docs: error: one page at a time, got {len(argv)} arguments", file=sys.stderr)
+        return 2
+    name = argv[0].split("#")[0].removeprefix("docs/").removesuffix(".md")
+    if name not in names:
+        near = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        print(f"p3o docs: error: no page '{argv[0]}'{hint}; pages: {', '.join(names)}", file=sys.stderr)
+        return 2
+    print((pages / f"{name}.md").read_text(encoding="utf-8"), end="")
+    return 0
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's), without importing the package's heavy modules."""
+    try:
+        return importlib.metadata.version("p3o")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _usage() -> str:
-    lines = ["usage: p3o <command> [options]", "", "commands:"]
+    lines = [f"usage: p3o <command> [options]   (p3o {_version()})", "", "commands:"]
     lines += [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "`p3o <command> --help` lists a command's options; `p3o train` alone runs the default job."]
     return "\n".join(lines)
@@ -51,18 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in {"-h", "--help"}:
         print(_usage())
         return 0
+    if argv[0] in {"-V", "--version"}:
+        print(f"p3o {_version()}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         near = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
         print(f"p3o: unknown command '{name}'{hint}; known: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    if name == "docs":
+        return docs_main(rest)
     try:
         module = importlib.import_module(COMMANDS[name][0])
         if name == "train":  # the one command that needs the floor above train/: the Ray workers' batch source
-            from p3o.cluster import RaySource  # heavy: torch start-up, only for `p3o train`
-
-            return int(module.main(rest, remote_source=RaySource) or 0)
+            return int(module.main(rest, remote_source=_LazyRaySource()) or 0)
         return int(module.main(rest) or 0)
     except P3OError as err:
         print(f"p3o {name}: error: {err}", file=sys.stderr)

@@ -98,8 +98,14 @@ def nearest(key: str, candidates: list[str]) -> str | None:
 
 
 def _unknown(key: str, cfg: Any) -> ConfigError:
+    """The one-line error for an unknown ``key``, with the nearest declared key. The root's ``_extra_keys()`` (the
+    objective's keys, whose registry imports torch) are consulted only when no declared key is near, or the key is
+    in an extra section: a typo like ``--step`` or ``--optim.lrr`` is answered without that import."""
     keys = [k for k, f, _ in leaf_fields(type(cfg)) if not f.metadata.get("extra")]
-    near = nearest(key, keys + list(getattr(cfg, "_extra_keys", list)()))
+    extra_sections = {k.rpartition(".")[0] for k, f, _ in leaf_fields(type(cfg)) if f.metadata.get("extra")}
+    near = None if key.rpartition(".")[0] in extra_sections else nearest(key, keys)
+    if near is None:
+        near = nearest(key, keys + list(getattr(cfg, "_extra_keys", list)()))
     return ConfigError(f"unknown key '{key}'" + (f" (did you mean '{near}'?)" if near else ""))
 
 

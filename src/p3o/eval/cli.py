@@ -24,17 +24,11 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.table import Table
 
-from p3o import models  # models.load_policy looked up at call time: tests replace it
+# light imports only: `--help` and option errors answer before torch or transformers load (issue 47)
 from p3o.config import TaskConfig, load_config
-from p3o.dist import resolve_device
 from p3o.errors import ConfigError
-from p3o.eval.runner import evaluate, find_run
-from p3o.models.hub import check_model_name
 from p3o.options import command_help, parse_command, wants_help
 from p3o.options import config_field as _f
-from p3o.rollout.settings import EngineSettings
-from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
-from p3o.tasks.sources import eval_source
 
 _RUN = "null: the run's, else "
 
@@ -172,6 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         print(command_help(EvalOptions, USAGE, "pass@k, response length and truncation rate of a policy on a task"))
         return 0
     args = parse_args(argv)
+    # models.load_policy is looked up at call time (tests replace it); the options are read, so the start-up follows
+    # heavy: torch and transformers start-up, not for `--help` or a refused option
+    from p3o import models
+    from p3o.dist import resolve_device
+    from p3o.eval.runner import evaluate, find_run
+    from p3o.models.hub import check_model_name
+    from p3o.rollout.settings import EngineSettings
+    from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
+    from p3o.tasks.sources import eval_source
 
     policy_dir, run_dir = find_run(args.model)
     if run_dir is None:  # a model name or path, not a run: refused in one line before anything loads

@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from p3o.errors import ConfigError
-from p3o.metrics.monitor import (
+from p3o.metrics.rules import (  # not monitor: it imports torch, the doctor needs none
     CAUSE_TEXT,
     N_POSITION_BUCKETS,
     RULES,

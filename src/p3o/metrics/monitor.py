@@ -54,7 +54,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -75,8 +75,10 @@ from p3o.metrics.rules import (  # the rules and constants, re-exported: p3o.met
     cause_text,
     find,
     lag_bucket_names,
+    prefixed,
     split_keys,
     staleness_origin,
+    strip_prefixes,
     suggest,
 )
 from p3o.objectives import ess_from_parts, ess_parts, prefix_log_stat
@@ -405,25 +407,6 @@ class OffPolicyMonitor:
                 row[f"dlogp_pos_{group}_{d}"] = per(pss[d], pcs[d])
         row["lag_in_batch_mean"] = per(s[at])
         return row
-
-
-def prefixed(stats: Mapping[str, float], prefix: str = "offpolicy/") -> dict[str, float]:
-    """``stats`` with every key prefixed (how the TRL callback and the verl plug-in log them)."""
-    return {f"{prefix}{k}": v for k, v in stats.items()}
-
-
-def strip_prefixes(row: Mapping[str, Any], prefixes: Iterable[str]) -> dict[str, Any]:
-    """A metrics row with the first matching prefix removed from each key; a prefixed key wins over a bare one."""
-    out: dict[str, Any] = {}
-    pre = tuple(prefixes)
-    for k, v in row.items():
-        if not any(k.startswith(p) for p in pre):
-            out.setdefault(k, v)
-    for p in reversed(pre):
-        for k, v in row.items():
-            if k.startswith(p):
-                out[k[len(p) :]] = v
-    return out
 
 
 def _token_lag(

@@ -43,6 +43,25 @@ def split_keys() -> list[str]:
     return keys
 
 
+def prefixed(stats: Mapping[str, float], prefix: str = "offpolicy/") -> dict[str, float]:
+    """``stats`` with every key prefixed (how the TRL callback and the verl plug-in log them)."""
+    return {f"{prefix}{k}": v for k, v in stats.items()}
+
+
+def strip_prefixes(row: Mapping[str, Any], prefixes: Iterable[str]) -> dict[str, Any]:
+    """A metrics row with the first matching prefix removed from each key; a prefixed key wins over a bare one."""
+    out: dict[str, Any] = {}
+    pre = tuple(prefixes)
+    for k, v in row.items():
+        if not any(k.startswith(p) for p in pre):
+            out.setdefault(k, v)
+    for p in reversed(pre):
+        for k, v in row.items():
+            if k.startswith(p):
+                out[k[len(p) :]] = v
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------- findings
 
 #: Causes a finding is attributed to, and the number its ``cause_<name>`` key carries (0: the finding does not fire).

@@ -26,20 +26,19 @@ from typing import Any
 # spinning threads made 2-thread steps ~20x slower than 1-thread ones; sleeping costs little on an idle machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from p3o import dist
+# Only light modules at the top: `--help` and every option error answer before torch or transformers load (issue 47;
+# benchmarks/cli_startup.py). The heavy ones are imported where a run needs them.
 from p3o.config import config_help, load_config
 from p3o.errors import CheckpointWriteError, ConfigError, P3OError
-from p3o.metrics import read_metrics
 from p3o.metrics.rules import CAUSE_TEXT, CAUSES
-from p3o.objectives import get_objective
-from p3o.rollout.capabilities import check_rollout_backend
 from p3o.train.resume import HISTORY_FILE, describe_changes, record_changes, resume_config
-from p3o.train.run_dir import earlier_run
 
 
 def _summary(run_dir: str, wall_s: float) -> str:
     """A few lines for the console: where the run is, how the reward and the held-out pass@1 moved, and each
     off-policy finding that fired (first step, steps fired, cause)."""
+    from p3o.metrics.logger import read_metrics  # heavy: the metrics package imports torch
+
     lines = [f"run directory: {run_dir}  ({wall_s:.1f} s)"]
     try:
         rows = read_metrics(run_dir)
@@ -78,6 +77,8 @@ def ess_scope_warning(cfg: Any, world_size: int = 1) -> str | None:
     `update.micro_batch_size` below the sequences one rank trains per optimizer step the memory setting changes the
     objective. An explicit `objective.scope` (micro-batch, step or sequence) is a choice and silences it.
     """
+    from p3o.objectives import get_objective  # heavy: torch
+
     name = cfg.objective.name
     rec = get_objective(name)
     # the record says whether the loss couples rows through a per-micro-batch statistic (M2PO's is step-wide)
@@ -178,7 +179,11 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
             if resumed is None:
                 return 0
             cfg, changes, start = resumed
-        from p3o.models.hub import check_model_name  # heavy: transformers start-up, once the options are read
+        # heavy: torch and transformers start-up, once the options are read
+        from p3o import dist
+        from p3o.models.hub import check_model_name
+        from p3o.rollout.capabilities import check_rollout_backend
+        from p3o.train.run_dir import earlier_run
 
         # a name, or a setting this machine's rollout backend cannot run, stops here, before any model loads
         check_model_name(cfg.model.name)

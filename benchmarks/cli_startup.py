@@ -1,0 +1,87 @@
+"""How long the `p3o` command takes to answer what needs no model: help, version, an option error.
+
+    .venv/bin/python benchmarks/cli_startup.py                 # every case, 3 fresh processes each (median)
+    .venv/bin/python benchmarks/cli_startup.py --repeats 5 --json out.json
+
+Each case runs `python -m p3o ...` (the installed `p3o` script does the same) in a fresh process from this
+interpreter and reports the median wall time, the exit status, and whether torch or transformers got imported
+(`-X importtime` is not used: a sitecustomize line checks `sys.modules` at exit). The target (issue 47): every case
+≤ 1 s, torch and transformers never imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CASES: list[list[str]] = [
+    ["--help"],
+    ["--version"],
+    ["train", "--help"],
+    ["train", "--step", "3"],
+    ["train", "--optim.lrr", "1e-3"],
+    ["eval", "--help"],
+    ["eval", "--n_samples", "x"],
+    ["mismatch", "--help"],
+    ["doctor", "--help"],
+    ["compare", "--help"],
+    ["plot", "--help"],
+    ["sft", "--help"],
+    ["docs"],
+]
+
+# run the command, then say which heavy modules it imported (on stderr's last line)
+_PROBE = (
+    "import sys, runpy\n"
+    "sys.argv = ['p3o', *sys.argv[1:]]\n"
+    "try:\n"
+    "    runpy.run_module('p3o', run_name='__main__')\n"
+    "except SystemExit as e:\n"
+    "    code = e.code\n"
+    "else:\n"
+    "    code = 0\n"
+    "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+    "print('HEAVY=' + ','.join(heavy), file=sys.stderr)\n"
+    "sys.exit(code if isinstance(code, int) else 1)\n"
+)
+
+
+def measure(args: list[str], repeats: int) -> dict[str, object]:
+    """Median wall seconds of `p3o ARGS` over `repeats` fresh processes, its exit status and heavy imports."""
+    times, rc, heavy = [], None, ""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env)
+        times.append(time.perf_counter() - t0)
+        rc = proc.returncode
+        last = [line for line in proc.stderr.splitlines() if line.startswith("HEAVY=")]
+        heavy = last[-1][len("HEAVY=") :] if last else "?"
+    return {"command": "p3o " + " ".join(args), "median_s": statistics.median(times), "rc": rc, "heavy": heavy}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args()
+    results = [measure(case, args.repeats) for case in CASES]
+    print(f"| command | median s ({args.repeats} runs) | exit | torch / transformers imported |")
+    print("|---|---:|---:|---|")
+    for r in results:
+        print(f"| `{r['command']}` | {r['median_s']:.2f} | {r['rc']} | {r['heavy'] or 'no'} |")
+    worst = max(float(r["median_s"]) for r in results)  # type: ignore[arg-type]
+    print(f"\nslowest: {worst:.2f} s (target ≤ 1 s); load average {os.getloadavg()[0]:.1f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
