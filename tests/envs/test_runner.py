@@ -47,7 +47,7 @@ class IdsRenderer:
         return [40 + (ord(c) % 24) for c in messages[0]["content"]]
 
     def observation_ids(self, messages, turn_ended_with_eos):
-        return list(OBS), False
+        return list(OBS)
 
 
 class Recording:

@@ -122,7 +122,7 @@ def run_episodes(
         make_env: a fresh `Environment` per episode (closed at the end, also on error).
         problems: B problems; rows b·n … b·n + n − 1 are problem b's episodes (one GRPO group).
         renderer: turns messages into ids (`p3o.envs.render.Renderer`): ``prompt_ids(messages)`` and
-            ``observation_ids(messages, turn_ended_with_eos) -> (ids, cut)``.
+            ``observation(messages, turn_ended_with_eos) -> Observation(ids, cut)`` (or ``observation_ids -> ids``).
         limits: `EnvLimits` (turns, tokens per turn / episode / observation; tool limits live in the tools).
         seed: the episode seeds (env.reset) and each tick's engine seed derive from it.
         eos_ids: ids that end a turn as a finished message; `stop_ids`: the environment's other turn-ending ids
@@ -247,8 +247,11 @@ def _after_step(ep: Episode, result: Step | BaseException, renderer, limits: Env
     if ep.turns >= limits.max_turns:
         ep.stop_reason = "max_turns"
         return False
-    obs, cut = renderer.observation_ids(result.observation, ep.ended_with_eos)
-    obs = list(obs)
+    if hasattr(renderer, "observation"):  # p3o.envs.render.Renderer: ids and how many tokens were cut
+        rendered = renderer.observation(result.observation, ep.ended_with_eos)
+        obs, cut = list(rendered.ids), bool(rendered.cut)
+    else:
+        obs, cut = list(renderer.observation_ids(result.observation, ep.ended_with_eos)), False
     if len(obs) > limits.max_obs_tokens:  # a renderer that does not cut: keep the limit anyway
         obs, cut = obs[: limits.max_obs_tokens], True
     if len(ep.ids) + len(obs) >= limits.max_total_tokens:

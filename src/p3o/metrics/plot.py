@@ -36,6 +36,25 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Effective sample size", "ESS / KL weight", [("ess", "ESS"), ("kl_weight", "KL weight = 1 − ESS")]),
     ("Policy lag", "versions", [("lag_mean", "mean"), ("lag_min", "min"), ("lag_max", "max")]),
     ("Response length", "tokens", [("response_len_mean", "mean length")]),
+    (
+        "Agent episodes",
+        "per episode",
+        [
+            ("episode/turns", "turns"),
+            ("episode/tool_calls", "tool calls"),
+            ("episode/tool_errors", "tool errors"),
+            ("episode/parse_errors", "malformed calls"),
+        ],
+    ),
+    (
+        "Episode tokens",
+        "share",
+        [
+            ("episode/obs_share", "observation tokens"),
+            ("episode/multi_version", "episodes over ≥ 2 versions"),
+            ("episode/cut", "cut by a limit"),
+        ],
+    ),
 ]
 
 # One-line caption under each panel's title: what the curve is and what healthy looks like (docs/metrics.md).
@@ -44,6 +63,8 @@ CAPTIONS: dict[str, str] = {
     "Effective sample size": "ESS of ratios π_θ/π_rollout: 1 = on-policy, falling = off-policy",
     "Policy lag": "policy updates between sampling and training (0 = on-policy)",
     "Response length": "mean tokens per response (capped at rollout.max_new_tokens)",
+    "Agent episodes": "agent runs: model turns, tool calls and errors per episode (docs/agents.md)",
+    "Episode tokens": "observation share of tokens (never trained), episodes spanning versions, cut by a limit",
 }
 
 

@@ -47,7 +47,13 @@ AGENT_RECIPE: dict[str, Any] = {
 tool."""
 
 # What builds the agent base besides the main base's own sources (its key fingerprints them).
-AGENT_SOURCES: tuple[str, ...] = ("models/agent.py", "tasks/calc.py", "envs/builtin.py:calc_transcript")
+AGENT_SOURCES: tuple[str, ...] = (
+    "models/agent.py",
+    "tasks/calc.py",
+    "envs/builtin.py",
+    "envs/render.py",
+    "envs/tools.py",
+)
 
 
 def agent_base_dir(cache_dir: str | Path | None = None) -> Path:
@@ -60,23 +66,21 @@ def agent_base_dir(cache_dir: str | Path | None = None) -> Path:
 
 
 def _examples(tok: Any, n: int, seed: int, tool_share: float) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, labels) of `n` calc transcripts: labels −100 on the prompt and on observation segments."""
-    from p3o.envs.builtin import calc_transcript
-    from p3o.tasks import format_prompt, load_task
+    """(input_ids, labels) of `n` calc episodes written out, built exactly as an RL episode is (the calc
+    environment's prompt, `p3o.envs.render.Renderer.transcript`): labels −100 on the prompt and the observations."""
+    from p3o.envs.builtin import CalcEnv, calc_transcript
+    from p3o.envs.render import Renderer
+    from p3o.tasks.calc import load_calc
 
-    problems = load_task("calc", "train", seed=seed, n=n)
+    env = CalcEnv()
+    renderer = Renderer(tok, mode="plain")
     rng = random.Random(seed)
     out = []
-    for p in problems:
-        prompt = tok(format_prompt(p, tok), add_special_tokens=False)["input_ids"]
-        ids, labels = list(prompt), [-100] * len(prompt)
-        for text, trainable in calc_transcript(p, use_tool=rng.random() < tool_share):
-            seg = tok(text, add_special_tokens=False)["input_ids"]
-            ids += seg
-            labels += seg if trainable else [-100] * len(seg)
-        ids.append(tok.eos_token_id)
-        labels.append(tok.eos_token_id)
-        out.append((ids, labels))
+    for p in load_calc("train", seed=seed, n=n):
+        messages = [*env.reset(p, seed=0), *calc_transcript(p, use_tool=rng.random() < tool_share)]
+        prompt, ids, mask = renderer.transcript(messages, stop_strings=env.stop_strings)
+        labels = [-100] * len(prompt) + [t if m else -100 for t, m in zip(ids, mask)]
+        out.append((prompt + ids, labels))
     return out
 
 
@@ -92,8 +96,7 @@ def warm_start_agent(init_dir: str | Path, out_dir: str | Path, log: bool = True
     random.seed(rc["seed"])
     torch.manual_seed(rc["seed"])
     tok = AutoTokenizer.from_pretrained(init_dir)
-    special = list(tok.additional_special_tokens) + [t for t in AGENT_TOKENS if t not in tok.additional_special_tokens]
-    tok.add_special_tokens({"additional_special_tokens": special})
+    tok.add_tokens(list(AGENT_TOKENS), special_tokens=True)  # appended after the main vocabulary: its ids stay
     model = Qwen3ForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
     old_vocab = model.get_input_embeddings().weight.shape[0]
     model.resize_token_embeddings(len(tok), mean_resizing=False)

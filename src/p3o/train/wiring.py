@@ -135,10 +135,7 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     resolved before the model is loaded, so a wrong path or `module:function` fails at once.
     """
     task = cfg.task
-    problems = load_train_problems(task, seed=cfg.seed, n=task.n_train)
-    eval_problems = []
-    if task.n_eval > 0:
-        eval_problems = load_eval_problems(task, seed=cfg.seed, n=task.n_eval, train=problems)
+    problems, eval_problems = _env_problems(cfg) or _task_problems(cfg)
     # the task owns its default verifier; resolved before the model loads, so a bad module:function fails at once
     reward_fn = make_reward_fn(task_verifier(task, problems), timeout_s=task.reward_timeout_s)
     # the one engine record, built (and checked) before the model loads
@@ -168,6 +165,31 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     )
 
 
+def _task_problems(cfg: Any) -> tuple[list[Any], list[Any]]:
+    """(training, held-out) problems of ``task.name`` (`p3o.tasks.load_train_problems` / `load_eval_problems`)."""
+    task = cfg.task
+    problems = load_train_problems(task, seed=cfg.seed, n=task.n_train)
+    eval_problems = []
+    if task.n_eval > 0:
+        eval_problems = load_eval_problems(task, seed=cfg.seed, n=task.n_eval, train=problems)
+    return problems, eval_problems
+
+
+def _env_problems(cfg: Any) -> tuple[list[Any], list[Any]] | None:
+    """A built-in environment's own problems when ``task.name`` names it (``task.name calc`` with ``agent.env calc``:
+    `p3o.envs.env_problems`, disjoint train / test splits), else None (the task's problems)."""
+    env = getattr(getattr(cfg, "agent", None), "env", None)
+    if not env or cfg.task.name != env:
+        return None
+    from p3o.envs import env_problems
+
+    train = env_problems(env, "train", seed=cfg.seed, n=cfg.task.n_train)
+    if train is None:
+        return None
+    held_out = env_problems(env, "test", seed=cfg.seed, n=cfg.task.n_eval) if cfg.task.n_eval > 0 else []
+    return train, held_out or []
+
+
 def _agent_rollout_side(
     cfg: Any, problems: list[Any], eval_problems: list[Any], settings: EngineSettings, tokenizer: Any, pad: int
 ) -> RolloutSide:
@@ -178,6 +200,7 @@ def _agent_rollout_side(
     weights load; a prompt's token ids name its problem for the engine.
     """
     from p3o.envs import EnvLimits, EpisodeEngine, Renderer, make_env, stop_ids
+    from p3o.envs.render import default_mode
 
     a = cfg.agent
     limits = EnvLimits(
@@ -193,8 +216,13 @@ def _agent_rollout_side(
         return make_env(a.env, limits=limits)
 
     probe = new_env()
-    stops = stop_ids(tokenizer, tuple(getattr(probe, "stop_strings", ())))
-    renderer = Renderer(tokenizer, max_obs_tokens=limits.max_obs_tokens)
+    stops = stop_ids(tokenizer, tuple(getattr(probe, "stop_strings", ())), a.env)
+    renderer = Renderer(
+        tokenizer,
+        mode=default_mode(tokenizer, probe),
+        max_obs_tokens=limits.max_obs_tokens,
+        tools=getattr(probe, "tools", None),
+    )
     by_prompt: dict[tuple[int, ...], Any] = {}
 
     def encode(probs: list[Any]) -> list[list[int]]:
