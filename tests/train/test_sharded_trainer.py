@@ -120,3 +120,46 @@ def test_chunked_head_logits_are_float32_under_autocast():
     lp, _ = chunked_head_logprobs(h, w, y)
     assert z.dtype == torch.float32  # before: bfloat16
     torch.testing.assert_close(lp_cast, lp, rtol=0, atol=0)
+
+
+def _grouped_batch(groups: int = 4, size: int = 4, seed: int = 0):
+    """`groups` GRPO groups of `size` rows: identical prompts (lengths 6..9) within a group, responses of 2..12
+    tokens mixed across groups."""
+    from p3o.types import Rollouts
+
+    g = torch.Generator().manual_seed(seed)
+    n, p, t = groups * size, 10, 12
+    plen = torch.tensor([6 + (i // size) % 4 for i in range(n)])
+    prompt_mask = torch.arange(p)[None, :] >= (p - plen)[:, None]
+    base = torch.randint(3, 60, (groups, p), generator=g)
+    prompt_ids = base.repeat_interleave(size, 0).masked_fill(~prompt_mask, 0)
+    tlen = torch.randint(2, t + 1, (n,), generator=g)
+    mask = torch.arange(t)[None, :] < tlen[:, None]
+    return Rollouts(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=torch.randint(3, 60, (n, t), generator=g) * mask,
+        mask=mask, rollout_logp=torch.zeros(n, t), policy_version=torch.where(mask, 0, -1),
+        group_ids=torch.arange(n) // size, rewards=torch.zeros(n), truncated=torch.zeros(n, dtype=torch.bool),
+        advantages=torch.randn(n, generator=g),
+    )  # fmt: skip
+
+
+def test_token_budget_keeps_prompt_groups_together():
+    """The token budget packs GRPO groups whole, so each micro-batch computes few prompts (token_logprobs shares a
+    run of identical prompts) and the backbone computes fewer tokens than with rows sorted one by one."""
+    from p3o.logprobs import prompt_groups
+    from p3o.train.step import token_budget_micros
+
+    batch = _grouped_batch()
+    budget = 80
+    micros = token_budget_micros(batch, [torch.arange(len(batch))], budget)[0]
+    assert sorted(int(r) for m in micros for r in m) == list(range(len(batch)))
+    runs = tokens = 0
+    for rows in micros:
+        first, _ = prompt_groups(batch.prompt_ids[rows], batch.prompt_mask[rows])
+        distinct = len({int(g) for g in batch.group_ids[rows]})
+        assert first.numel() == distinct, rows  # a group's rows are consecutive in the micro-batch
+        u_p = first.numel() * int(batch.prompt_mask[rows].sum(-1).max())
+        cost = u_p + len(rows) * int(batch.mask[rows].sum(-1).max())
+        assert cost <= budget
+        runs, tokens = runs + first.numel(), tokens + cost
+    assert runs <= 4 + len(micros) - 1, (runs, len(micros))  # each group cut at most where a micro-batch ends

@@ -511,11 +511,14 @@ class UpdatePlan:
 
 
 def token_budget_micros(batch: Rollouts, minis: list[Tensor], budget: int) -> list[list[Tensor]]:
-    """Each mini-batch's rows cut into micro-batches of at most `budget` padded tokens, longest first.
+    """Each mini-batch's rows cut into micro-batches of at most `budget` padded tokens, prompt groups kept together.
 
-    A micro-batch of rows R costs |R| · (max_{r∈R} p_r + max_{r∈R} t_r) tokens (p_r, t_r: row r's valid prompt and
-    response lengths; the micro-batch is trimmed to its own padding, so this is what its forward computes). Rows are
-    taken by decreasing p_r + t_r and added to the open micro-batch while its cost stays ≤ `budget`. Every rank
+    A micro-batch of rows R whose prompts fall into U runs of identical prompts costs U · max_{r∈R} p_r + |R| ·
+    max_{r∈R} t_r tokens (p_r, t_r: row r's valid prompt and response lengths; the micro-batch is trimmed to its own
+    padding and `token_logprobs` computes each run's prompt once, so this is what its forward computes). The rows
+    sharing a prompt (a GRPO group) stay consecutive: groups are taken by decreasing longest p_r + t_r, their rows in
+    batch order, and added to the open micro-batch while its cost stays ≤ `budget` (a group larger than the budget
+    allows continues in the next micro-batch). Every rank
     ends with the same number of micro-batches per mini-batch (a forward / backward is a collective under DDP and
     FSDP): a rank with fewer splits its largest ones in halves. One row longer than `budget` is a ConfigError.
     """
@@ -527,19 +530,24 @@ def token_budget_micros(batch: Rollouts, minis: list[Tensor], budget: int) -> li
             f"update.max_tokens_per_micro_batch {budget} is smaller than the longest sequence of the batch "
             f"({int(longest.item())} tokens, prompt + response); raise it to at least that"
         )
+    prompt_of = _prompt_keys(batch)
     out: list[list[Tensor]] = []
     for mini in minis:
-        order = sorted(mini.tolist(), key=lambda r: (-int(p_len[r] + t_len[r]), r))
+        groups: dict[int, list[int]] = {}
+        for r in mini.tolist():
+            groups.setdefault(prompt_of[r], []).append(r)
+        order = sorted(groups.values(), key=lambda g: (-max(int(p_len[r] + t_len[r]) for r in g), g[0]))
         bins: list[list[int]] = []
-        mp = mt = 0
-        for r in order:
-            p, t = int(p_len[r]), int(t_len[r])
-            if bins and (len(bins[-1]) + 1) * (max(mp, p) + max(mt, t)) <= budget:
-                bins[-1].append(r)
-                mp, mt = max(mp, p), max(mt, t)
-            else:
-                bins.append([r])
-                mp, mt = p, t
+        mp = mt = runs = 0
+        for group in order:
+            for i, r in enumerate(group):
+                p, t, new_run = int(p_len[r]), int(t_len[r]), int(i == 0 or not bins or bins[-1][-1] != group[i - 1])
+                if bins and (runs + new_run) * max(mp, p) + (len(bins[-1]) + 1) * max(mt, t) <= budget:
+                    bins[-1].append(r)
+                    mp, mt, runs = max(mp, p), max(mt, t), runs + new_run
+                else:
+                    bins.append([r])
+                    mp, mt, runs = p, t, 1
         out.append(bins)
     counts = dist.all_reduce_max(torch.tensor([len(b) for b in out], dtype=torch.float32))
     for bins, want in zip(out, counts.tolist()):
@@ -550,6 +558,12 @@ def token_budget_micros(batch: Rollouts, minis: list[Tensor], budget: int) -> li
             half = (len(bins[i]) + 1) // 2
             bins[i : i + 1] = [bins[i][:half], bins[i][half:]]
     return [[torch.tensor(b, dtype=torch.long) for b in bins] for bins in out]
+
+
+def _prompt_keys(batch: Rollouts) -> list[int]:
+    """Each row's prompt as a small integer: rows with identical (prompt_ids, prompt_mask) share one."""
+    ids = batch.prompt_ids.masked_fill(~batch.prompt_mask.bool(), -1).cpu()
+    return torch.unique(ids, dim=0, return_inverse=True)[1].tolist()
 
 
 def _split(n: int, parts: int) -> list[Tensor]:
