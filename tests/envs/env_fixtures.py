@@ -92,3 +92,7 @@ class BadStops(Counter):
 class Raises:
     def __init__(self) -> None:
         raise RuntimeError("cannot make it")
+
+
+def hog(arguments: dict) -> str:
+    return str(len(bytearray(int(arguments.get("gib", 2)) * 2**30)))

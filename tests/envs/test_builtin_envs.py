@@ -90,6 +90,18 @@ def test_calc_counts_bad_calls_and_runs_qwen_style(runner: ToolRunner) -> None:
         CalcEnv(style="xml")
 
 
+def test_calc_uses_a_shared_runner_and_replaces_a_closed_one() -> None:
+    limits = EnvLimits(tool_timeout_s=1.5, max_tool_output_chars=50)
+    a, b = CalcEnv(limits=limits, workers=1), CalcEnv(limits=limits, workers=1)
+    assert a.runner is b.runner and a.runner.timeout_s == 1.5 and a.runner.max_output_chars == 50
+    first = a.runner
+    first.close()
+    a.reset(calc_problem(0, "train"), seed=0)
+    assert a.step("<calc>2 + 2</calc>").observation == [{"role": "tool", "content": "4"}]
+    assert a.runner is not first
+    a.runner.close()
+
+
 def test_the_warm_start_transcript_is_a_rewarded_episode(runner: ToolRunner, chatml_tok) -> None:
     """Replaying a transcript's assistant turns through the environment gives its tool messages and reward 1, and
     `Renderer.transcript` builds the ids an episode would."""

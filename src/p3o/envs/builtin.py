@@ -80,6 +80,7 @@ class CalcEnv:
         runner: the `ToolRunner` to use; None: the process-wide one for these settings (`shared_runner`).
         latency_s: an artificial delay per tool call (benchmarks).
         max_calls_per_turn: calls run per turn; more are a parse error.
+        workers: tool worker processes of the shared runner (calls of concurrent episodes run in parallel).
     """
 
     name = "calc"
@@ -91,6 +92,7 @@ class CalcEnv:
         runner: ToolRunner | None = None,
         latency_s: float = 0.0,
         max_calls_per_turn: int = 4,
+        workers: int = 2,
     ) -> None:
         if style not in STYLES:
             raise ConfigError(f"environment 'calc': unknown style {style!r}; known: {', '.join(STYLES)}")
@@ -101,14 +103,19 @@ class CalcEnv:
         self.limits = limits or EnvLimits()
         self.latency_s = float(latency_s)
         self.max_calls_per_turn = int(max_calls_per_turn)
+        self.workers = int(workers)
         self._runner = runner
         self.answer = ""
 
     @property
     def runner(self) -> ToolRunner:
-        if self._runner is None:
+        if self._runner is None or self._runner.closed:
             self._runner = shared_runner(
-                [CALCULATOR], self.limits.tool_timeout_s, self.limits.max_tool_output_chars, self.latency_s
+                [CALCULATOR],
+                self.limits.tool_timeout_s,
+                self.limits.max_tool_output_chars,
+                self.latency_s,
+                self.workers,
             )
         return self._runner
 

@@ -112,6 +112,8 @@ class Renderer:
         self.cuts = 0
         self.cut_tokens = 0
         self._base: tuple[list[Message], list[int]] | None = None
+        if mode == "chat":  # a template that cannot be appended to fails here, with one line, not mid-run
+            self._delta([{"role": "user", "content": "u"}])
 
     # -- text and ids --------------------------------------------------------------------------------------------
 

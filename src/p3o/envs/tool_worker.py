@@ -1,9 +1,10 @@
 """The tool worker process: runs tool calls, one JSON request per line in, one reply per line out.
 
-Run by `p3o.envs.tools.ToolRunner` as ``python -m p3o.envs.tool_worker SPECS_JSON SYS_PATH_JSON``; the parent kills
-it when a call overruns ``agent.tool_timeout_s``. The tools are imported before the ready line, so their import time
-is never charged to a call; a result longer than ``max_chars`` is cut here (a flood never crosses the pipe). Anything
-a tool prints goes to stderr, not into the protocol.
+Run by `p3o.envs.tools.ToolRunner` as ``python -m p3o.envs.tool_worker SPECS_JSON SYS_PATH_JSON MEMORY_GIB_JSON``;
+the parent kills it when a call overruns ``agent.tool_timeout_s``. The tools are imported before the ready line, so
+their import time is never charged to a call; a result longer than ``max_chars`` is cut here (a flood never crosses
+the pipe); the address space is capped (``memory_gib``). Anything a tool prints goes to stderr, not into the
+protocol.
 
     {"spec": "p3o.envs.tools:calculator", "arguments": {"expression": "2+3"}, "latency_s": 0, "max_chars": 2000}
       ->  {"ok": true, "value": {"output": "5", "cut": 0}}
@@ -19,7 +20,7 @@ import time
 from typing import Any
 
 from p3o.envs.tools import Tool, cut_text, resolve_spec
-from p3o.rewards.mv_worker import _die_with_parent, serve
+from p3o.rewards.mv_worker import _die_with_parent, _limit_memory, serve
 
 
 def main(argv: list[str]) -> int:
@@ -29,6 +30,9 @@ def main(argv: list[str]) -> int:
     sys.stdout = sys.stderr
     specs = json.loads(argv[0]) if argv else []
     paths = json.loads(argv[1]) if len(argv) > 1 else []
+    memory_gib = json.loads(argv[2]) if len(argv) > 2 else None
+    if memory_gib:
+        _limit_memory(float(memory_gib))
     sys.path[:0] = [p for p in paths if p not in sys.path]
     fns: dict[str, Any] = {}
     errors: dict[str, str] = {}

@@ -392,6 +392,8 @@ class ToolRunner:
         workers: processes in the pool (calls beyond it wait for a free one; their wait is not charged).
         latency_s: an artificial delay inside each call (benchmarks: a slow tool).
         start_timeout_s: how long the first start of a worker may take.
+        memory_gib: address-space cap of each worker process (a tool that allocates past it gets a MemoryError,
+            which the model reads as an error); None: no cap.
     """
 
     def __init__(
@@ -402,6 +404,7 @@ class ToolRunner:
         workers: int = 2,
         latency_s: float = 0.0,
         start_timeout_s: float = 60.0,
+        memory_gib: float | None = 8.0,
     ) -> None:
         if not timeout_s > 0:
             raise ConfigError(f"agent.tool_timeout_s: must be > 0, got {timeout_s}")
@@ -415,7 +418,7 @@ class ToolRunner:
         self.max_output_chars = int(max_output_chars)
         self.latency_s = float(latency_s)
         paths = [p if p else os.getcwd() for p in sys.path]
-        args = (json.dumps(sorted({t.spec for t in tools})), json.dumps(paths))
+        args = (json.dumps(sorted({t.spec for t in tools})), json.dumps(paths), json.dumps(memory_gib))
         self._workers = [
             Worker("p3o.envs.tool_worker", start_timeout_s=start_timeout_s, args=args) for _ in range(int(workers))
         ]
@@ -429,6 +432,8 @@ class ToolRunner:
     def run_many(self, calls: Sequence[ToolCall | ParseError]) -> list[ToolResult]:
         """One `ToolResult` per call, in order; the calls run in parallel (parse errors and unknown tools answer at
         once). Never raises for anything a model wrote or a tool did."""
+        if self.closed:
+            raise RuntimeError("p3o.envs: this ToolRunner is closed")
         results: list[ToolResult | None] = [None] * len(calls)
         futures = {}
         for i, call in enumerate(calls):
