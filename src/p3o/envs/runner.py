@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -145,7 +147,7 @@ def run_episodes(
                 env = make_env()
                 ep = Episode(env=env, problem=problem, group=b, prompt=[])
                 episodes.append(ep)
-                messages = env.reset(problem, seed=seed * 1_000_003 + b * 1009 + j)
+                messages = env.reset(problem, seed=_mix(seed, 0, b, j))
                 ep.prompt = list(renderer.prompt_ids(messages))
                 if not ep.prompt:
                     raise P3OError(f"environment {type(env).__name__}: reset returned no prompt")
@@ -166,7 +168,7 @@ def _tick_loop(engine, episodes, renderer, limits, seed, eos, ends, overlap, poo
         if ready:
             if on_tick is not None:
                 on_tick(tick)
-            finished = _generate_turn(engine, ready, limits, seed * 7919 + tick, ends, eos)
+            finished = _generate_turn(engine, ready, limits, _mix(seed, 1, tick), ends, eos)
             tick += 1
             ready = []
             for ep, text in finished:
@@ -181,6 +183,12 @@ def _tick_loop(engine, episodes, renderer, limits, seed, eos, ends, overlap, poo
             if _after_step(ep, fut.result(), renderer, limits):
                 ready.append(ep)
         ready.sort(key=episodes.index)
+
+
+def _mix(*ints: int) -> int:
+    """A 62-bit seed from integers (blake2b of their decimal forms): tick and episode seeds that never overflow."""
+    digest = hashlib.blake2b(",".join(str(int(i)) for i in ints).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
 
 
 def _safe_step(env: Environment, text: str) -> Step | BaseException:
@@ -347,7 +355,7 @@ class EpisodeEngine:
         self,
         engine: RolloutEngine,
         make_env: Callable[[], Environment],
-        problems: dict[tuple[int, ...], Problem],
+        problems: dict[Any, Problem],
         *,
         renderer,
         limits: EnvLimits,
@@ -397,16 +405,18 @@ class EpisodeEngine:
     ) -> Rollouts:
         """`n` episodes of the problem each prompt names (its id list, as the rollout side encoded it).
 
-        ``answers`` are checked against the problems'; ``max_new_tokens`` is ignored (``agent.max_turn_tokens`` and
-        ``agent.max_total_tokens`` bound episodes).
+        ``problems`` maps (prompt ids, answer) and prompt ids alone to problems; ``max_new_tokens`` is ignored
+        (``agent.max_turn_tokens`` and ``agent.max_total_tokens`` bound episodes).
         """
         del max_new_tokens
-        try:
-            problems = [self.problems[tuple(int(t) for t in p)] for p in prompt_ids]
+        keys = [tuple(int(t) for t in p) for p in prompt_ids]
+        try:  # a prompt and its answer name a problem (two problems may share a prompt: guess-a-number)
+            problems = [
+                self.problems[(k, a)] if (k, a) in self.problems else self.problems[k]
+                for k, a in zip(keys, answers if answers is not None else [None] * len(keys))
+            ]
         except KeyError:
             raise P3OError("EpisodeEngine.generate: a prompt that names no problem of this run's task") from None
-        if answers is not None and [p.answer for p in problems] != list(answers):
-            raise P3OError("EpisodeEngine.generate: answers differ from the prompts' problems")
         if seed is None:
             seed = 1_000_000_007 + self._calls
         self._calls += 1

@@ -223,7 +223,7 @@ def _agent_rollout_side(
         max_obs_tokens=limits.max_obs_tokens,
         tools=getattr(probe, "tools", None),
     )
-    by_prompt: dict[tuple[int, ...], Any] = {}
+    by_prompt: dict[Any, Any] = {}
 
     def encode(probs: list[Any]) -> list[list[int]]:
         out = []
@@ -234,6 +234,7 @@ def _agent_rollout_side(
             finally:
                 env.close()
             by_prompt.setdefault(tuple(ids), p)
+            by_prompt[(tuple(ids), p.answer)] = p  # a prompt shared by several problems: its answer tells them apart
             out.append(ids)
         return out
 
