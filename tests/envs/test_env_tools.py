@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from fractions import Fraction
 
@@ -247,3 +250,39 @@ def test_a_tool_that_allocates_past_the_memory_cap_reads_an_error() -> None:
     with ToolRunner([load_tool("env_fixtures:hog")], timeout_s=5.0, workers=1, memory_gib=1.0) as r:
         res = r.run(ToolCall("hog", {"gib": 2}))
         assert res.status == "error" and res.output.startswith("error: MemoryError"), res
+
+
+_ORPHAN_SCRIPT = """
+import json, sys, threading, time
+from p3o.envs.tools import CALCULATOR, ToolCall, ToolRunner
+r = ToolRunner([CALCULATOR], workers=2)
+caller = threading.Thread(target=lambda: r.run_many([ToolCall("calc", {"expression": "1+1"})] * 2))
+caller.start()
+caller.join()  # the thread that asked for the calls is gone; the workers were started by the runner's own threads
+time.sleep(0.3)
+print(json.dumps([w.pid for w in r._workers]), r.run(ToolCall("calc", {"expression": "2+2"})).output, flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in fh)
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_outlive_the_calling_thread_and_die_with_the_trainer() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT], stdout=subprocess.PIPE, text=True)
+    try:
+        pids_json, output = proc.stdout.readline().rsplit(" ", 1)
+        pids = json.loads(pids_json)
+        assert output.strip() == "4" and len(set(pids)) == 2 and all(_alive(p) for p in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)  # PR_SET_PDEATHSIG: no orphaned tool process
