@@ -278,6 +278,93 @@ def evaluate(
     )
 
 
+def evaluate_episodes(
+    model: Any,
+    tokenizer: Any,
+    problems: Sequence[Any],
+    sampling: EngineSettings = EVAL_ENGINE,
+    *,
+    env: str,
+    limits: Any = None,
+    n_samples: int = 8,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    batch_prompts: int = 16,
+    correct_threshold: float = 1.0,
+    task: str = "",
+    split: str = "",
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalResult:
+    """pass@k of full agent episodes: `n_samples` episodes of environment `env` per problem, each scored by the
+    environment (its return ≥ `correct_threshold` is a solve); `evaluate`'s result, with the episodes' statistics
+    in ``extra["episode"]`` (turns, tool calls, tool errors, observation share … per episode, as in training).
+
+    Args:
+        env: a built-in environment name or ``package.module:Name`` (`p3o.envs.make_env`).
+        limits: `p3o.envs.EnvLimits` (``agent.*``; default: its defaults); the renderer and stop ids are the
+            training run's (`p3o.envs.render`).
+    """
+    from p3o.envs import EnvLimits, Renderer, make_env, run_episodes, stop_ids
+    from p3o.envs.render import default_mode
+
+    _check_eval_args(problems, n_samples, ks)
+    start = time.perf_counter()
+    limits = limits or EnvLimits()
+    probe = make_env(env, limits=limits)
+    stops = stop_ids(tokenizer, tuple(probe.stop_strings), env)
+    renderer = Renderer(
+        tokenizer,
+        mode=default_mode(tokenizer, probe),
+        max_obs_tokens=limits.max_obs_tokens,
+        tools=getattr(probe, "tools", None),
+    )
+    probe.close()
+    engine = make_engine(sampling, model, tokenizer, stop_token_ids=stops)
+    correct = np.zeros(len(problems), dtype=np.int64)
+    rewards: list[float] = []
+    lengths: list[float] = []
+    truncated: list[bool] = []
+    stats: dict[str, list[float]] = {}
+    for lo in range(0, len(problems), batch_prompts):
+        part = list(problems[lo : lo + batch_prompts])
+        ro = run_episodes(
+            engine,
+            lambda: make_env(env, limits=limits),
+            part,
+            n_samples,
+            renderer=renderer,
+            limits=limits,
+            seed=sampling.seed * 1_000_003 + lo,
+            eos_ids=[tokenizer.eos_token_id],
+            stop_ids=stops,
+        )
+        r = ro.rewards.float().view(len(part), n_samples)
+        correct[lo : lo + len(part)] = (r >= correct_threshold).sum(-1).cpu().numpy()
+        rewards += r.flatten().tolist()
+        lengths += ro.mask.sum(-1).float().tolist()
+        truncated += ro.truncated.tolist()
+        for k, v in ro.extras.items():
+            stats.setdefault(k, []).extend(v.tolist())
+        if progress is not None:
+            progress(min(lo + batch_prompts, len(problems)), len(problems))
+    result = EvalResult(
+        task=task,
+        split=split,
+        n_problems=len(problems),
+        n_samples=n_samples,
+        temperature=sampling.temperature,
+        max_new_tokens=limits.max_turn_tokens,
+        pass_at_k=mean_pass_at_k(np.full(len(problems), n_samples), correct, sorted(set(ks))),
+        mean_reward=_mean(rewards),
+        mean_response_len=_mean(lengths),
+        truncation_rate=_mean(truncated),
+        correct=correct.tolist(),
+        seconds=time.perf_counter() - start,
+        num_params=sum(p.numel() for p in model.parameters()),
+    )
+    result.extra["episode"] = {k: _mean(v) for k, v in stats.items()}
+    return result
+
+
 def _mean(values: Sequence[float]) -> float:
     """The mean of `values` as a float, NaN when there are none."""
     return float(np.mean(values)) if len(values) else math.nan
