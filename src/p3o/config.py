@@ -320,6 +320,10 @@ class AgentConfig:
     env: str | None = _f(
         None, "environment: a built-in name (calc, guess) or package.module:Name (None: single-turn, no environment)"
     )
+    env_kwargs: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "keywords of the environment's constructor, e.g. {latency_s: 0.05} for calc (a slow tool)"},
+    )
     max_turns: int = _f(4, "model turns per episode", ge=1)
     max_turn_tokens: int = _f(48, "tokens the model may sample in one turn", ge=1)
     max_total_tokens: int = _f(160, "response tokens per episode, model and observation tokens together", ge=1)

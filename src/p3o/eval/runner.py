@@ -285,6 +285,7 @@ def evaluate_episodes(
     sampling: EngineSettings = EVAL_ENGINE,
     *,
     env: str,
+    env_kwargs: dict[str, Any] | None = None,
     limits: Any = None,
     n_samples: int = 8,
     ks: Sequence[int] = (1, 2, 4, 8),
@@ -299,7 +300,8 @@ def evaluate_episodes(
     in ``extra["episode"]`` (turns, tool calls, tool errors, observation share … per episode, as in training).
 
     Args:
-        env: a built-in environment name or ``package.module:Name`` (`p3o.envs.make_env`).
+        env: a built-in environment name or ``package.module:Name`` (`p3o.envs.make_env`), made with
+            `env_kwargs`.
         limits: `p3o.envs.EnvLimits` (``agent.*``; default: its defaults); the renderer and stop ids are the
             training run's (`p3o.envs.render`).
     """
@@ -309,7 +311,8 @@ def evaluate_episodes(
     _check_eval_args(problems, n_samples, ks)
     start = time.perf_counter()
     limits = limits or EnvLimits()
-    probe = make_env(env, limits=limits)
+    options = dict(env_kwargs or {})
+    probe = make_env(env, limits=limits, **options)
     stops = stop_ids(tokenizer, tuple(probe.stop_strings), env)
     renderer = Renderer(
         tokenizer,

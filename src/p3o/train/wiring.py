@@ -212,8 +212,10 @@ def _agent_rollout_side(
         max_tool_output_chars=a.max_tool_output_chars,
     )
 
+    options = dict(getattr(a, "env_kwargs", None) or {})
+
     def new_env() -> Any:
-        return make_env(a.env, limits=limits)
+        return make_env(a.env, limits=limits, **options)
 
     probe = new_env()
     stops = stop_ids(tokenizer, tuple(getattr(probe, "stop_strings", ())), a.env)
