@@ -112,6 +112,12 @@ def test_calc_markup_parses_and_an_unclosed_tag_is_a_parse_error() -> None:
     assert parse_tool_calls("#### 178377", "calc") == []
     [err] = parse_tool_calls("<calc>4821 * 3", "calc")
     assert isinstance(err, ParseError) and "without </calc>" in err.message
+    [stray] = parse_tool_calls("4821 * 37</calc>", "calc")  # stopped at the close of a call it never opened
+    assert isinstance(stray, ParseError) and "</calc> without <calc>" in stray.message
+    call, stray = parse_tool_calls("<calc>1+1</calc> and 2</calc>", "calc")
+    assert call == ToolCall("calc", {"expression": "1+1"}) and isinstance(stray, ParseError)
+    with pytest.raises(ValueError, match="BitXor"):
+        calculate("2 ^ 10")
 
 
 def test_qwen_calls_parse_several_per_turn_and_malformed_ones_are_parse_errors() -> None:

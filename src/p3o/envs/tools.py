@@ -61,6 +61,10 @@ _CALC = re.compile(r"<calc>(.*?)</calc>", re.S)
 _CALC_OPEN = re.compile(r"<calc>(?![\s\S]*?</calc>)", re.S)
 _QWEN = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _QWEN_OPEN = re.compile(r"<tool_call>(?![\s\S]*?</tool_call>)", re.S)
+_MARKUP = {
+    "calc": (_CALC, _CALC_OPEN, "<calc>", "</calc>"),
+    "qwen": (_QWEN, _QWEN_OPEN, "<tool_call>", "</tool_call>"),
+}
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 _SPEC = re.compile(r"^(?P<module>[A-Za-z_][\w.]*):(?P<name>[A-Za-z_]\w*)$")
 
@@ -162,16 +166,14 @@ def parse_tool_calls(text: str, style: str = "qwen", max_calls: int = 4) -> list
     if style not in STYLES:
         raise ConfigError(f"tool-call style {style!r}: known: {', '.join(STYLES)}")
     out: list[ToolCall | ParseError] = []
-    if style == "calc":
-        for m in _CALC.finditer(text):
-            out.append(ToolCall("calc", {"expression": m.group(1).strip()}))
-        if _CALC_OPEN.search(text):
-            out.append(ParseError("error: <calc> without </calc>", text[-80:]))
-    else:
-        for m in _QWEN.finditer(text):
-            out.append(_qwen_call(m.group(1)))
-        if _QWEN_OPEN.search(text):
-            out.append(ParseError("error: <tool_call> without </tool_call>", text[-80:]))
+    pattern, unclosed, open_tag, close_tag = _MARKUP[style]
+    matches = list(pattern.finditer(text))
+    for m in matches:
+        out.append(ToolCall("calc", {"expression": m.group(1).strip()}) if style == "calc" else _qwen_call(m.group(1)))
+    if unclosed.search(text):
+        out.append(ParseError(f"error: {open_tag} without {close_tag}", text[-80:]))
+    if text.count(close_tag) > len(matches):  # e.g. a turn that stopped at </calc> without opening a call
+        out.append(ParseError(f"error: {close_tag} without {open_tag}", text[-80:]))
     if len(out) > max_calls:
         out = [*out[:max_calls], ParseError(f"error: at most {max_calls} tool calls per turn; {len(out)} given")]
     return out
@@ -271,7 +273,8 @@ def calculate(expression: str) -> Fraction:
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             a, b = value(node.left, depth + 1), value(node.right, depth + 1)
             return _check(_BINARY[type(node.op)](a, b))
-        raise ValueError(f"not allowed in an expression: {type(node).__name__}")
+        what = type(node.op).__name__ if isinstance(node, ast.BinOp | ast.UnaryOp) else type(node).__name__
+        raise ValueError(f"not allowed in an expression: {what} (use + - * / // % ** and parentheses)")
 
     return value(tree.body, 0)
 
