@@ -227,6 +227,15 @@ def test_a_hung_tool_is_killed_at_the_limit_and_the_next_call_is_served(runner: 
     assert runner.run(ToolCall("calc", {"expression": "2*3"})).output == "6"
 
 
+def test_a_fault_on_the_runner_side_is_an_error_result(runner: ToolRunner, monkeypatch) -> None:
+    def broken(call):
+        raise KeyError("value")
+
+    monkeypatch.setattr(runner, "_run_one", broken)
+    [res] = runner.run_many([ToolCall("calc", {"expression": "1"})])
+    assert res.status == "error" and res.output == "error: KeyError: 'value'"
+
+
 def test_calls_run_in_parallel_and_latency_is_measured_per_call(runner: ToolRunner) -> None:
     t0 = time.monotonic()
     results = runner.run_many([ToolCall("slow", {"s": 0.4})] * 3)

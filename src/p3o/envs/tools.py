@@ -448,7 +448,11 @@ class ToolRunner:
             else:
                 futures[i] = self._pool.submit(self._run_one, call)
         for i, fut in futures.items():
-            results[i] = fut.result()
+            try:
+                results[i] = fut.result()
+            except Exception as err:  # a bug on this side must not end the episode, let alone the run
+                name = getattr(calls[i], "name", "")
+                results[i] = ToolResult(name, f"error: {type(err).__name__}: {err}", "error")
         return [r for r in results if r is not None]
 
     def start(self) -> None:
