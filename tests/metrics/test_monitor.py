@@ -278,12 +278,12 @@ def test_state_round_trip_continues_the_window_exactly() -> None:
     for _ in range(6):
         rollout = -torch.rand(4, 8, generator=g) * 3
         batches.append((rollout + 0.8 * torch.randn(4, 8, generator=g), rollout, torch.ones(4, 8, dtype=torch.bool)))
-    full = OffPolicyMonitor(max_len=8, warn=False)
+    full = OffPolicyMonitor(max_len=8, warn=False, window=4)
     rows_full = [full.update(*b, step=i) for i, b in enumerate(batches)]
-    first = OffPolicyMonitor(max_len=8, warn=False)
+    first = OffPolicyMonitor(max_len=8, warn=False, window=4)
     for i, b in enumerate(batches[:3]):
         first.update(*b, step=i)
-    resumed = OffPolicyMonitor(max_len=8, warn=False)
+    resumed = OffPolicyMonitor(max_len=8, warn=False, window=4)
     resumed.load_state(first.state())
     rows_resumed = [resumed.update(*b, step=i + 3) for i, b in enumerate(batches[3:])]
     assert rows_resumed == rows_full[3:]
@@ -337,7 +337,7 @@ def test_both_when_fresh_and_stale_tokens_carry_it() -> None:
 def test_monitor_source_and_cause_keys() -> None:
     with pytest.raises(ValueError, match="source"):
         OffPolicyMonitor(source="deepspeed")
-    mon = OffPolicyMonitor(max_len=4, group=False, warn=False, source="trl")
+    mon = OffPolicyMonitor(max_len=4, group=False, warn=False, source="trl", window=1)
     logp = torch.zeros(2, 4)
     mask = torch.ones(2, 4, dtype=torch.bool)
     row = mon.update(logp, logp - 3.0, mask, versions=torch.zeros(2, 4), step=1, version=0)  # lag 0, ρ = e³
@@ -385,7 +385,7 @@ def test_stale_later_mini_batches_name_staleness_from_mini_batches() -> None:
     staleness from mini-batches, with p3o's mini-batch fix."""
     g = torch.Generator().manual_seed(3)
     k = torch.arange(16)[:, None] // 4  # (16, 1) mini-batch of each row
-    mon = OffPolicyMonitor(max_len=32, group=False, warn=False, source="p3o")
+    mon = OffPolicyMonitor(max_len=32, group=False, warn=False, source="p3o", window=6)
     for step in range(6):
         rollout = -torch.rand(16, 32, generator=g) * 4
         logp = rollout + 0.5 * k * torch.randn(16, 32, generator=g)  # k = 0: exact

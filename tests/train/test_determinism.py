@@ -115,7 +115,7 @@ def test_default_config_cli_runs_twice_identically(tmp_path):
     assert a == b
     # the step-0 row is the starting policy's held-out evaluation only; the training rows follow
     start, a = a[0], a[1:]
-    assert start["step"] == 0 and set(start) == {"step", "eval_accuracy", "eval_score"}
+    assert start["step"] == 0 and set(start) == {"step", "eval_accuracy", "eval_score", "eval_problems"}
     assert [r["lag_max"] for r in a] == [0, 1, 2, 2] and "ess" in a[-1]
     # the trainer feeds the off-policy monitor (offpolicy/*): with one micro-batch per step its ESS is P3O's e_B of
     # the same ratios, and its lag statistics are the loop's own

@@ -36,7 +36,7 @@ def test_run_writes_metrics_config_checkpoints_and_final(tmp_path):
     rows = _metrics(run_dir)
     # the starting policy (a step-0 row of its own, before any update), every 2 steps, and at the end
     assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 2, 4, 5]
-    assert set(rows[0]) == {"step", "eval_accuracy", "eval_score", "time_eval_s"}
+    assert set(rows[0]) == {"step", "eval_accuracy", "eval_score", "eval_problems", "time_eval_s"}
     rows = rows[1:]
     assert 0.0 <= rows[-1]["eval_accuracy"] <= 1.0
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]

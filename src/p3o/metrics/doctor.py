@@ -25,8 +25,15 @@ steps, then one table row per finding: what fired (with its threshold), its caus
 tokens' shares), the steps, how many windows it fired in, and a suggestion. It writes a plot (ESS overall, per lag
 bucket and of the stale tokens, lag, ratio tails, position deciles) next to the input or to ``--out``.
 
-Exit status: 0 healthy, 1 at least one finding fired, 2 bad input (no such path, nothing readable, no off-policy
-metric in it) — CI can gate on it.
+A run shorter than ``--window`` is **too early to judge** by the window rules: the verdict line says so, what they
+would say so far is listed as early signs, and the exit status stays 0 unless another rule fires. The **no-signal**
+rule has a window of its own (3 steps): a run whose groups carry no advantage (≥ 90 % of the groups with one reward
+for all samples: the model never solves the task, always solves it, or ties) is unhealthy after 3 steps. Every
+suggestion is checked against the run's own config: no "use P3O" on a P3O run, no "lower loop.max_lag" on a sync run.
+
+Exit status: 0 healthy (or too early to judge), 1 at least one finding fired, 2 bad input (no such path, nothing
+readable, no off-policy metric in it; a TRL run without per-step logs is told to set ``logging_steps``) — CI can gate
+on it.
 """
 
 from __future__ import annotations
@@ -50,11 +57,13 @@ from p3o.metrics.rules import (  # not monitor: it imports torch, the doctor nee
     N_POSITION_BUCKETS,
     RULES,
     RUN_RULES,
+    SIGNAL_RULES,
     WINDOW_RULES,
     Finding,
     cause_text,
     find,
     lag_bucket_names,
+    signal_of,
     staleness_origin,
     strip_prefixes,
 )
@@ -67,8 +76,8 @@ __all__ = ["PREFIXES", "Diagnosis", "detect_source", "diagnose", "load_rows", "m
 PREFIXES = ("offpolicy/", "train/offpolicy/", "actor/offpolicy/", "objective/", "train/objective/")
 #: The keys that make a row an off-policy row.
 OFFPOLICY_KEYS = ("ess", "ratio_min", "ratio_max", "dlogp_mean", "lag_mean", "kl_clamped")
-#: The order causes are named in the verdict line (the most specific first).
-_CAUSE_ORDER = ("sync", "both", "engine", "staleness", "undetermined")
+#: The order causes are named in the verdict line (the most specific first; no learning signal before all).
+_CAUSE_ORDER = ("unsolved", "solved", "tied", "sync", "both", "engine", "staleness", "undetermined")
 
 
 class BadInput(Exception):
@@ -89,6 +98,8 @@ class Diagnosis:
         trainer: the trainer the metrics came from (``p3o``, ``trl``, ``verl``; None: unknown), whose settings the
             suggestions name.
         window: the window length used (the run's length when it is shorter than ``--window``).
+        early: the window rules that fire on a run shorter than the window (too early to judge: reported, not
+            counted), in the form of ``findings``.
     """
 
     source: str
@@ -99,11 +110,17 @@ class Diagnosis:
     trainer: str | None = None
     window: int = 20
     requested_window: int = field(default=20)
+    early: list[tuple[Finding, str, int]] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
-        """True when no finding fired."""
+        """True when no finding fired (a run too short for the window rules can be healthy: see ``too_early``)."""
         return not self.findings
+
+    @property
+    def too_early(self) -> bool:
+        """True when the run is shorter than the window, so the window rules could not judge it."""
+        return len(self.rows) < self.requested_window
 
     @property
     def causes(self) -> list[str]:
@@ -184,8 +201,26 @@ def load_rows(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, An
     rows = [_normalise(r) for r in raw]
     rows = [r for r in rows if any(k in r for k in OFFPOLICY_KEYS)]
     if not rows:
-        raise BadInput(f"{p}: no off-policy metrics in it (none of {', '.join(OFFPOLICY_KEYS)})")
+        raise BadInput(f"{p}: {_why_no_rows(raw, trainer)}")
     return source, rows, config, trainer
+
+
+def _why_no_rows(raw: Sequence[dict[str, Any]], trainer: str | None) -> str:
+    """The one line for a file with no off-policy rows, saying what to set (a TRL run: ``logging_steps``)."""
+    what = f"no off-policy metrics in it (none of {', '.join(OFFPOLICY_KEYS)})"
+    if trainer != "trl":
+        return what
+    steps = [r for r in raw if "loss" in r or "reward" in r]
+    if len(steps) <= 1:
+        return (
+            f"{what}: its log_history has {len(steps)} per-step entr{'y' if len(steps) == 1 else 'ies'}; set "
+            "logging_steps=1 in GRPOConfig so the trainer logs every step (transformers logs every 500 by default), "
+            "with the off-policy callback added (p3o.integrations.trl.add_offpolicy_monitor; p3o docs integrations)"
+        )
+    return (
+        f"{what}: the trainer logged {len(steps)} steps without them; add the off-policy callback "
+        "(p3o.integrations.trl.add_offpolicy_monitor, or P3OGRPOTrainer; p3o docs integrations)"
+    )
 
 
 def _read_trl(path: Path) -> list[dict[str, Any]]:
@@ -204,47 +239,87 @@ def _normalise(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def diagnose(path: str | Path, *, window: int = 20) -> Diagnosis:
-    """Apply the window rules of :func:`p3o.metrics.monitor.find` to every window of ``window`` consecutive rows
-    (all rows when the run is shorter) and the whole-run rules (``RUN_RULES``: a collapse at any single step, weights
-    not reaching the engine, NaN log-probs) to all rows.
+    """Apply the window rules of :func:`p3o.metrics.monitor.find` to every window of ``window`` consecutive rows,
+    the whole-run rules (``RUN_RULES``: a collapse at any single step, weights not reaching the engine, NaN log-probs)
+    to all rows, and the no-signal rule to every window of its own length (``RULES["signal_steps"]``).
 
-    A window rule that fires in several windows is reported once, from the first window it fired in, with the number
-    of windows; when its cause differs between windows, the most frequent one is reported and the others are named
-    in the evidence.
+    A run shorter than ``window`` is too early to judge for the window rules: what they would say on its rows is
+    kept in ``Diagnosis.early`` and does not make the run unhealthy. A window rule that fires in several windows is
+    reported once, from the first window it fired in, with the number of windows; when its cause differs between
+    windows, the most frequent one is reported and the others are named in the evidence. The no-signal rule counts
+    when it fires on the run's last window or on more than half of its windows (a run that starts at reward 0 and
+    then learns is not flagged). Every suggestion is fitted to the run's own config (p3o runs: config.yaml).
     """
     source, rows, config, trainer = load_rows(path)
+    fit = config or None
     w = min(window, len(rows))
+    findings: list[tuple[Finding, str, int]] = []
+    whole = f"{_step(rows[0].get('step'), 0)}–{_step(rows[-1].get('step'), len(rows) - 1)}"
+    for f in find(rows, source=trainer, only=RUN_RULES, config=fit):
+        findings.append((f, ", ".join(f.steps) if f.steps else whole, 0))
+    findings += _signal_findings(rows, trainer, fit)
+    windowed = _window_findings(rows, w, trainer, fit)
+    early = windowed if len(rows) < window else []
+    if not early:
+        findings += windowed
+    return Diagnosis(source, rows, findings, len(rows) - w + 1, config, trainer, w, window, early)
+
+
+def _signal_findings(
+    rows: list[dict[str, Any]], trainer: str | None, config: dict[str, Any] | None
+) -> list[tuple[Finding, str, int]]:
+    """The no-signal finding over every window of its own length, when it fires on the last one or on more than half
+    of them (reported from the first window it fired in, with the count)."""
+    n = int(RULES["signal_steps"])
+    have = [r for r in rows if signal_of(r) is not None]
+    if len(have) < n:
+        return []
+    fired = []
+    for s in range(len(have) - n + 1):
+        got = find(have[s : s + n], source=trainer, only=SIGNAL_RULES, config=config)
+        fired.append((s, got[0]) if got else None)
+    hits = [x for x in fired if x is not None]
+    if not hits or not (fired[-1] is not None or len(hits) > len(fired) / 2):
+        return []
+    s, f = hits[0]
+    span = f"{_step(have[s].get('step'), s)}–{_step(have[s + n - 1].get('step'), s + n - 1)}"
+    return [(f, span, len(hits))]
+
+
+def _window_findings(
+    rows: list[dict[str, Any]], w: int, trainer: str | None, config: dict[str, Any] | None
+) -> list[tuple[Finding, str, int]]:
+    """The window rules over every window of ``w`` consecutive rows, each reported once (see :func:`diagnose`)."""
     first: dict[str, tuple[Finding, str]] = {}
     count: dict[str, int] = {}
     causes: dict[str, Counter[str]] = {}
     starts = range(len(rows) - w + 1)
     for s in starts:
         chunk = rows[s : s + w]
-        for f in find(chunk, source=trainer, only=WINDOW_RULES):
+        for f in find(chunk, source=trainer, only=WINDOW_RULES, config=config):
             count[f.name] = count.get(f.name, 0) + 1
             causes.setdefault(f.name, Counter())[f.cause] += 1
             if f.name not in first:
                 steps = [r.get("step") for r in chunk]
                 first[f.name] = (f, f"{_step(steps[0], s)}–{_step(steps[-1], s + w - 1)}")
-    findings: list[tuple[Finding, str, int]] = []
-    whole = f"{_step(rows[0].get('step'), 0)}–{_step(rows[-1].get('step'), len(rows) - 1)}"
-    for f in find(rows, source=trainer, only=RUN_RULES):
-        findings.append((f, ", ".join(f.steps) if f.steps else whole, 0))
+    out: list[tuple[Finding, str, int]] = []
     for name, (f, span) in first.items():
         tally = causes[name]
         top = tally.most_common(1)[0][0]
         if top != f.cause or len(tally) > 1:
             # the cause of most windows, re-worded for it by the same rule on the first window that had it
             for s in starts:
-                again = [g for g in find(rows[s : s + w], source=trainer, only=(name,)) if g.cause == top]
+                again = [
+                    g for g in find(rows[s : s + w], source=trainer, only=(name,), config=config) if g.cause == top
+                ]
                 if again:
                     f = again[0]
                     break
             others = ", ".join(f"{CAUSE_TEXT[c]} in {n}" for c, n in tally.items() if c != top)
             if others:
                 f = dataclasses.replace(f, evidence=f"{f.evidence}; other windows: {others}")
-        findings.append((f, span, count[name]))
-    return Diagnosis(source, rows, findings, len(starts), config, trainer, w, window)
+        out.append((f, span, count[name]))
+    return out
 
 
 def _step(value: Any, index: int) -> str:
@@ -252,15 +327,13 @@ def _step(value: Any, index: int) -> str:
 
 
 def _suggestion(f: Finding, config: dict[str, Any]) -> str:
-    """The finding's suggestion plus what the run's own config.yaml (p3o runs) says about the setting it names."""
+    """The finding's suggestion (already fitted to the run's config by :func:`p3o.metrics.rules.suggest`) plus what
+    the run's own config.yaml (p3o runs) says about the settings behind it."""
     text = f.suggestion
-    objective = (config.get("objective") or {}).get("name") if isinstance(config.get("objective"), dict) else None
     sections = {k: (config.get(k) if isinstance(config.get(k), dict) else {}) for k in ("loop", "rollout", "update")}
     loop, rollout, update = sections["loop"], sections["rollout"], sections["update"]
     extra = []
     stale, engine = f.cause in ("staleness", "both"), f.cause in ("engine", "both")
-    if (stale or engine or f.name == "ratio_tails") and objective in ("grpo", "dapo", "gspo"):
-        extra.append(f"this run uses the hard clip '{objective}': the study favours P3O here")
     if stale:
         mode = loop.get("mode")
         key = "staleness" if mode == "stale" else "max_lag"
@@ -272,8 +345,6 @@ def _suggestion(f: Finding, config: dict[str, Any]) -> str:
                 mine.append(f"update.{k} {update[k]}")
         if mine:
             extra.append("this run: " + ", ".join(mine))
-    if engine and rollout.get("precision") not in (None, "fp32"):
-        extra.append(f"this run: rollout.precision {rollout['precision']}")
     train = config.get("train") if isinstance(config.get("train"), dict) else {}
     model = config.get("model") if isinstance(config.get("model"), dict) else {}
     compute = train.get("mixed_precision") if train.get("mixed_precision") not in (None, "no") else None
@@ -284,15 +355,16 @@ def _suggestion(f: Finding, config: dict[str, Any]) -> str:
             f"this run's trainer computes in {compute} (train.mixed_precision / model.dtype), the engine in "
             f"{rollout.get('precision', 'fp32')}: the ratios see both"
         )
-    if engine and rollout.get("kv_cache_dtype") not in (None, "auto"):
-        extra.append(f"this run: rollout.kv_cache_dtype {rollout['kv_cache_dtype']}")
     return text + ("; " + "; ".join(extra) if extra else "")
 
 
 def verdict(d: Diagnosis) -> str:
-    """The first line ``p3o doctor`` prints: ``healthy``, or ``unhealthy: <cause>[; <cause>...]`` with the findings
-    of each cause in brackets."""
+    """The first line ``p3o doctor`` prints: ``healthy``, ``unhealthy: <cause>[; <cause>...]`` with the findings
+    of each cause in brackets, or ``too early to judge: ...`` for a run shorter than the window with no finding."""
     if d.healthy:
+        if d.too_early:
+            signs = f"; early signs: {', '.join(f.name for f, _, _ in d.early)}" if d.early else ""
+            return f"too early to judge: {len(d.rows)} of the {d.requested_window} steps the window rules need{signs}"
         return "healthy"
     parts = []
     origin = staleness_origin(d.rows)  # staleness from mini-batches / the policy lag, when the rows say
@@ -303,29 +375,33 @@ def verdict(d: Diagnosis) -> str:
 
 
 def report(d: Diagnosis) -> str:
-    """What ``p3o doctor`` prints: the verdict line, what was read, then one table row per finding."""
+    """What ``p3o doctor`` prints: the verdict line, what was read, then one table row per finding (and, on a run
+    too short for the window rules, what they would say so far)."""
     n = len(d.rows)
     if n < d.requested_window:
-        how = f"shorter than the {d.requested_window}-step window: judged on its own {n} steps"
+        how = (
+            f"shorter than the {d.requested_window}-step window: too early to judge by the window rules (the "
+            f"single-step rules and the {RULES['signal_steps']:g}-step no-signal rule are judged)"
+        )
     else:
         how = f"{d.windows} windows of {d.window} steps"
     trainer = f" (metrics from {d.trainer})" if d.trainer else ""
     lines = [verdict(d), f"p3o doctor: {d.source}{trainer}: {n} steps, {how}"]
-    if d.healthy:
-        lines.append("no finding fired (rules: docs/metrics.md, 'Off-policy findings')")
+    if d.healthy and not d.early:
+        lines.append("no finding fired (rules: p3o docs metrics, 'Off-policy findings')")
         return "\n".join(lines)
-    lines += [
-        "",
-        "| finding | cause | evidence | steps | windows | suggestion |",
-        "|---|---|---|---|---:|---|",
-    ]
     origin = staleness_origin(d.rows)
-    for f, span, k in d.findings:
-        windows = str(k) if k else "whole run"
-        lines.append(
-            f"| {f.message} | {cause_text(f.cause, origin)} | {f.evidence} | {span} | {windows} "
-            f"| {_suggestion(f, d.config)} |"
-        )
+    for title, table in (("", d.findings), (f"early signs over {n} steps (not counted: too early to judge)", d.early)):
+        if not table:
+            continue
+        lines += ["", title] if title else [""]
+        lines += ["| finding | cause | evidence | steps | windows | suggestion |", "|---|---|---|---|---:|---|"]
+        for f, span, k in table:
+            windows = str(k) if k else "whole run"
+            lines.append(
+                f"| {f.message} | {cause_text(f.cause, origin)} | {f.evidence} | {span} | {windows} "
+                f"| {_suggestion(f, d.config)} |"
+            )
     return "\n".join(lines)
 
 

@@ -41,12 +41,16 @@ The statistics (lr_t = logp_t − rollout_logp_t, ρ_t = e^{lr_t}, over valid to
   (:func:`split_keys`): ``tokens_*``, ``ess_stale``, ``dlogp_mean_*``, ``ratio_tails_*`` (share with ρ > 2 or
   ρ < 0.5), ``ratio_max_*``, ``m_mean_*`` and ``dlogp_pos_<group>_<d>``: what attributes a finding to staleness
   or to the engine;
+* ``zero_adv_frac``: the share of the step's groups whose advantages are all zero, when the caller passes the
+  step's ``signal`` (``zero_adv_groups``, ``num_groups``, ``reward_mean``): the no-signal finding's input;
 * ``tokens``: valid tokens counted; ``finding_<name>``: 1.0 while that finding fires (rules: :func:`find`);
   ``cause_<name>``: its cause while it fires (:data:`CAUSES`: 1 staleness, 2 engine, 3 both, 4 weights not reaching
   the engine, 5 undetermined), else 0.
 
 Empty sets give NaN (an ESS of an empty lag bucket, a decile no response reached). The findings follow the rules in
 :func:`find` over the last ``window`` steps; docs/metrics.md lists them with their thresholds and the attribution.
+A rule that judges a window as a whole (:data:`WINDOW_RULES`) waits for a full window: before ``window`` steps it is
+too early to judge. The single-step rules fire at once, and ``no_signal`` has its own window (``signal_steps``, 3).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from p3o.metrics.rules import (  # the rules and constants, re-exported: p3o.met
     ORIGINS,
     RULES,
     RUN_RULES,
+    SIGNAL_RULES,
     SOURCES,
     WINDOW_RULES,
     Finding,
@@ -92,6 +97,7 @@ __all__ = [
     "ORIGINS",
     "RULES",
     "RUN_RULES",
+    "SIGNAL_RULES",
     "SOURCES",
     "WINDOW_RULES",
     "Finding",
@@ -138,6 +144,7 @@ class OffPolicyMonitor:
         "ratio_tails",
         "prefix_decay",
         "nonfinite",
+        "no_signal",
     )
 
     def __init__(
@@ -187,7 +194,7 @@ class OffPolicyMonitor:
             return
         self.window.clear()
         self.window.extend(dict(r) for r in state.get("window", []))
-        self.findings = find(list(self.window), self.rules, source=self.source) if self.window else []
+        self.findings = self._find() if self.window else []
         self._firing = set(state.get("firing", []))
 
     def observe(
@@ -309,12 +316,14 @@ class OffPolicyMonitor:
         version: int | None = None,
         updates: int | torch.Tensor = 0,
         updates_per_version: int = 1,
+        signal: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
         """Observe (logp, rollout_logp, mask) if given, then close the step: reduce over micro-batches and ranks,
         append the row to the window, re-evaluate the findings and return the flat dict of statistics.
 
         ``versions`` and ``version`` (the trainer's policy version; default ``step``), ``updates`` and
-        ``updates_per_version`` give the lags (:meth:`observe`).
+        ``updates_per_version`` give the lags (:meth:`observe`). ``signal``: the step's ``zero_adv_groups``,
+        ``num_groups`` and ``reward_mean`` over all ranks (the caller's reduction), for the no-signal finding.
         """
         if logp is not None:
             assert rollout_logp is not None and mask is not None, "update(logp, rollout_logp, mask)"
@@ -336,9 +345,13 @@ class OffPolicyMonitor:
             row = {k: v for k, v in row.items() if not k.startswith(("lag_", "ess_lag_")) and k not in split}
         if step is not None:
             row["step"] = float(step)
+        judged = dict(row)
+        if signal and signal.get("num_groups"):
+            row["zero_adv_frac"] = float(signal.get("zero_adv_groups", 0.0)) / float(signal["num_groups"])
+            judged.update(zero_adv_frac=row["zero_adv_frac"], reward_mean=float(signal.get("reward_mean", math.nan)))
         self._reset()
-        self.window.append(row)
-        self.findings = find(list(self.window), self.rules, source=self.source)
+        self.window.append(judged)
+        self.findings = self._find()
         fired = {f.name: f for f in self.findings}
         for f in self.findings:
             if self.warn and f.name not in self._firing:
@@ -348,6 +361,13 @@ class OffPolicyMonitor:
             row[f"finding_{name}"] = 1.0 if name in fired else 0.0
             row[f"cause_{name}"] = float(fired[name].cause_code) if name in fired else 0.0
         return row
+
+    def _find(self) -> list[Finding]:
+        """The findings over the window; the whole-window rules only once the window is full (too early before)."""
+        rows = list(self.window)
+        full = len(rows) >= (self.window.maxlen or len(rows))
+        only = None if full else [n for n in (*RUN_RULES, *SIGNAL_RULES)]
+        return find(rows, self.rules, source=self.source, only=only)
 
     @staticmethod
     def _row(sums: torch.Tensor, mx: torch.Tensor, ess: list[float]) -> dict[str, float]:

@@ -70,11 +70,15 @@ def progress_line(
     return "  ".join(parts)
 
 
-def finding_line(label: str, step: int, name: str, cause_code: float | None) -> str:
-    """The line printed when finding ``name`` first fires: its cause (the monitor's attribution) and what to do."""
+def finding_line(
+    label: str, step: int, name: str, cause_code: float | None, config: Mapping[str, Any] | None = None
+) -> str:
+    """The line printed when finding ``name`` first fires: its cause (the monitor's attribution) and what to do,
+    fitted to the run's ``config`` (nested mapping) when given."""
     cause = next((c for c, code in CAUSES.items() if cause_code is not None and code == int(cause_code)), None)
     cause = cause or "undetermined"
-    return f"{label}: finding at step {step}: {name} (cause: {CAUSE_TEXT[cause]}): {suggest(name, cause, 'p3o')}"
+    advice = suggest(name, cause, "p3o", config=config)
+    return f"{label}: finding at step {step}: {name} (cause: {CAUSE_TEXT[cause]}): {advice}"
 
 
 class ProgressBar:
@@ -88,6 +92,7 @@ class ProgressBar:
         console: a ``rich.console.Console`` for the bar (default: stderr's); its ``is_terminal`` picks bar or lines.
         every: without a terminal, a line every this many steps (None: ``max(1, total // 10)``).
         stream: where the lines go without a terminal (default: ``sys.stderr``).
+        config: the run's config (nested mapping), which the findings' advice is fitted to.
     """
 
     def __init__(
@@ -100,8 +105,10 @@ class ProgressBar:
         console: Any = None,
         every: int | None = None,
         stream: TextIO | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         self.total = total
+        self.config = config
         self.description = description
         self.every = max(1, every if every else total // 10)
         self._start, self._t0 = start, time.perf_counter()
@@ -167,7 +174,7 @@ class ProgressBar:
                 if name not in self._fired:
                     self._fired.add(name)
                     self.findings[name] = step
-                    self._print(finding_line(self.description, step, name, _num(metrics, _CAUSE + name)))
+                    self._print(finding_line(self.description, step, name, _num(metrics, _CAUSE + name), self.config))
         if self._progress is not None:
             fields: dict[str, str] = {}
             for key, name in (("reward_mean", "reward"), ("ess", "ess"), ("eval_accuracy", "pass1")):
@@ -203,7 +210,9 @@ class ProgressBar:
                 elif self._lines and first:  # the first evaluation: the starting policy's, or a later step's
                     step = args[0] if args and isinstance(args[0], int) else None
                     when = "before training" if step == 0 else f"at step {step}" if step is not None else ""
-                    self._print(f"{self.description}: held-out pass@1 {acc:.3f} {when}".rstrip())
+                    count = _num(out if isinstance(out, Mapping) else None, "eval_problems")
+                    on = f" on {count:.0f} problems" if count is not None else ""
+                    self._print(f"{self.description}: held-out pass@1 {acc:.3f}{on} {when}".rstrip())
             return out
 
         return wrapped

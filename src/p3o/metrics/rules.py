@@ -65,15 +65,30 @@ def strip_prefixes(row: Mapping[str, Any], prefixes: Iterable[str]) -> dict[str,
 # ----------------------------------------------------------------------------------------------------- findings
 
 #: Causes a finding is attributed to, and the number its ``cause_<name>`` key carries (0: the finding does not fire).
-CAUSES: dict[str, int] = {"staleness": 1, "engine": 2, "both": 3, "sync": 4, "undetermined": 5}
-#: How the causes read in a verdict line and a table.
+CAUSES: dict[str, int] = {
+    "staleness": 1,
+    "engine": 2,
+    "both": 3,
+    "sync": 4,
+    "undetermined": 5,
+    "unsolved": 6,
+    "solved": 7,
+    "tied": 8,
+}
+#: How the causes read in a verdict line and a table. The last three are the no-signal finding's: the groups carry
+#: no advantage because the model never solves the task, always solves it, or its samples tie within each group.
 CAUSE_TEXT: dict[str, str] = {
     "staleness": "staleness",
     "engine": "engine mismatch",
     "both": "staleness and engine mismatch",
     "sync": "weights not reaching the engine",
     "undetermined": "staleness or engine mismatch (no lag recorded)",
+    "unsolved": "the model never solves the task",
+    "solved": "the model always solves the task",
+    "tied": "every sample of a group gets the same reward",
 }
+#: The no-signal finding's causes (:func:`_no_signal`).
+SIGNAL_CAUSES = ("unsolved", "solved", "tied")
 #: Where a stale token's lag comes from (:func:`staleness_origin`): optimizer updates on its own batch before it was
 #: scored (p3o's mini-batches, the monitor's ``lag_in_batch_mean``), or policy versions between sampling and training.
 ORIGINS = ("mini-batches", "policy lag", "policy lag and mini-batches")
@@ -126,6 +141,10 @@ RULES: dict[str, float] = {
     "sync_trend": 0.5,  # ... the fresh tokens' |Δlogp| trends up with the step: Kendall's τ at least this ...
     "sync_factor": 2.0,  # ... its last third's mean is ≥ this × its first third's ...
     "sync_floor": 0.02,  # ... and ≥ this (nats)
+    "signal_share": 0.9,  # no_signal: share of groups whose advantages are all zero at least this ...
+    "signal_steps": 3,  # ... over this many steps (its own window: a short run is judged after this many)
+    "signal_low": 0.1,  # ... with mean reward ≤ this: the model never solves the task; ≥ signal_high: always
+    "signal_high": 0.9,
 }
 
 # what to do, per cause and trainer: (staleness, engine, sync). "generic": a loop of one's own.
@@ -162,7 +181,7 @@ _FIX: dict[str, dict[str, str]] = {
 }
 
 _OBJECTIVE_ADVICE = {
-    "staleness": "train with a soft objective (P3O, MinPRO, CISPO, M2PO), not a hard clip (docs/metrics.md, "
+    "staleness": "train with a soft objective (P3O, MinPRO, CISPO, M2PO), not a hard clip (p3o docs metrics, "
     "'Which objective when')",
     "engine": "with a mismatched engine use P3O or a wide clip",
 }
@@ -185,21 +204,133 @@ _FIX_P3O_ORIGIN = {
 }
 
 
-def suggest(name: str, cause: str, source: str | None = None, origin: str = "") -> str:
+_SIGNAL_FIX = {
+    "unsolved": "a task the model can solve some of the time: an easier task or a stronger base model (the built-in "
+    "tiny model knows only the built-in arithmetic wording: p3o docs tasks, 'Which models learn which data'), a "
+    "prompt format or template the model knows, a larger group so that a rare success shows up",
+    "solved": "a harder task (nothing is left to learn here), or evaluate the model instead of training it",
+    "tied": "a larger group, a higher sampling temperature, or a reward that tells samples apart (partial credit)",
+}
+# where the no-signal fixes live, per trainer
+_SIGNAL_SETTINGS = {
+    "p3o": {"group": "rollout.group_size", "task": "task.name / model.name", "template": "task.template"},
+    "trl": {"group": "GRPOConfig.num_generations", "task": "the dataset / the model", "template": "the chat template"},
+    "verl": {"group": "actor_rollout_ref.rollout.n", "task": "data.train_files / the model", "template": "the prompt"},
+}
+#: Objectives whose weights are soft (a cap, a truncation, a second-moment budget): not what a staleness finding
+#: asks to move away from. Hard clips: the PPO family.
+SOFT_OBJECTIVES = frozenset({"p3o", "p3o_two_anchor", "minpro", "cispo", "m2po", "m2po_clip", "topr", "sapo"})
+HARD_CLIPS = frozenset({"grpo", "dapo", "gspo", "decoupled_ppo", "dppo", "gmpo", "clip_cov", "kl_cov"})
+
+
+def _get(config: Mapping[str, Any] | None, dotted: str) -> Any:
+    """``config["a"]["b"]`` for ``"a.b"`` (None when a level is missing or not a mapping)."""
+    obj: Any = config
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, Mapping) else None
+    return obj
+
+
+def _p3o_staleness_fix(origin: str, config: Mapping[str, Any] | None) -> str:
+    """p3o's staleness fix, only the settings that this run's config can still lower (all of them without one)."""
+    mode = _get(config, "loop.mode")
+    if mode is None:  # no config, or one that does not say its loop: every setting that could lower the lag
+        return _FIX_P3O_ORIGIN.get(origin, _FIX["staleness"]["p3o"])
+    lag_key = {"async": "loop.max_lag", "stale": "loop.staleness", "reuse": "loop.reuse_epochs"}.get(str(mode))
+    parts = []
+    if lag_key and origin != "mini-batches" and (_get(config, lag_key) or 0) > (1 if mode == "reuse" else 0):
+        parts.append(f"lower {lag_key} (this run: {_get(config, lag_key)})")
+    mini = [f"update.{k} (this run: {_get(config, 'update.' + k)})" for k in ("num_mini_batches", "epochs")]
+    mini = [m for k, m in zip(("num_mini_batches", "epochs"), mini) if (_get(config, "update." + k) or 1) > 1]
+    if mini and origin != "policy lag":
+        parts.append("fewer optimizer steps per rollout batch: lower " + " and ".join(mini))
+    if not parts:
+        return f"this run's settings already give the least lag they can (loop.mode {mode}, one update per batch)"
+    return "; ".join(parts)
+
+
+def _p3o_engine_fix(config: Mapping[str, Any] | None) -> str:
+    """p3o's engine fix, only the settings where this run's engine differs from the trainer (all without a config)."""
+    if config is None:
+        return _FIX["engine"]["p3o"]
+    parts = []
+    if _get(config, "rollout.precision") not in (None, "fp32"):
+        parts.append(f"rollout.precision fp32 (this run: {_get(config, 'rollout.precision')})")
+    if _get(config, "rollout.kv_cache_dtype") not in (None, "auto"):
+        parts.append(f"rollout.kv_cache_dtype auto (this run: {_get(config, 'rollout.kv_cache_dtype')})")
+    sampled = (_get(config, "rollout.top_p") or 1.0) < 1.0 or (_get(config, "rollout.top_k") or 0) > 0
+    if sampled and _get(config, "rollout.logprob_mode") == "raw":
+        parts.append("rollout.logprob_mode processed (this run samples with top-p / top-k but records raw log-probs)")
+    t_roll, t_train = _get(config, "rollout.temperature"), _get(config, "train.temperature")
+    if t_roll is not None and t_train is not None and t_roll != t_train:
+        parts.append(f"train.temperature equal to rollout.temperature (this run: {t_train} vs {t_roll})")
+    compute = _get(config, "train.mixed_precision")
+    if compute not in (None, "no"):
+        parts.append(f"the trainer computes in {compute} (train.mixed_precision): the ratios see its rounding too")
+    if not parts:
+        return (
+            "this run's engine already matches the trainer's settings (fp32, same temperature): measure the "
+            "engine's own numerics with p3o mismatch"
+        )
+    return "; ".join(parts)
+
+
+def _objective_advice(cause: str, config: Mapping[str, Any] | None) -> str:
+    """The objective to train with, for ``cause`` (staleness / engine), unless the run already trains with it."""
+    objective = _get(config, "objective.name")
+    if cause == "staleness":
+        if objective in SOFT_OBJECTIVES:
+            return ""  # it already trains with a soft objective
+        if objective in HARD_CLIPS:
+            return f"this run uses the hard clip '{objective}': " + _OBJECTIVE_ADVICE["staleness"]
+        return _OBJECTIVE_ADVICE["staleness"]
+    if objective == "p3o":
+        return ""
+    if objective in HARD_CLIPS:
+        return f"this run uses '{objective}': " + _OBJECTIVE_ADVICE["engine"]
+    return _OBJECTIVE_ADVICE["engine"]
+
+
+def suggest(
+    name: str,
+    cause: str,
+    source: str | None = None,
+    origin: str = "",
+    config: Mapping[str, Any] | None = None,
+) -> str:
     """What to do about finding ``name`` with ``cause``, naming the settings of ``source`` (``p3o``, ``trl``,
-    ``verl``; None: generic words); ``origin`` (:func:`staleness_origin`) narrows p3o's staleness fix."""
+    ``verl``; None: generic words); ``origin`` (:func:`staleness_origin`) narrows p3o's staleness fix.
+
+    ``config`` (a p3o run's config as a nested mapping: config.yaml) makes the advice fit the run: a setting is named
+    only when the run can still change it (no "lower loop.max_lag" on a sync run, no "fp32" on an fp32 engine), and an
+    objective only when the run does not already train with it (no "use P3O" on a P3O run).
+    """
     src = source if source in SOURCES else "generic"
+    if cause in SIGNAL_CAUSES:
+        words = _SIGNAL_SETTINGS.get(src, {})
+        text = _SIGNAL_FIX[cause]
+        if words:
+            text = text.replace("a larger group", f"a larger group ({words['group']})")
+            text = text.replace("a stronger base model", f"a stronger base model ({words['task']})")
+            text = text.replace("a format or template", f"a format or template ({words['template']})")
+            text = text.replace("template the model knows", f"template the model knows ({words['template']})")
+        group = _get(config, "rollout.group_size")
+        if group is not None and cause != "solved":
+            text += f" (this run: {group} samples per prompt)"
+        return text
+    fit = config if src == "p3o" else None
     parts = []
     if name in _EXTRA and (name != "position_drift" or cause in ("engine", "both", "undetermined")):
         parts.append(_EXTRA[name])
     if cause in ("staleness", "both", "undetermined"):
-        fix = _FIX_P3O_ORIGIN.get(origin, _FIX["staleness"][src]) if src == "p3o" else _FIX["staleness"][src]
-        parts.append(fix + "; " + _OBJECTIVE_ADVICE["staleness"])
+        fix = _p3o_staleness_fix(origin, fit) if src == "p3o" else _FIX["staleness"][src]
+        parts.append("; ".join(p for p in (fix, _objective_advice("staleness", config)) if p))
     if cause in ("engine", "both", "undetermined") and name not in ("nonfinite", "kl_clamped", "ess_degenerate"):
-        parts.append(_FIX["engine"][src] + "; " + _OBJECTIVE_ADVICE["engine"])
+        fix = _p3o_engine_fix(fit) if src == "p3o" else _FIX["engine"][src]
+        parts.append("; ".join(p for p in (fix, _objective_advice("engine", config)) if p))
     if cause == "sync":
         parts.append(_FIX["sync"][src])
-    text = "; ".join(parts)
+    text = "; ".join(p for p in parts if p)
     return ("staleness or engine (no lag recorded): " + text) if cause == "undetermined" else text
 
 
@@ -556,6 +687,62 @@ def _weights_not_synced(rows: Sequence[Mapping[str, Any]], th: Mapping[str, floa
     )
 
 
+def signal_of(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(share of groups with all-zero advantages, mean reward) of one metrics row, or None when it has neither.
+
+    The share: the monitor's ``zero_adv_frac``, else p3o's ``zero_adv_groups`` / ``num_groups``, else TRL's
+    ``frac_reward_zero_std``. The reward: ``reward_mean`` (p3o), else ``reward`` (TRL); NaN when missing.
+    """
+
+    def num(key: str) -> float | None:
+        v = row.get(key)
+        return float(v) if isinstance(v, int | float) and math.isfinite(float(v)) else None
+
+    share = num("zero_adv_frac")
+    groups = num("num_groups")
+    if share is None and groups and num("zero_adv_groups") is not None:
+        share = num("zero_adv_groups") / groups  # type: ignore[operator]
+    if share is None:
+        share = num("frac_reward_zero_std")
+    if share is None:
+        return None
+    reward = num("reward_mean")
+    reward = num("reward") if reward is None else reward
+    return share, math.nan if reward is None else reward
+
+
+def _no_signal(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) -> Finding | None:
+    """The last ``signal_steps`` rows that say how many groups carry an advantage: at least ``signal_share`` of them
+    carry none (every sample of the group got the same reward), so the policy gradient is (nearly) zero."""
+    n = int(th["signal_steps"])
+    pts = [(i, r, sig) for i, r in enumerate(rows) if (sig := signal_of(r)) is not None][-n:]
+    if len(pts) < n:
+        return None
+    share = _mean([z for _, _, (z, _) in pts])
+    if share < th["signal_share"]:
+        return None
+    rewards = [x for _, _, (_, x) in pts if not math.isnan(x)]
+    reward = _mean(rewards)
+    if rewards and reward <= th["signal_low"]:
+        cause = "unsolved"
+    elif rewards and reward >= th["signal_high"]:
+        cause = "solved"
+    else:
+        cause = "tied"
+    (i0, r0, _), (i1, r1, _) = pts[0], pts[-1]
+    return Finding(
+        "no_signal",
+        f"no learning signal: {share:.0%} of groups have all-zero advantages over steps {_step_of(r0, i0)}–"
+        f"{_step_of(r1, i1)} (threshold {th['signal_share']:.0%} over {n} steps)",
+        "mean reward "
+        + (f"{reward:.3f}" if rewards else "n/a")
+        + "; zero-advantage share by step: "
+        + " ".join(f"{z:.2f}" for _, _, (z, _) in pts),
+        "",
+        cause,
+    )
+
+
 def _kendall_tau(xs: Sequence[float]) -> float:
     """Kendall's τ_a of ``xs`` against its index: (concordant − discordant pairs) / all pairs, ∈ [−1, 1]."""
     n = len(xs)
@@ -590,6 +777,8 @@ def _any_positive(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) ->
 
 #: The rules that judge a window as a whole (the doctor slides them over a long run).
 WINDOW_RULES = ("low_ess", "engine_mismatch", "position_drift", "ratio_tails", "prefix_decay")
+#: The rules with a window of their own (``signal_steps``): judged after that many steps, however short the run.
+SIGNAL_RULES = ("no_signal",)
 #: The rules that fire on a single step or on the run's trend (the doctor applies them to the whole run).
 RUN_RULES = ("ess_collapse", "weights_not_synced", "nonfinite", "kl_clamped", "ess_degenerate")
 
@@ -601,6 +790,7 @@ def find(
     source: str | None = None,
     only: Iterable[str] | None = None,
     unlagged: str = "undetermined",
+    config: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
     """The findings that fire on ``rows`` (a window of metric rows, oldest first; missing keys are skipped).
 
@@ -616,6 +806,9 @@ def find(
     * ``weights_not_synced``: over ≥ 4 rows with fresh tokens, ``dlogp_mean_lag_0`` trends up with the step
       (Kendall's τ ≥ 0.5), and the last third's mean is ≥ 2 × the first third's and ≥ 0.02 nats.
     * ``nonfinite``: any ``nonfinite_frac`` > 0. ``kl_clamped``, ``ess_degenerate``: any > 0 (p3o's trainer).
+    * ``no_signal``: over the last 3 rows that carry it (:func:`signal_of`), at least 90 % of the groups have all-zero
+      advantages; its cause is ``unsolved`` (mean reward ≤ 0.1: the model never solves the task), ``solved`` (≥ 0.9)
+      or ``tied`` (the samples of each group tie). Its own window: judged after 3 steps, however short the run.
 
     Attribution (``Finding.cause``): each rule is re-applied to the fresh tokens (lag 0: ``ess_lag_0``,
     ``ratio_tails_lag_0``, ``dlogp_pos_lag_0_<d>``, ``m_mean_lag_0``, ``ratio_max_lag_0``) and to the stale ones
@@ -628,6 +821,7 @@ def find(
     when the rows carry no lags, for callers that know it (a fresh engine's unlagged rows: ``engine``).
     A staleness finding's message names its origin when the rows carry ``lag_in_batch_mean``
     (:func:`staleness_origin`: mini-batches, the policy lag or both) and p3o's suggestion narrows to it.
+    ``config`` (the run's config.yaml as a mapping) fits every suggestion to the run (:func:`suggest`).
     """
     th = {**RULES, **(rules or {})}
     want = set(only) if only is not None else None
@@ -640,6 +834,7 @@ def find(
         ("position_drift", _position_drift),
         ("ratio_tails", _ratio_tails),
         ("prefix_decay", _prefix_decay),
+        ("no_signal", _no_signal),
     ]
     for name, rule in checks:
         if want is None or name in want:
@@ -657,7 +852,7 @@ def find(
         dataclasses.replace(
             f,
             message=f.message if f.name == "weights_not_synced" else f"{f.message}: {cause_text(f.cause, origin)}",
-            suggestion=suggest(f.name, f.cause, source, origin),
+            suggestion=suggest(f.name, f.cause, source, origin, config),
         )
         for f in out
     ]

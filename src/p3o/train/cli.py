@@ -50,11 +50,13 @@ def _summary(run_dir: str, wall_s: float) -> str:
         first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
         lines.append(f"reward_mean: first {k} steps {first:.3f} -> last {k} steps {last:.3f}")
     evals = [(r.get("step"), r["eval_accuracy"]) for r in rows if isinstance(r.get("eval_accuracy"), int | float)]
+    counts = [r["eval_problems"] for r in rows if isinstance(r.get("eval_problems"), int | float)]
+    on = f" on {counts[-1]:.0f} problems" if counts else ""
     if len(evals) == 1:
-        lines.append(f"held-out pass@1: {evals[0][1]:.3f} at step {evals[0][0]} (1 evaluation)")
+        lines.append(f"held-out pass@1{on}: {evals[0][1]:.3f} at step {evals[0][0]} (1 evaluation)")
     elif evals:
         (s0, a0), (s1, a1) = evals[0], evals[-1]
-        lines.append(f"held-out pass@1: {a0:.3f} at step {s0} -> {a1:.3f} at step {s1} ({len(evals)} evaluations)")
+        lines.append(f"held-out pass@1{on}: {a0:.3f} at step {s0} -> {a1:.3f} at step {s1} ({len(evals)} evaluations)")
     fired: dict[str, list[Any]] = {}  # name -> [first step, steps fired, last cause code]
     for r in rows:
         for key, value in r.items():
@@ -126,7 +128,8 @@ def prepare_resume(
     argv: list[str], given: Any, *, allow_changes: bool
 ) -> tuple[Any, dict[str, list[Any]], int] | None:
     """`--resume`: (the run's config with the allowed changes, the changes, the step it continues from), or None
-    when the run has already reached its steps (said in one line on stdout).
+    when the run has already reached its steps (said in one line on stdout). Otherwise one line on stdout names the
+    checkpoint it takes and the next step it runs.
 
     Nothing to resume (missing or empty run_dir, no checkpoint, none intact) and experiment changes without
     `allow_changes` raise one ConfigError line; damaged checkpoints newer than the intact one are named in one
@@ -156,6 +159,11 @@ def prepare_resume(
             err=False,
         )
         return None
+    _say(  # stdout: where it continues (the checkpoint's step is done; the next one runs)
+        f"p3o train: resuming {run_dir} from checkpoint {intact.name} ({step} of {cfg.steps} steps done); "
+        f"next step: {step + 1}",
+        err=False,
+    )
     return cfg, changes, step
 
 

@@ -1,11 +1,12 @@
 """The in-loop held-out evaluation: pass@1 of the current policy with one engine kept for the whole run.
 
-    evaluate = Evaluator(side, seed=0)
-    row.update(evaluate(version, weights=lambda: sync_weights(policy), model=lambda: engine_model(policy)))
+evaluate = Evaluator(side, seed=0)
+row.update(evaluate(version, weights=lambda: sync_weights(policy), model=lambda: engine_model(policy)))
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,22 @@ from p3o.train.sources import stream_seed
 
 if TYPE_CHECKING:
     from p3o.train.wiring import RolloutSide
+
+
+#: Fewer held-out problems than this and `p3o train` warns once: pass@1 moves in steps of 1/n (issue 47).
+MIN_EVAL_PROBLEMS = 50
+
+
+def eval_count_warning(n: int) -> str | None:
+    """The one-line warning for a held-out set of ``n`` < MIN_EVAL_PROBLEMS problems (naming the options that give
+    more), else None."""
+    if n >= MIN_EVAL_PROBLEMS:
+        return None
+    return (
+        f"p3o train: warning: the held-out evaluation has only {n} problem{'s' if n != 1 else ''} (pass@1 moves in "
+        f"steps of {1 / max(n, 1):.2g}); for at least {MIN_EVAL_PROBLEMS}: more data, a larger task.test_fraction "
+        "(a single file's held-out share), or a separate evaluation file (task.eval_name); task.n_eval caps the count"
+    )
 
 
 class Evaluator:
@@ -36,19 +53,23 @@ class Evaluator:
     def __call__(
         self, version: int, weights: Callable[[], dict[str, Tensor]], model: Callable[[], Any]
     ) -> dict[str, float]:
-        """{"eval_accuracy": fraction with score > 0.5, "eval_score": mean score} of the policy at `version` ({}
-        without eval prompts). The first call builds the engine from `model()`; later ones load `weights()` into it
+        """{"eval_accuracy": fraction with score > 0.5, "eval_score": mean score, "eval_problems": how many} of the
+        policy at `version` ({} without eval prompts); the first call warns when there are fewer than 50 problems.
+        The first call builds the engine from `model()`; later ones load `weights()` into it
         (each callable is called only when needed)."""
         side = self.side
         if not side.eval_prompts:
             return {}
         if self.engine is None:
+            warning = eval_count_warning(len(side.eval_prompts))
+            if warning:
+                print(warning, file=sys.stderr)
             self.engine = side.make_engine(model())
             self.engine.version = version
         elif self.engine.version != version:
             self.engine.load_weights(weights(), version)
         engine = self.engine
-        return heldout_metrics(
+        return {"eval_problems": float(len(side.eval_prompts))} | heldout_metrics(
             None,  # unused: the engine below already holds the policy
             side.tokenizer,
             side.eval_prompts,

@@ -199,8 +199,12 @@ class Trainer:
         )
         # 4. the batch source: in this process, or Ray rollout workers
         self.source = self._make_source(start, _own_source_state(loop_state, start))
-        self.bar = ProgressBar(
-            cfg.steps, enabled=cfg.log.progress and main, description=cfg.objective.name, start=start
+        self.bar = ProgressBar(  # the run's config: the findings' advice fits it (p3o.metrics.rules.suggest)
+            cfg.steps,
+            enabled=cfg.log.progress and main,
+            description=cfg.objective.name,
+            start=start,
+            config=to_dict(cfg),
         )
         self.evaluator = self.bar.wrap_evaluation(self.evaluator)  # the bar shows the evaluation phase
         self.t_run = time.perf_counter()
@@ -290,7 +294,10 @@ class Trainer:
             batch = _trim_to_common(batch, info, cfg.rollout.group_size)
         t1 = time.perf_counter()
         stats = self.update_step.run(batch, version=step)
-        offpolicy = self.monitor.update(step=step + 1)  # every rank: it reduces over the data-parallel group
+        # every rank: it reduces over the data-parallel group; the step's groups over all ranks feed its no-signal rule
+        signal = {k: float(info.get(k, 0.0)) for k in ("zero_adv_groups", "num_groups")}
+        signal = _reduce_info({**signal, "reward_mean": float(batch.rewards.float().mean())})
+        offpolicy = self.monitor.update(step=step + 1, signal=signal)
         t_sync = time.perf_counter()
         source.push_weights(self._push_weights(), step + 1)
         t_sync = time.perf_counter() - t_sync
