@@ -93,8 +93,7 @@ def _reference_vs_policy(rank: int, tmp: Path, precision: str) -> dict:
     policy = step.snapshot(None, plan)
     reference = step.snapshot(step.ref_model, plan)
     local = sum(
-        (p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size()
-        for p in step.ref_model.parameters()
+        (p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size() for p in step.ref_model.parameters()
     )
     return {"max_diff": (policy - reference).abs().max().item(), "ref_bytes": local, "whole": whole}
 

@@ -86,6 +86,7 @@ from p3o.models.checkpoints import (  # the layout and its read-only lookups liv
     STATE_FILE,
     checkpoint_damage,
     checkpoint_step,
+    file_digest,
     file_records,
     latest_checkpoint,
     list_checkpoints,
@@ -407,11 +408,14 @@ def _trainer_state(
     }
 
 
-def _commit(tmp: Path, final: Path, state: dict[str, Any]) -> None:
+def _commit(tmp: Path, final: Path, state: dict[str, Any], known: dict[str, Any] | None = None) -> None:
     """Finish a checkpoint written into `tmp`: trainer_state.pt, then meta.json (sizes and sha256 of every file,
-    written last), fsync, rename into `final` and point ``latest`` at it."""
+    written last; `known`: records other ranks made of their own shards), fsync, rename into `final` and point
+    ``latest`` at it."""
     torch.save(state, tmp / STATE_FILE)
-    meta = {"format": FORMAT, "step": state["step"], "time": time.time(), "files": file_records(tmp)}
+    known = known or {}
+    files = dict(sorted({**known, **file_records(tmp, skip=(META_FILE, *known))}.items()))
+    meta = {"format": FORMAT, "step": state["step"], "time": time.time(), "files": files}
     (tmp / META_FILE).write_text(json.dumps(meta) + "\n")
     _fsync_tree(tmp)
     _swap_in(tmp, final)
@@ -440,7 +444,7 @@ def intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path
     """
     damaged: list[tuple[Path, str]] = []
     for ckpt in _candidates(Path(run_dir)):
-        why = checkpoint_damage(ckpt)
+        why = _damage(ckpt)
         if why is None:
             return ckpt, damaged
         damaged.append((ckpt, why))
@@ -540,34 +544,21 @@ def load_checkpoint(
 
     Returns ``{"step": int, "loop_state": dict | None, "path": Path}``. Reads with ``torch.load(weights_only=True)``.
     """
-    candidates = _resolve(path_or_run_dir)
+    candidates = _together(_resolve, path_or_run_dir, decide=True)  # rank 0 picks, every rank follows
     errors: list[str] = []
     for ckpt in candidates:
         try:
-            why = checkpoint_damage(ckpt)
+            why = _agreed_damage(ckpt)
             if why is not None:
                 raise P3OError(why)
-            state = _read_state(ckpt / STATE_FILE, map_location)
-            if not isinstance(state, dict) or "step" not in state:
-                raise P3OError(f"{STATE_FILE}: not a p3o trainer state")
-            if model is not None and (ckpt / SHARDED_DIR).is_dir():
-                _load_sharded(ckpt / SHARDED_DIR, model, optimizer)
-            elif model is not None and _is_sharded(model):
-                _load_full_into_sharded(model, ckpt / POLICY_DIR)
-            elif model is not None:  # safetensors reads every file before the model changes: a bad one leaves it
-                load_policy_weights(model, ckpt / POLICY_DIR)
-        except Exception as err:  # a damaged or unreadable checkpoint: try the previous one
+            state = _together(_load_one, ckpt, model, optimizer, map_location)  # on every rank, or fail together
+        except Exception as err:  # a damaged or unreadable checkpoint (on any rank): every rank tries the previous one
             why = str(err) if isinstance(err, P3OError) else f"{type(err).__name__}: {str(err)[:160]}"
             if len(candidates) == 1:
                 raise P3OError(f"{ckpt}: damaged checkpoint ({why})") from None
             errors.append(f"{ckpt.name} ({why})")
             warnings.warn(f"skipping damaged checkpoint {ckpt} ({why})", CheckpointWarning, stacklevel=2)
             continue
-        if optimizer is not None and state.get("optimizer") is not None:
-            if model is not None and _is_sharded(model):
-                _load_optimizer_into_sharded(model, optimizer, state["optimizer"])
-            else:
-                optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None and state.get("scheduler") is not None:
             scheduler.load_state_dict(state["scheduler"])
         if restore_rng:
@@ -576,6 +567,125 @@ def load_checkpoint(
     if errors:
         raise P3OError(f"{path_or_run_dir}: no intact checkpoint to resume from: {'; '.join(errors)}")
     return None
+
+
+def _load_one(
+    ckpt: Path, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, map_location: Any
+) -> dict[str, Any]:
+    """Every rank calls it: checkpoint `ckpt` into `model` / `optimizer`; returns its trainer state (the optimizer's
+    left out). A sharded model reads nothing whole on other ranks than 0: rank 0 reads trainer_state.pt and a
+    ``policy/`` checkpoint's weights and AdamW state and broadcasts them into the shards (torchtune's
+    ``broadcast_from_rank0``); a ``sharded/`` checkpoint is read shard by shard (DCP)."""
+    sharded = model is not None and _is_sharded(model)
+    held: dict[str, Any] = {}  # rank 0's whole AdamW state (a policy/ checkpoint's), never pickled to the others
+
+    def read() -> dict[str, Any]:
+        state = _read_trainer_state(ckpt / STATE_FILE, map_location)
+        held["optim"] = state.pop("optimizer", None)
+        return state
+
+    # unsharded ranks (DDP) each need the whole AdamW state: each reads; a sharded model reads on rank 0 alone
+    state = _together(read, decide=True) if sharded else read()
+    optim = held.get("optim")
+    if model is not None and (ckpt / SHARDED_DIR).is_dir():
+        _load_sharded(ckpt / SHARDED_DIR, model, optimizer)
+    elif sharded:
+        _load_full_into_sharded(model, ckpt / POLICY_DIR)
+        if optimizer is not None and dist.broadcast_object(optim is not None):
+            _load_optimizer_into_sharded(model, optimizer, optim)
+    elif model is not None:  # safetensors reads every file before the model changes: a bad one leaves it
+        load_policy_weights(model, ckpt / POLICY_DIR)
+        if optimizer is not None and optim is not None:
+            optimizer.load_state_dict(optim)
+    return state
+
+
+def _read_trainer_state(path: Path, map_location: Any) -> dict[str, Any]:
+    state = _read_state(path, map_location)
+    if not isinstance(state, dict) or "step" not in state:
+        raise P3OError(f"{STATE_FILE}: not a p3o trainer state")
+    return state
+
+
+def _together(fn: Any, *args: Any, decide: bool = False) -> Any:
+    """Every rank calls it: `fn(*args)`'s result, or the same P3OError on every rank when it raised on any (naming
+    the first rank that failed), so no rank goes on alone. `decide`: rank 0 alone runs `fn` and broadcasts its result
+    (or its error). At world size 1, `fn(*args)` itself. `fn`'s own collectives must not depend on its failing."""
+    if dist.world_size() == 1:
+        return fn(*args)
+    result, err = None, None
+    if dist.is_main() or not decide:
+        try:
+            result = fn(*args)
+        except Exception as e:  # every rank must learn of it before raising
+            err = str(e) if isinstance(e, P3OError) else f"{type(e).__name__}: {str(e)[:160]}"
+    if decide:
+        result, err = dist.broadcast_object((result, err))
+        errs = [err]
+    else:
+        errs = dist.all_gather_object(err)
+    failed = [(r, e) for r, e in enumerate(errs) if e is not None]
+    if failed:
+        rank, why = failed[0]
+        raise P3OError(why if decide or dist.world_size() == 1 else f"rank {rank}: {why}")
+    return result
+
+
+_VERDICTS: dict[tuple[str, int], str | None] = {}  # (checkpoint, meta.json mtime) -> damage verdict, hashed once
+
+
+def _meta_key(ckpt: Path) -> tuple[str, int] | None:
+    try:
+        return str(ckpt.resolve()), (ckpt / META_FILE).stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _damage(ckpt: Path, share: tuple[int, int] = (0, 1)) -> str | None:
+    """:func:`checkpoint_damage` of the files (rank, world) = `share` checks (every world-th file of meta.json's
+    record from the rank-th); the whole verdict is remembered per meta.json, so a resume check and the load after
+    it hash each file once."""
+    key = _meta_key(ckpt)
+    if key is not None and key in _VERDICTS:
+        return _VERDICTS[key]
+    try:
+        meta = json.loads((ckpt / META_FILE).read_text())
+    except (OSError, ValueError) as err:
+        return f"{META_FILE} unreadable ({type(err).__name__})"
+    files = meta.get("files") if isinstance(meta, dict) else None
+    if not isinstance(files, dict):
+        return None if isinstance(meta, dict) else f"{META_FILE} is not a mapping"
+    rank, world = share
+    why = None
+    for rel, rec in sorted(files.items())[rank::world]:
+        f = ckpt / rel
+        try:
+            size = f.stat().st_size
+        except OSError:
+            why = f"{rel} missing"
+            break
+        if size != rec.get("size"):
+            why = f"{rel} has {size} bytes, {rec.get('size')} recorded"
+            break
+        if file_digest(f) != rec.get("sha256"):
+            why = f"{rel} does not match its recorded sha256"
+            break
+    if world == 1 and key is not None:
+        _VERDICTS[key] = why
+    return why
+
+
+def _agreed_damage(ckpt: Path) -> str | None:
+    """Every rank calls it: `ckpt`'s damage verdict, the same on every rank. Rank 0's remembered verdict when it has
+    one (its resume check hashed it); else every rank hashes its share of the files and the verdicts are gathered."""
+    if dist.world_size() == 1:
+        return _damage(ckpt)
+    key = _meta_key(ckpt) if dist.is_main() else None
+    known = dist.broadcast_object((True, _VERDICTS[key]) if key in _VERDICTS else (False, None))
+    if known[0]:
+        return known[1]
+    whys = [w for w in dist.all_gather_object(_damage(ckpt, (dist.rank(), dist.world_size()))) if w is not None]
+    return whys[0] if whys else None
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -622,9 +732,13 @@ def save_sharded_checkpoint(
         msd, osd = get_state_dict(_unwrap(model), optimizer)
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDED_DIR))
         dist.barrier()
+        # each rank hashes the shard it wrote (in parallel); rank 0 the rest, in _commit
+        mine = sorted((tmp / SHARDED_DIR).glob(f"__{dist.rank()}_*.distcp"))
+        own = {p.relative_to(tmp).as_posix(): {"size": p.stat().st_size, "sha256": file_digest(p)} for p in mine}
+        known = {k: v for records in dist.all_gather_object(own) for k, v in records.items()}
         if dist.is_main():
             state = _trainer_state(step, None, scheduler, rng, loop_state)  # the optimizer is in sharded/
-            _commit(tmp, final, {**state, "placement": placement or {}})
+            _commit(tmp, final, {**state, "placement": placement or {}}, known)
     except BaseException as err:
         if dist.is_main():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -654,38 +768,57 @@ def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opt
 
 
 def _load_full_into_sharded(model: torch.nn.Module, policy_dir: Path) -> None:
-    """A ``policy/`` checkpoint (written unsharded) into a sharded model: its full tensors scattered to the shards."""
+    """A ``policy/`` checkpoint (written unsharded) into a sharded model: rank 0 reads its full tensors and checks
+    the keys (a missing or unexpected key raises P3OError on every rank), then broadcasts them tensor by tensor into
+    every rank's shards (``broadcast_from_rank0``): no other rank reads or holds the whole model."""
 
-    if (policy_dir / "adapter_config.json").is_file():
-        raise P3OError(
-            f"{policy_dir}: LoRA adapters saved without train.strategy fsdp cannot be resumed under fsdp; resume with "
-            "the run's strategy"
-        )
-    state = _read_weights(policy_dir)
     model = _unwrap(model)
-    own = dict(model.state_dict())
-    unexpected = [k for k in state if k not in own]
-    if unexpected:
-        raise P3OError(f"{policy_dir}: weights do not match the model (unexpected {unexpected[:3]})")
-    # tied weights dropped by save_pretrained (lm_head -> embed_tokens): the same parameter object under another name
+    held: dict[str, dict[str, torch.Tensor]] = {}
+
+    def read() -> None:
+        if (policy_dir / "adapter_config.json").is_file():
+            raise P3OError(
+                f"{policy_dir}: LoRA adapters saved without train.strategy fsdp cannot be resumed under fsdp; resume "
+                "with the run's strategy"
+            )
+        held["state"] = _full_state_for(model, _read_weights(policy_dir), policy_dir)
+
+    _together(read, decide=True)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+    set_model_state_dict(model, held.get("state", {}), options=options)
+
+
+def _full_state_for(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
+    """`state` (full tensors by key) checked against `model`'s keys: tied weights dropped by save_pretrained
+    (lm_head -> embed_tokens, the same parameter under another name) are filled in; any other missing or unexpected
+    key raises P3OError (nothing keeps its initial value silently)."""
     params = model.state_dict(keep_vars=True)
-    loaded = {id(params[k]): k for k in state}
+    unexpected = [k for k in state if k not in params]
+    loaded = {id(params[k]): k for k in state if k in params}
     for k, v in params.items():
         if k not in state and id(v) in loaded:
             state[k] = state[loaded[id(v)]]
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    missing = [k for k in params if k not in state]
+    if missing or unexpected:
+        what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        raise P3OError(f"{where}: weights do not match the model ({what})")
+    return state
 
 
 def _load_optimizer_into_sharded(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any] | None
 ) -> None:
-    """An unsharded AdamW state (keyed by parameter index, as ``optimizer.state_dict()`` writes it) into the
-    optimizer of a sharded model: re-keyed by parameter name, then scattered."""
+    """An unsharded AdamW state (keyed by parameter index, as ``optimizer.state_dict()`` writes it; held by rank 0
+    alone, None elsewhere) into the optimizer of a sharded model: re-keyed by parameter name, then broadcast from
+    rank 0 into every rank's shards."""
 
     model = _unwrap(model)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    osd = {
-        "state": {names[int(i)]: st for i, st in saved["state"].items()},
-        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in saved["param_groups"]],
-    }
-    set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
+    osd: dict[str, Any] = {}
+    if saved is not None:
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        osd = {
+            "state": {names[int(i)]: st for i, st in saved["state"].items()},
+            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in saved["param_groups"]],
+        }
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=dist.world_size() > 1)
+    set_optimizer_state_dict(model, optimizer, osd, options=options)
