@@ -162,3 +162,44 @@ def test_token_budget_keeps_prompt_groups_together():
         assert cost <= budget
         runs, tokens = runs + first.numel(), tokens + cost
     assert runs <= 4 + len(micros) - 1, (runs, len(micros))  # each group cut at most where a micro-batch ends
+
+
+def _gathers(rank: int, tmp: Path) -> dict:
+    """How many all-gathers one engine push of the tied tiny model costs under FSDP, and whether its values are
+    the model's."""
+    import p3o.train.placement as placement_mod
+    from p3o.train.placement import Placement, PlacementSettings
+
+    model = make_tiny_lm(seed=0)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    placement = Placement(model, PlacementSettings("fsdp"))
+    calls = []
+    full = placement_mod._full
+    placement_mod._full = lambda t: calls.append(1) or full(t)
+    pushed = {k: v.clone() for k, v in placement.weights().items()}
+    same = pushed.keys() == want.keys() and all(torch.equal(pushed[k], want[k]) for k in want)
+    params = len({id(p) for p in model.parameters()})
+    return {"gathers": len(calls), "params": params, "keys": len(want), "same": same}
+
+
+def test_tied_embeddings_are_gathered_once_per_push(tmp_path):
+    for r in _spawn(_gathers, tmp_path):
+        assert r["same"] and r["keys"] == r["params"] + 1  # lm_head.weight is embed_tokens.weight
+        assert r["gathers"] == r["params"], r  # before: one all-gather per key, the embedding twice
+
+
+def test_queued_batches_are_on_the_cpu_before_they_are_gathered():
+    """A queued batch on a GPU is moved to the CPU when its state is taken (all_gather_object pickles it; rank 0
+    would otherwise unpickle every rank's tensors onto that rank's GPU). Fake CUDA tensors: no GPU needed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from p3o.train.sources import rollouts_to_state
+
+    batch = random_batch(make_tiny_lm(seed=0), n=2, seed=0)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        cuda = {k: torch.zeros(v.shape, dtype=v.dtype, device="cuda") if isinstance(v, torch.Tensor) else v
+                for k, v in vars(batch).items()}  # fmt: skip
+        on_gpu = type(batch)(**cuda)
+        state = rollouts_to_state(on_gpu)
+    devices = {v.device.type for v in state.values() if isinstance(v, torch.Tensor)}
+    assert devices == {"cpu"}, devices  # before: {"cuda"}

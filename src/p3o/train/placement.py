@@ -415,12 +415,21 @@ def _full(t: Tensor) -> Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _full_copy(t: Tensor) -> Tensor:
+    """The whole tensor of `t` as a tensor of its own (safe to change in place): the gathered one, copied only where
+    it is `t`'s own storage (one rank, or an unsharded tensor)."""
+    w = _full(t)
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return w.clone() if w.untyped_storage().data_ptr() == local.untyped_storage().data_ptr() else w
+
+
 class GatheredWeights(Mapping[str, Tensor]):
     """Full tensors of a sharded policy by plain key, each gathered when read (`DTensor.full_tensor()`, a
     collective) and dropped by the reader: no rank holds a second full state dict. With LoRA, `whole=False` gives the
     merged adapted layers only (what an engine sync sends), `whole=True` every tensor of the merged plain model.
 
-    Every rank must read the same keys in the same order.
+    Every rank must read the same keys in the same order. A tensor under two keys (tied embeddings) is gathered
+    once: both keys give the same full tensor (kept only until read under both).
     """
 
     def __init__(self, policy: nn.Module, whole: bool = False) -> None:
@@ -431,10 +440,14 @@ class GatheredWeights(Mapping[str, Tensor]):
             for name, mod in adapted_layers(policy):
                 self._merged[f"{name}.weight"] = (mod, mod.get_base_layer().weight)
             base = policy.get_base_model()
-            plain = {_plain_key(k): v for k, v in base.state_dict().items() if "lora_" not in k}
+            plain = {_plain_key(k): v for k, v in base.state_dict(keep_vars=True).items() if "lora_" not in k}
             self._plain = plain if whole else {k: plain[k] for k in self._merged}
         else:
-            self._plain = dict(policy.state_dict())
+            self._plain = dict(policy.state_dict(keep_vars=True))  # tied tensors: one object under two keys
+        self._keys_of: dict[int, int] = {}  # id(tensor) -> how many keys name it (2: tied embeddings)
+        for v in self._plain.values():
+            self._keys_of[id(v)] = self._keys_of.get(id(v), 0) + 1
+        self._shared: dict[int, list[Any]] = {}  # id(tensor) -> [its full tensor, reads left]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._plain)
@@ -445,7 +458,7 @@ class GatheredWeights(Mapping[str, Tensor]):
     def __getitem__(self, key: str) -> Tensor:
         if key in self._merged:
             mod, base = self._merged[key]
-            w = _full(base.detach()).clone()
+            w = _full_copy(base.detach())  # the merge adds in place: never into the parameter, no second copy
             for adapter in mod.active_adapters:
                 if adapter in mod.lora_A:
                     a = _full(mod.lora_A[adapter].weight.detach())
@@ -453,7 +466,16 @@ class GatheredWeights(Mapping[str, Tensor]):
                     delta = (b @ a) * mod.scaling[adapter]
                     w += (delta.T if getattr(mod, "fan_in_fan_out", False) else delta).to(w.dtype)
             return w
-        return _full(self._plain[key].detach())
+        t = self._plain[key]
+        if self._keys_of[id(t)] == 1:
+            return _full(t.detach())
+        entry = self._shared.setdefault(id(t), [None, self._keys_of[id(t)]])
+        if entry[0] is None:
+            entry[0] = _full(t.detach())
+        entry[1] -= 1
+        if entry[1] == 0:  # read under every key: released
+            del self._shared[id(t)]
+        return entry[0]
 
 
 def _plain_key(key: str) -> str:

@@ -267,8 +267,21 @@ def _informative_rows(rewards: Tensor, group_ids: Tensor) -> list[int]:
 
 def rollouts_to_state(r: Rollouts) -> dict[str, Any]:
     """A plain dict of tensors and lists: what checkpoints store (`p3o.train.checkpoint` reads them back with
-    `torch.load(weights_only=True)`, which rebuilds no Python classes)."""
-    return {f.name: getattr(r, f.name) for f in fields(r)}
+    `torch.load(weights_only=True)`, which rebuilds no Python classes). Tensors are moved to the CPU: the states of
+    every rank are gathered with `all_gather_object`, which would unpickle GPU tensors onto the receiving rank's
+    view of that GPU (an extra CUDA context on another rank's device)."""
+    return {f.name: _on_cpu(getattr(r, f.name)) for f in fields(r)}
+
+
+def _on_cpu(v: Any) -> Any:
+    """`v` with every tensor in it (in dicts, lists, tuples too) on the CPU."""
+    if isinstance(v, torch.Tensor):
+        return v.cpu()
+    if isinstance(v, dict):
+        return {k: _on_cpu(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_on_cpu(x) for x in v)
+    return v
 
 
 def rollouts_from_state(d: dict[str, Any]) -> Rollouts:
