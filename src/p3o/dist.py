@@ -42,21 +42,33 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def init_from_env(backend: str | None = None, *, force: bool = False) -> bool:
+def default_backend(*, cpu_offload: bool = False, cuda: bool | None = None) -> str:
+    """The data-parallel group's backend: nccl with CUDA (`cuda`: None = whether this machine has it), gloo
+    without; with `cpu_offload` (FSDP shards and their gradients in host memory, as CPU DTensors whose collectives
+    at startup, in gradient clipping and in the sharded scaler's inf check run on the CPU) "cuda:nccl,cpu:gloo": one
+    group, NCCL for GPU tensors and gloo for CPU ones (as NeMo-RL / Automodel and torchtitan do)."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if not cuda:
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if cpu_offload else "nccl"
+
+
+def init_from_env(backend: str | None = None, *, force: bool = False, cpu_offload: bool = False) -> bool:
     """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT).
 
     Returns True when running with world size > 1 (and the group is initialised), False for a single
-    process. The backend defaults to nccl when CUDA is available, gloo otherwise. `force`: form the group under
-    torchrun at world size 1 too (FSDP2 shards over a device mesh, even one of one rank).
+    process. The backend defaults to `default_backend(cpu_offload=...)`: nccl when CUDA is available, gloo
+    otherwise, "cuda:nccl,cpu:gloo" under `train.cpu_offload`. `force`: form the group under torchrun at world size 1
+    too (FSDP2 shards over a device mesh, even one of one rank).
     """
     if is_initialized():
         return dist.get_world_size() > 1
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1 and not (force and "MASTER_ADDR" in os.environ and "RANK" in os.environ):
         return False
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = backend or default_backend(cpu_offload=cpu_offload)
     dist.init_process_group(backend=backend)
-    if backend == "nccl":
+    if "nccl" in backend:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return dist.get_world_size() > 1
 
@@ -92,7 +104,7 @@ def group() -> Any | None:
 
 def _comm_device() -> torch.device:
     """Where a collective's tensors must live: the current CUDA device under nccl, the CPU under gloo."""
-    if dist.get_backend() == "nccl":
+    if "nccl" in str(dist.get_backend()):  # "nccl", or "cuda:nccl,cpu:gloo" (its GPU side)
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

@@ -203,3 +203,24 @@ def test_queued_batches_are_on_the_cpu_before_they_are_gathered():
         state = rollouts_to_state(on_gpu)
     devices = {v.device.type for v in state.values() if isinstance(v, torch.Tensor)}
     assert devices == {"cpu"}, devices  # before: {"cuda"}
+
+
+def test_cpu_offload_forms_a_group_with_gloo_for_the_cpu_shards(monkeypatch):
+    """Offloaded shards are CPU DTensors whose collectives (startup gathers, clipping's all-reduce, the sharded
+    scaler's inf check) need a CPU backend beside NCCL: the group is "cuda:nccl,cpu:gloo" (the GPU run itself:
+    scripts/gpu_check.sh, unverified here)."""
+    import torch.distributed as tdist
+
+    from p3o import dist
+
+    assert dist.default_backend(cpu_offload=True, cuda=True) == "cuda:nccl,cpu:gloo"
+    assert dist.default_backend(cuda=True) == "nccl" and dist.default_backend(cpu_offload=True, cuda=False) == "gloo"
+    formed = []
+    monkeypatch.setattr(tdist, "is_initialized", lambda: False)
+    monkeypatch.setattr(tdist, "init_process_group", lambda backend: formed.append(backend))
+    monkeypatch.setattr(tdist, "get_world_size", lambda *a: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    dist.init_from_env(force=True, cpu_offload=True)
+    assert formed == ["cuda:nccl,cpu:gloo"]

@@ -154,7 +154,7 @@ class Trainer:
         """Build everything the steps need; returns the first step to run (0, or the resumed checkpoint's)."""
         cfg, run_dir = self.cfg, self.run_dir
         # 1. the run directory and the components
-        dist.init_from_env(force=cfg.train.strategy == "fsdp")
+        dist.init_from_env(force=cfg.train.strategy == "fsdp", cpu_offload=cfg.train.cpu_offload)
         check_placement(PlacementSettings.of(cfg), resolve_device(cfg.model.device))
         _preflight(cfg, self.remote_source)
         _seed_everything(stream_seed(cfg.seed, dist.rank()))
