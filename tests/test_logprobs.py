@@ -15,7 +15,7 @@ from p3o.logprobs import (
     prompt_groups,
     token_logprobs,
 )
-from p3o.types import Rollouts
+from p3o.types import Rollouts, SamplingMask
 
 
 def _batch(seed: int = 0, vocab: int = 64):
@@ -252,3 +252,69 @@ def test_cache_kwarg_names_the_kv_cache_argument_of_either_transformers_generati
         def forward(self, input_ids): ...
 
     assert (cache_kwarg(New()), cache_kwarg(Old()), cache_kwarg(NoCache())) == ("cache", "past_key_values", None)
+
+
+# -- the sampling mask replayed (issue 45) ---------------------------------------------------------------------------
+def _kept_sets(vocab: int, mask, seed: int = 1):
+    """(N, T, V) bool: a random kept set of every masked-in token, of random size."""
+    g = torch.Generator().manual_seed(seed)
+    n, t = mask.shape
+    keep = torch.rand((n, t, vocab), generator=g) < torch.rand((n, t, 1), generator=g)
+    return keep & mask[..., None]
+
+
+def _replayed_reference(model, batch, keep, temperature):
+    """The slow oracle: full logits / τ, −inf outside the kept set (tokens with a set), log_softmax, gather."""
+    prompt_ids, prompt_mask, response_ids, mask = batch
+    p, t = prompt_ids.shape[1], response_ids.shape[1]
+    attn = torch.cat([prompt_mask, mask], dim=1).long()
+    out = model(
+        input_ids=torch.cat([prompt_ids, response_ids], 1),
+        attention_mask=attn,
+        position_ids=position_ids_from_mask(attn),
+    )
+    z = out.logits[:, p - 1 : p - 1 + t].float() / temperature  # (N, T, V)
+    has = keep.any(-1, keepdim=True)
+    zk = z.masked_fill(has & ~keep, float("-inf"))
+    logp = F.log_softmax(zk, -1).gather(-1, response_ids[..., None]).squeeze(-1).masked_fill(~mask, 0.0)
+    ent = -(F.log_softmax(z, -1).exp() * F.log_softmax(z, -1)).sum(-1).masked_fill(~mask, 0.0)
+    mass = (F.softmax(z, -1) * keep).sum(-1).masked_fill(~has.squeeze(-1), 1.0).masked_fill(~mask, 0.0)
+    return logp, ent, mass
+
+
+@pytest.mark.parametrize("temperature,chunk", [(1.0, 3), (0.7, 256)])
+def test_replayed_logprobs_match_the_masked_log_softmax_in_value_and_gradient(temperature, chunk):
+    batch = _batch()
+    response_ids, mask = batch[2], batch[3]
+    keep = _kept_sets(64, mask)
+    keep[(*mask.nonzero(as_tuple=True), response_ids[mask])] = True  # the sampled token is in its own set
+    keep[0, 1] = False  # a model token without a recorded set: the whole vocabulary
+    kept = SamplingMask.from_dense(keep)
+    model_a, model_b = make_tiny_lm(), make_tiny_lm()
+    lp_a, ent_a, mass_a = token_logprobs(
+        model_a, *batch, temperature=temperature, chunk_size=chunk, with_entropy=True, kept=kept
+    )
+    lp_b, ent_b, mass_b = _replayed_reference(model_b, batch, keep, temperature)
+    torch.testing.assert_close(lp_a, lp_b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_a, ent_b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mass_a, mass_b, atol=1e-5, rtol=1e-5)
+    full, _ = naive_token_logprobs(model_b, *batch, temperature=temperature)
+    assert (lp_a[mask] >= full[mask] - 1e-6).all()  # renormalised over a subset: never below the full log-prob
+
+    w = torch.linspace(-1.0, 2.0, mask.numel()).view_as(mask)
+    ((lp_a * w).sum() + (ent_a * w.flip(-1)).sum()).backward()
+    ((lp_b * w).sum() + (ent_b * w.flip(-1)).sum()).backward()
+    grads_b = dict(model_b.named_parameters())
+    for name, p in model_a.named_parameters():
+        torch.testing.assert_close(p.grad, grads_b[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_replay_without_sets_is_the_default_path_bit_for_bit():
+    batch = _batch()
+    model = make_tiny_lm()
+    lp, ent = token_logprobs(model, *batch, chunk_size=3, with_entropy=True)
+    lp_k, ent_k, mass = token_logprobs(
+        model, *batch, chunk_size=3, with_entropy=True, kept=SamplingMask.empty(*batch[3].shape)
+    )
+    assert torch.equal(lp, lp_k) and torch.equal(ent, ent_k)
+    assert torch.equal(mass, batch[3].float())

@@ -142,6 +142,12 @@ class RolloutConfig:
     logprob_mode: Literal["processed", "raw"] = _f(
         "processed", "record log-probs of the distribution sampled from ('processed') or before temperature ('raw')"
     )
+    replay_sampling_mask: bool | Literal["auto"] = _f(
+        "auto",
+        "record the set each token was sampled from (its top-k / top-p support) and take the trainer's log-probs over "
+        "it, renormalised, so ratios stay importance weights; auto = true = when top_p < 1 or top_k > 0 (nothing "
+        "to replay otherwise); false: the whole vocabulary (docs/rollout.md)",
+    )
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = _f(
         "auto", "vLLM only: the KV-cache dtype (fp8*: an FP8 KV cache)"
     )

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from p3o.types import SamplingMask
+
 __all__ = ["cache_kwarg", "naive_token_logprobs", "position_ids_from_mask", "prompt_groups", "token_logprobs"]
 
 
@@ -70,29 +72,42 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
         temperature: float,
         chunk_size: int,
         with_entropy: bool,
-    ) -> tuple[Tensor, Tensor]:
+        kept_counts: Tensor | None = None,  # (M,) long: kept-set size per token (0: the whole vocabulary)
+        kept_ids: Tensor | None = None,  # (K,) long: the sets, token by token
+    ) -> tuple[Tensor, Tensor, Tensor]:
         m = hidden.shape[0]
         logp = torch.empty(m, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(m, dtype=torch.float32, device=hidden.device)
+        log_mass = torch.zeros(m, dtype=torch.float32, device=hidden.device)  # log Σ_{kept} p (0: no set)
         w = weight.float()
         b = bias.float() if bias is not None else None
+        segs = _kept_segments(kept_counts, kept_ids, m, chunk_size)
         for s in range(0, m, chunk_size):
             z = _chunk_logits(hidden[s : s + chunk_size], w, b, temperature)  # (C, V)
             lse = torch.logsumexp(z, dim=-1)  # (C,)
-            logp[s : s + chunk_size] = z.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1) - lse
+            zy = z.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1)
+            if segs is not None:
+                kept_lse = _kept_lse(z, lse, *segs[s // chunk_size])  # (C,): lse itself on rows without a set
+                log_mass[s : s + chunk_size] = kept_lse - lse
+                logp[s : s + chunk_size] = zy - kept_lse
+            else:
+                logp[s : s + chunk_size] = zy - lse
             if with_entropy:
                 # H = lse − Σ p z, with p = exp(z − lse) computed into a second (C, V) buffer only.
                 ent[s : s + chunk_size] = lse - (z - lse[:, None]).exp_().mul_(z).sum(-1)
             del z
-        ctx.save_for_backward(hidden, weight, bias, targets, ent)
+        ctx.save_for_backward(hidden, weight, bias, targets, ent, log_mass)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
         ctx.with_entropy = with_entropy
-        return logp, ent
+        ctx.segs = segs
+        ctx.mark_non_differentiable(log_mass)
+        return logp, ent, log_mass
 
     @staticmethod
-    def backward(ctx, grad_logp: Tensor, grad_ent: Tensor):  # type: ignore[override]
-        hidden, weight, bias, targets, ent = ctx.saved_tensors
+    def backward(ctx, grad_logp: Tensor, grad_ent: Tensor, _grad_mass: Tensor):  # type: ignore[override]
+        hidden, weight, bias, targets, ent, log_mass = ctx.saved_tensors
+        segs = ctx.segs
         tau, cs = ctx.temperature, ctx.chunk_size
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         w = weight.float()
@@ -104,16 +119,27 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
         for s in range(0, hidden.shape[0], cs):
             h_c = hidden[s : s + cs]
             z = _chunk_logits(h_c, w, b, tau)  # (C, V)
-            logq = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # in place: at most two (C, V) buffers
             g_lp = grad_logp[s : s + cs, None]
+            lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (C, 1)
+            g_dense = g_lp
+            if segs is not None:
+                # replayed rows: ∂logp/∂z = onehot(y) − p_kept, p_kept = exp(z − kept_lse) on the set and 0 elsewhere
+                # (kept_lse = lse + log kept mass); their −g_logp·p_kept is added sparsely below, so the dense
+                # −g_logp·p term skips them
+                row, ids, has = segs[s // cs]
+                p_kept = (z[row, ids] - (lse.squeeze(-1) + log_mass[s : s + cs])[row]).exp_()  # (K_c,)
+                g_dense = g_lp.masked_fill(has[:, None], 0.0)
+            logq = z.sub_(lse)  # in place: at most two (C, V) buffers
             if use_ent:
                 # g_z = p ⊙ (−g_logp − g_H (log p + H)) + g_logp · onehot(y)
                 p = logq.exp()
-                g = logq.add_(ent[s : s + cs, None]).mul_(-grad_ent[s : s + cs, None]).sub_(g_lp).mul_(p)
+                g = logq.add_(ent[s : s + cs, None]).mul_(-grad_ent[s : s + cs, None]).sub_(g_dense).mul_(p)
                 del p
             else:
-                g = logq.exp_().mul_(-g_lp)  # −g_logp · p, in the same buffer
+                g = logq.exp_().mul_(-g_dense)  # −g_logp · p, in the same buffer
             g.scatter_add_(-1, targets[s : s + cs, None], g_lp)
+            if segs is not None:
+                g.index_put_((row, ids), p_kept.mul_(-g_lp.squeeze(-1)[row]), accumulate=True)
             g.div_(tau)
             if grad_h is not None:
                 grad_h[s : s + cs] = (g @ w).to(hidden.dtype)
@@ -125,7 +151,36 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
             grad_w = grad_w.to(weight.dtype)
         if grad_b is not None:
             grad_b = grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
+
+
+KeptSegments = list[tuple[Tensor, Tensor, Tensor]]
+"""Per chunk of C tokens: (row (K_c,) long, the chunk-local token of each kept id; ids (K_c,) long; has (C,) bool,
+whether the token has a recorded set)."""
+
+
+def _kept_segments(counts: Tensor | None, ids: Tensor | None, m: int, chunk_size: int) -> KeptSegments | None:
+    """The kept sets of M tokens ((M,) sizes, (K,) ids token by token) cut at the chunk boundaries."""
+    if counts is None or ids is None:
+        return None
+    counts = counts.long()
+    offsets = [0, *counts.cumsum(0).tolist()]  # one sync per call, only when sets are replayed
+    out = []
+    for s in range(0, m, chunk_size):
+        c = counts[s : s + chunk_size]
+        row = torch.arange(c.shape[0], device=c.device).repeat_interleave(c)
+        out.append((row, ids[offsets[s] : offsets[min(s + chunk_size, m)]].long(), c > 0))
+    return out
+
+
+def _kept_lse(z: Tensor, lse: Tensor, row: Tensor, ids: Tensor, has: Tensor) -> Tensor:
+    """(C,) logsumexp of each row of `z` (C, V) over its kept ids (rows without a set: `lse` (C,), the whole
+    vocabulary), as a segment reduction over the K_c kept entries: nothing of size (C, V) is allocated."""
+    vals = z[row, ids]  # (K_c,)
+    top = torch.full_like(lse, float("-inf")).scatter_reduce_(0, row, vals, "amax")
+    top = torch.where(has, top, torch.zeros_like(top))
+    total = torch.zeros_like(lse).index_add_(0, row, (vals - top[row]).exp_())
+    return torch.where(has, top + total.log(), lse)
 
 
 def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float) -> Tensor:
@@ -149,8 +204,14 @@ def chunked_head_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 256,
     with_entropy: bool = False,
-) -> tuple[Tensor, Tensor | None]:
+    kept: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, ...]:
     """Per-token log softmax((h Wᵀ + b)/τ)[y] without materialising the (M, V) log-softmax; differentiable.
+
+    With `kept` (the sampling mask replayed): the log-prob of token m is over its kept set S_m, renormalised,
+    logp_m = z_y − logsumexp_{v ∈ S_m} z_v (z = (h Wᵀ + b)/τ), and its gradient onehot(y) − p_kept with p_kept the
+    renormalised distribution on S_m (0 off it); tokens with an empty set keep the whole vocabulary. The entropy
+    stays that of the whole distribution.
 
     Args:
         hidden: (M, H) final hidden states of the positions that predict `targets` (any float dtype).
@@ -159,18 +220,25 @@ def chunked_head_logprobs(
         temperature: τ > 0, divides the logits.
         chunk_size: rows projected at a time; peak extra memory ≈ 3 · chunk_size · V float32.
         with_entropy: also return H_t = −Σ_v p_v log p_v (differentiable).
+        kept: None, or (counts (M,) int, ids (K,) int): token m's set is the next counts[m] ids (K = Σ counts).
     Returns:
-        logp (M,) float32 and entropy (M,) float32 or None.
+        logp (M,) float32 and entropy (M,) float32 or None; with `kept`, also the log kept mass (M,) float32,
+        log Σ_{v ∈ S_m} softmax(z)_v (0 without a set; detached).
     """
     assert hidden.dim() == 2 and targets.shape == hidden.shape[:1], (hidden.shape, targets.shape)
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    logp, ent = _ChunkedHeadLogProb.apply(
-        hidden, weight, bias, targets.long(), float(temperature), int(chunk_size), bool(with_entropy)
+    counts, ids = kept if kept is not None else (None, None)
+    if counts is not None:
+        assert counts.shape == targets.shape, (counts.shape, targets.shape)
+    logp, ent, log_mass = _ChunkedHeadLogProb.apply(
+        hidden, weight, bias, targets.long(), float(temperature), int(chunk_size), bool(with_entropy), counts, ids
     )
-    return logp, (ent if with_entropy else None)
+    if kept is None:
+        return logp, (ent if with_entropy else None)
+    return logp, (ent if with_entropy else None), log_mass
 
 
 def _check_inputs(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> None:
@@ -313,7 +381,8 @@ def token_logprobs(
     with_entropy: bool = False,
     share_prompts: bool = True,
     loss_mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None]:
+    kept: SamplingMask | None = None,
+) -> tuple[Tensor, ...]:
     """log π_θ(y_t | x, y_<t) of every response token under `model` with logits divided by `temperature`.
 
     Runs the backbone once over [prompt | response], then projects only the valid response positions to the vocab in
@@ -337,8 +406,13 @@ def token_logprobs(
         share_prompts: compute each run of identical consecutive prompts once (see above).
         loss_mask: (N, T) bool ⊆ response_mask, the tokens whose log-probs are wanted (an episode's model tokens);
             None = response_mask. Only these positions are projected to the vocabulary.
+        kept: the sampling mask to replay (`p3o.types.SamplingMask`, (N, T) counts): a token with a recorded set
+            gets its log-prob over that set, renormalised (see `chunked_head_logprobs`); None = the whole vocabulary
+            everywhere (the default path, unchanged).
     Returns:
-        logp (N, T) float32 (0 outside loss_mask) and entropy (N, T) float32 (0 outside loss_mask) or None.
+        logp (N, T) float32 (0 outside loss_mask) and entropy (N, T) float32 (0 outside loss_mask) or None; with
+        `kept`, also the kept mass (N, T) float32, Σ_{v ∈ S} π_θ(v) of each token's set (1 without a set, 0 outside
+        loss_mask; detached).
     """
     _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
     head = model.get_output_embeddings()
@@ -358,14 +432,29 @@ def token_logprobs(
     flat = want.reshape(-1).nonzero().squeeze(-1)  # (M,) indices of the tokens whose log-probs are wanted
     h = hidden.reshape(n * t, -1).index_select(0, flat)  # (M, H)
     y = response_ids.reshape(-1).index_select(0, flat)  # (M,)
-    lp, ent = chunked_head_logprobs(
-        h, head.weight, y, bias=head.bias, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy
+    sets = None
+    if kept is not None:
+        assert kept.counts.shape == (n, t), (kept.counts.shape, (n, t))
+        per_token = SamplingMask(kept.counts.reshape(-1, 1), kept.ids).select(flat)  # the wanted tokens' sets
+        sets = (per_token.counts.reshape(-1), per_token.ids)
+    lp, ent, *log_mass = chunked_head_logprobs(
+        h,
+        head.weight,
+        y,
+        bias=head.bias,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+        kept=sets,
     )
     logp = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), lp).view(n, t)
     entropy = None
     if ent is not None:
         entropy = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), ent).view(n, t)
-    return logp, entropy
+    if not log_mass:
+        return logp, entropy
+    mass = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), log_mass[0].exp()).view(n, t)
+    return logp, entropy, mass
 
 
 def naive_token_logprobs(

@@ -28,7 +28,7 @@ from p3o.rollout.base import LOGPROB_MODES, check_generate, left_pad, stop_and_p
 from p3o.rollout.fast import FastDecoder
 from p3o.rollout.quant import QuantLinear, quantize_model, requantize_
 from p3o.rollout.settings import EngineSettings
-from p3o.types import Rollouts
+from p3o.types import Rollouts, SamplingMask
 
 __all__ = ["LOGPROB_MODES", "HFEngine", "process_logits"]
 
@@ -112,6 +112,7 @@ class HFEngine:
         self._lock = threading.RLock()
         self._group_offset = 0
         self._generator = torch.Generator(device=self.device).manual_seed(s.seed)
+        self._record_mask = s.records_sampling_mask
 
         engine_model = copy.deepcopy(model).to(self.device).eval()
         self.model = quantize_model(engine_model, s.precision)
@@ -161,14 +162,15 @@ class HFEngine:
             self.version = int(version)
 
     # ------------------------------------------------------------------ sampling
-    def _sample(self, logits: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        """Sample one token per row; returns (tokens (N,) long, recorded log-probs (N,) float32)."""
+    def _sample(self, logits: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Sample one token per row; returns (tokens (N,) long, recorded log-probs (N,) float32, the support sampled
+        from (N, V) bool when the sampling mask is recorded, else None)."""
         raw, s = logits.float(), self.settings
         if s.temperature == 0.0:
             tok = raw.argmax(-1)
             if s.logprob_mode == "processed":
-                return tok, torch.zeros(tok.shape, dtype=torch.float32, device=tok.device)
-            return tok, F.log_softmax(raw, -1).gather(-1, tok[:, None]).squeeze(-1)
+                return tok, torch.zeros(tok.shape, dtype=torch.float32, device=tok.device), None
+            return tok, F.log_softmax(raw, -1).gather(-1, tok[:, None]).squeeze(-1), None
         z = process_logits(raw, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         logq = F.log_softmax(z, dim=-1)  # (N, V)
         tok = _sample_categorical(logq.exp(), generator)  # (N, 1)
@@ -176,7 +178,8 @@ class HFEngine:
             lp = logq.gather(-1, tok)
         else:
             lp = F.log_softmax(raw, -1).gather(-1, tok)
-        return tok.squeeze(-1), lp.squeeze(-1)
+        keep = torch.isfinite(z) if self._record_mask else None
+        return tok.squeeze(-1), lp.squeeze(-1), keep
 
     def _forward(self, **kw) -> tuple[Tensor, object]:
         cache = kw.pop("cache", None)
@@ -239,10 +242,13 @@ class HFEngine:
             valid = torch.zeros((num, t_max), dtype=torch.bool, device=dev)
             done = torch.zeros(num, dtype=torch.bool, device=dev)
             versions = torch.full((num, t_max), -1, dtype=torch.long, device=dev)  # per token: who sampled it
+            kept: list[Tensor] = []  # per step: (row, id) of every kept id of a live row
             steps = 0
             for t in range(t_max):
-                tok, lp = self._sample(logits, gen)
+                tok, lp, keep = self._sample(logits, gen)
                 alive = ~done
+                if keep is not None:
+                    kept.append((keep & alive[:, None]).nonzero())
                 tok = torch.where(alive, tok, self.pad_token_id)
                 tokens[:, t] = tok
                 logps[:, t] = lp.masked_fill(done, 0.0)
@@ -265,6 +271,7 @@ class HFEngine:
                 )
             tokens, logps, valid, versions = tokens[:, :steps], logps[:, :steps], valid[:, :steps], versions[:, :steps]
             truncated = ~done
+            sampling_mask = _sampling_mask(kept, num, steps) if self._record_mask else None
             group_ids = torch.arange(b, device=dev).repeat_interleave(n) + self._group_offset
             self._group_offset += b
         texts = self._decode(tokens, valid)
@@ -280,4 +287,17 @@ class HFEngine:
             truncated=truncated,
             texts=texts,
             answers=[a for a in answers for _ in range(n)] if answers is not None else [],
+            sampling_mask=sampling_mask,
         )
+
+
+def _sampling_mask(kept: list[Tensor], num: int, steps: int) -> SamplingMask:
+    """The `SamplingMask` (num, steps) of the per-step (row, id) pairs `kept` (each step's pairs sorted by row)."""
+    if not kept:
+        return SamplingMask.empty(num, steps)
+    step = torch.cat([torch.full((k.shape[0],), t, dtype=torch.long, device=k.device) for t, k in enumerate(kept)])
+    pairs = torch.cat(kept)  # (K, 2) step-major
+    token = pairs[:, 0] * steps + step  # row-major (row, step) position of every kept id
+    order = torch.sort(token, stable=True).indices  # stable: each set's ids stay together, in id order
+    counts = torch.bincount(token, minlength=num * steps).view(num, steps).to(torch.int32)
+    return SamplingMask(counts, pairs[order, 1].to(torch.int32))

@@ -70,6 +70,10 @@ class EngineSettings:
     """vLLM only: KV-cache size in GiB on a CPU (None: ``$P3O_VLLM_KV_CACHE_GIB``, else 1)."""
     gpu_memory_utilization: float = 0.3
     """vLLM only: share of GPU memory vLLM may take (the trainer shares the device)."""
+    replay_sampling_mask: bool | str = "auto"
+    """Record the set each token was sampled from (`Rollouts.sampling_mask`) so the trainer takes its log-probs
+    over it: "auto" / True = whenever the distribution is truncated (τ > 0 and top-p < 1 or top-k > 0), False =
+    never (see `records_sampling_mask`)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -92,9 +96,24 @@ class EngineSettings:
                 "rollout.kv_cache_dtype: an FP8 KV cache needs rollout.engine vllm (HFEngine keeps its KV cache in "
                 "the rollout precision)"
             )
+        if self.replay_sampling_mask not in (True, False, "auto"):
+            raise ConfigError(
+                f"rollout.replay_sampling_mask: {self.replay_sampling_mask!r}; choose from auto, true, false"
+            )
         for name, kind in _NUMBERS.items():  # the engines' own conversions, once: temperature 1 samples as 1.0
             object.__setattr__(self, name, kind(getattr(self, name)))
         object.__setattr__(self, "device", str(self.device))  # a torch.device as its name
+
+    @property
+    def truncates(self) -> bool:
+        """Whether tokens are sampled from a truncated distribution: τ > 0 and top-p < 1 or top-k > 0."""
+        return self.temperature > 0 and (self.top_p < 1.0 or self.top_k > 0)
+
+    @property
+    def records_sampling_mask(self) -> bool:
+        """Whether the engine records each token's kept set: `replay_sampling_mask` resolved ("auto": when it
+        `truncates`; with no truncation there is nothing to replay)."""
+        return self.replay_sampling_mask is not False and self.truncates
 
     @classmethod
     def fields_of(cls, source: Any) -> dict[str, Any]:
