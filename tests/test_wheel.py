@@ -236,3 +236,29 @@ def test_the_main_job_runs_from_the_wheel_without_the_data_extra(installed: dict
     out = _run(cmd, cwd, env)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr[-3000:]
     assert 'pip install "p3o[data]"' in out.stderr
+
+
+def test_the_install_section_and_the_worked_example_from_the_wheel(installed: dict) -> None:
+    """Issue 47: what the README's Install section runs, from a directory with nothing of the checkout: the version,
+    a doc page, the worked example's data and reward (trained on for one step with its own options), the example
+    study (its grid, dry)."""
+    env, cwd = installed["env"], installed["cwd"] / "install"
+    cwd.mkdir()
+    p3o = str(installed["p3o"])
+    out = _run([p3o, "--version"], cwd, env)
+    assert out.returncode == 0 and out.stdout.strip() == "p3o 0.1.0", out.stderr
+    out = _run([p3o, "docs", "tasks"], cwd, env)
+    assert out.returncode == 0 and "## Your own data, model and reward: a worked example" in out.stdout
+    assert _run([p3o, "examples", "own-task"], cwd, env).returncode == 0
+    assert {p.name for p in cwd.iterdir()} == {"own_task.jsonl", "own_reward.py"}
+    cmd = [p3o, "train", "--run_dir", "runs/mine", "--model.name", "tiny-random", "--task.name", "own_task.jsonl",
+           "--task.question_key", "q", "--task.answer_key", "a", "--task.solution_key", "work",
+           "--task.verifier", "own_reward.py:last_number", "--steps", "1", "--rollout.prompts_per_step", "2",
+           "--rollout.group_size", "2", "--rollout.max_new_tokens", "8", "--log.plot", "false"]  # fmt: skip
+    out = _run(cmd, cwd, env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "on 15 problems" in out.stdout + out.stderr and "only 15 problems" in out.stderr  # held out by hash
+    assert "Loading weights" not in out.stderr  # model loads are quiet
+    assert _run([p3o, "examples", "study"], cwd, env).returncode == 0
+    out = _run([p3o, "compare", "study.yaml", "--exploratory", "--dry_run"], cwd, env)
+    assert out.returncode == 0 and out.stdout.count("p3o train") + out.stdout.count("-m p3o") >= 4, out.stdout

@@ -18,7 +18,9 @@ import importlib
 import importlib.metadata
 import os
 import sys
+import warnings
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from p3o.errors import P3OError
@@ -38,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("p3o.metrics.doctor", "off-policy findings from a run's metrics (exit 0 healthy, 1 finding)"),
     "convert-smollm2": ("p3o.models.smollm2", "convert the SmolLM2-135M-Instruct GGUF to a safetensors checkpoint"),
     "docs": ("p3o.cli", "print a page of the documentation shipped with the package (p3o docs NAME)"),
+    "examples": ("p3o.cli", "write an example's files here: own-task (data + reward of p3o docs tasks), study"),
 }
 
 
@@ -88,6 +91,57 @@ def docs_main(argv: list[str]) -> int:
     return 0
 
 
+#: `p3o examples NAME`: the files it writes (name written -> file in p3o/examples/) and what to run next. Stored
+#: under other names where the real one would make the package import or lint them (a .py file).
+EXAMPLES: dict[str, tuple[dict[str, str], str]] = {
+    "own-task": (
+        {"own_task.jsonl": "own_task.jsonl", "own_reward.py": "own_reward.py.txt"},
+        "the worked example of `p3o docs tasks` ('Your own data, model and reward') runs from this directory",
+    ),
+    "study": ({"study.yaml": "study.yaml"}, "p3o compare study.yaml --exploratory (its first line says so)"),
+}
+
+
+def examples_main(argv: list[str]) -> int:
+    """`p3o examples [NAME] [--dir DIR]`: write an example's files into DIR (default: here); no NAME lists them.
+
+    A file that exists already is not replaced (one line, exit 2). The files ship with the package, so the docs'
+    examples run from an installed wheel as they do from a checkout (where tests/data/ holds the same files).
+    """
+    args, dest = list(argv), Path(".")
+    if "--dir" in args:
+        i = args.index("--dir")
+        if i + 1 >= len(args):
+            print("p3o examples: error: --dir: expected a directory", file=sys.stderr)
+            return 2
+        dest = Path(args[i + 1])
+        del args[i : i + 2]
+    if not args or args[0] in {"-h", "--help"}:
+        print("usage: p3o examples NAME [--dir DIR]   (write an example's files into DIR, default: here)\n")
+        for name, (written, then) in EXAMPLES.items():
+            print(f"  {name:<10} {', '.join(written)}: {then}")
+        return 0
+    name = args[0]
+    if name not in EXAMPLES or len(args) > 1:
+        near = difflib.get_close_matches(name, EXAMPLES, n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        what = f"no example '{name}'{hint}" if name not in EXAMPLES else f"unexpected argument '{args[1]}'"
+        print(f"p3o examples: error: {what}; examples: {', '.join(EXAMPLES)}", file=sys.stderr)
+        return 2
+    written, then = EXAMPLES[name]
+    targets = {dest / out: files("p3o") / "examples" / stored for out, stored in written.items()}
+    there = [str(t) for t in targets if t.exists()]
+    if there:
+        print(f"p3o examples: error: {', '.join(there)} exist(s) already; nothing written (--dir DIR elsewhere)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    dest.mkdir(parents=True, exist_ok=True)
+    for target, source in targets.items():
+        target.write_bytes(source.read_bytes())
+    print(f"p3o examples: wrote {', '.join(str(t) for t in targets)}; {then}")
+    return 0
+
+
 def _version() -> str:
     """The installed distribution's version (pyproject.toml's), without importing the package's heavy modules."""
     try:
@@ -101,6 +155,31 @@ def _usage() -> str:
     lines += [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "`p3o <command> --help` lists a command's options; `p3o train` alone runs the default job."]
     return "\n".join(lines)
+
+
+#: What `quiet_dependencies` silences: progress bars and advisory messages of the model libraries (environment
+#: variables they read at import), and the warnings they raise about their own internals (docs/training.md, "Quiet
+#: output"). P3O_VERBOSE=1 keeps all of it.
+QUIET_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' "Loading weights 46/46" bar and the Hub's download bars
+    "TRANSFORMERS_VERBOSITY": "error",  # its advisory log lines ("generation flags are not valid", ...)
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
+QUIET_WARNINGS = ("transformers", "trl", "accelerate", "peft", "torch", "datasets", "huggingface_hub")
+
+
+def quiet_dependencies() -> None:
+    """Once per `p3o` process, before a command imports the model libraries: their progress bars and advisory
+    messages off, and their FutureWarnings / DeprecationWarnings about their own internals filtered (p3o's own
+    warnings, a changed default or a deprecated p3o option, still show). A variable the user set is kept; with
+    P3O_VERBOSE=1 nothing is changed."""
+    if os.environ.get("P3O_VERBOSE", "") not in ("", "0"):
+        return
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    for module in QUIET_WARNINGS:
+        for category in (FutureWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", category=category, module=rf"{module}(\.|$)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,8 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (did you mean '{near[0]}'?)" if near else ""
         print(f"p3o: unknown command '{name}'{hint}; known: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    quiet_dependencies()
     if name == "docs":
         return docs_main(rest)
+    if name == "examples":
+        return examples_main(rest)
     try:
         module = importlib.import_module(COMMANDS[name][0])
         if name == "train":  # the one command that needs the floor above train/: the Ray workers' batch source

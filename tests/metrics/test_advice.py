@@ -168,7 +168,7 @@ def test_a_short_run_is_too_early_to_judge(tmp_path: Path, capsys) -> None:
     assert main([str(run), "--no-plot"]) == 0
     out = capsys.readouterr().out
     assert (
-        out.splitlines()[0] == "too early to judge: 3 of the 20 steps the window rules need; early signs: ratio_tails"
+        out.splitlines()[0] == "too early to judge: 3 of the 10 steps the window rules need; early signs: ratio_tails"
     )
     assert "soft objective" not in out and "lower loop.max_lag (this run: 2)" in out
     assert main([str(run), "--no-plot", "--window", "3"]) == 1  # judged on a window of its length

@@ -25,8 +25,9 @@ steps, then one table row per finding: what fired (with its threshold), its caus
 tokens' shares), the steps, how many windows it fired in, and a suggestion. It writes a plot (ESS overall, per lag
 bucket and of the stale tokens, lag, ratio tails, position deciles) next to the input or to ``--out``.
 
-A run shorter than ``--window`` is **too early to judge** by the window rules: the verdict line says so, what they
-would say so far is listed as early signs, and the exit status stays 0 unless another rule fires. The **no-signal**
+A run shorter than 10 steps (or than ``--window``, when that is shorter) is **too early to judge** by the window
+rules: the verdict line says so, what they would say so far is listed as early signs, and the exit status stays 0
+unless another rule fires. The **no-signal**
 rule has a window of its own (3 steps): a run whose groups carry no advantage (≥ 90 % of the groups with one reward
 for all samples: the model never solves the task, always solves it, or ties) is unhealthy after 3 steps. Every
 suggestion is checked against the run's own config: no "use P3O" on a P3O run, no "lower loop.max_lag" on a sync run.
@@ -118,9 +119,14 @@ class Diagnosis:
         return not self.findings
 
     @property
+    def needed(self) -> int:
+        """The steps the window rules need: ``RULES["min_steps"]`` (10), or ``--window`` when it is shorter."""
+        return min(self.requested_window, int(RULES["min_steps"]))
+
+    @property
     def too_early(self) -> bool:
-        """True when the run is shorter than the window, so the window rules could not judge it."""
-        return len(self.rows) < self.requested_window
+        """True when the run is shorter than the window rules need, so they could not judge it."""
+        return len(self.rows) < self.needed
 
     @property
     def causes(self) -> list[str]:
@@ -243,12 +249,13 @@ def diagnose(path: str | Path, *, window: int = 20) -> Diagnosis:
     the whole-run rules (``RUN_RULES``: a collapse at any single step, weights not reaching the engine, NaN log-probs)
     to all rows, and the no-signal rule to every window of its own length (``RULES["signal_steps"]``).
 
-    A run shorter than ``window`` is too early to judge for the window rules: what they would say on its rows is
-    kept in ``Diagnosis.early`` and does not make the run unhealthy. A window rule that fires in several windows is
-    reported once, from the first window it fired in, with the number of windows; when its cause differs between
-    windows, the most frequent one is reported and the others are named in the evidence. The no-signal rule counts
-    when it fires on the run's last window or on more than half of its windows (a run that starts at reward 0 and
-    then learns is not flagged). Every suggestion is fitted to the run's own config (p3o runs: config.yaml).
+    A run shorter than the window rules need (``RULES["min_steps"]``, 10, or ``window`` when shorter) is too early to
+    judge for them: what they would say on its rows is kept in ``Diagnosis.early`` and does not make the run
+    unhealthy; a longer run shorter than ``window`` is judged on its own length. A window rule that fires in several
+    windows is reported once, from the first window it fired in, with the number of windows; when its cause differs
+    between windows, the most frequent one is reported and the others are named in the evidence. The no-signal rule
+    counts when it fires on the run's last window or on more than half of its windows (a run that starts at reward 0
+    and then learns is not flagged). Every suggestion is fitted to the run's own config (p3o runs: config.yaml).
     """
     source, rows, config, trainer = load_rows(path)
     fit = config or None
@@ -259,7 +266,7 @@ def diagnose(path: str | Path, *, window: int = 20) -> Diagnosis:
         findings.append((f, ", ".join(f.steps) if f.steps else whole, 0))
     findings += _signal_findings(rows, trainer, fit)
     windowed = _window_findings(rows, w, trainer, fit)
-    early = windowed if len(rows) < window else []
+    early = windowed if len(rows) < min(window, int(RULES["min_steps"])) else []
     if not early:
         findings += windowed
     return Diagnosis(source, rows, findings, len(rows) - w + 1, config, trainer, w, window, early)
@@ -364,7 +371,7 @@ def verdict(d: Diagnosis) -> str:
     if d.healthy:
         if d.too_early:
             signs = f"; early signs: {', '.join(f.name for f, _, _ in d.early)}" if d.early else ""
-            return f"too early to judge: {len(d.rows)} of the {d.requested_window} steps the window rules need{signs}"
+            return f"too early to judge: {len(d.rows)} of the {d.needed} steps the window rules need{signs}"
         return "healthy"
     parts = []
     origin = staleness_origin(d.rows)  # staleness from mini-batches / the policy lag, when the rows say
@@ -378,11 +385,13 @@ def report(d: Diagnosis) -> str:
     """What ``p3o doctor`` prints: the verdict line, what was read, then one table row per finding (and, on a run
     too short for the window rules, what they would say so far)."""
     n = len(d.rows)
-    if n < d.requested_window:
+    if d.too_early:
         how = (
-            f"shorter than the {d.requested_window}-step window: too early to judge by the window rules (the "
-            f"single-step rules and the {RULES['signal_steps']:g}-step no-signal rule are judged)"
+            f"too early to judge by the window rules, which need {d.needed} (the single-step rules and the "
+            f"{RULES['signal_steps']:g}-step no-signal rule are judged)"
         )
+    elif n < d.requested_window:
+        how = f"shorter than the {d.requested_window}-step window: judged on its own {n} steps"
     else:
         how = f"{d.windows} windows of {d.window} steps"
     trainer = f" (metrics from {d.trainer})" if d.trainer else ""

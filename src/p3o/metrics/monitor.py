@@ -49,8 +49,9 @@ The statistics (lr_t = logp_t − rollout_logp_t, ρ_t = e^{lr_t}, over valid to
 
 Empty sets give NaN (an ESS of an empty lag bucket, a decile no response reached). The findings follow the rules in
 :func:`find` over the last ``window`` steps; docs/metrics.md lists them with their thresholds and the attribution.
-A rule that judges a window as a whole (:data:`WINDOW_RULES`) waits for a full window: before ``window`` steps it is
-too early to judge. The single-step rules fire at once, and ``no_signal`` has its own window (``signal_steps``, 3).
+A rule that judges a window as a whole (:data:`WINDOW_RULES`) waits for ``RULES["min_steps"]`` (10) steps, or the
+whole window when it is shorter: before, it is too early to judge. The single-step rules fire at once, and
+``no_signal`` has its own window (``signal_steps``, 3).
 """
 
 from __future__ import annotations
@@ -363,9 +364,10 @@ class OffPolicyMonitor:
         return row
 
     def _find(self) -> list[Finding]:
-        """The findings over the window; the whole-window rules only once the window is full (too early before)."""
+        """The findings over the window; the whole-window rules only from ``min_steps`` rows on (too early before)."""
         rows = list(self.window)
-        full = len(rows) >= (self.window.maxlen or len(rows))
+        need = min(self.window.maxlen or len(rows), int({**RULES, **self.rules}["min_steps"]))
+        full = len(rows) >= need
         only = None if full else [n for n in (*RUN_RULES, *SIGNAL_RULES)]
         return find(rows, self.rules, source=self.source, only=only)
 
