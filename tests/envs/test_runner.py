@@ -5,64 +5,16 @@ episode that spans a weight push."""
 from __future__ import annotations
 
 import torch
+from episode_fakes import STOPS, IdsRenderer, Recording, ScriptedEnv, check_token_in_token_out
 from tiny_lm import make_tiny_lm
 
-from p3o.envs.base import EnvLimits, Step
+from p3o.envs.base import EnvLimits
 from p3o.envs.runner import EPISODE_STATS, EpisodeEngine, run_episodes
 from p3o.logprobs import token_logprobs
 from p3o.metrics.monitor import OffPolicyMonitor
 from p3o.objectives import ObjectiveInputs, get_objective
 from p3o.rollout import HFEngine
 from p3o.tasks.base import Problem
-
-OBS = [7, 8, 9]  # the ids the scripted environment's observation renders to
-STOPS = list(range(10, 40))  # a turn ends at any of these (the random model hits one within a few tokens)
-
-
-class ScriptedEnv:
-    """Three model turns, an observation after each of the first two; reward = 1 on the last step."""
-
-    stop_strings = ()
-
-    def __init__(self) -> None:
-        self.turns = 0
-
-    def reset(self, problem: Problem, seed: int) -> list[dict[str, str]]:
-        return [{"role": "user", "content": problem.prompt}]
-
-    def step(self, turn: str) -> Step:
-        self.turns += 1
-        done = self.turns >= 3
-        obs = [] if done else [{"role": "tool", "content": "ok"}]
-        return Step(observation=obs, reward=1.0 if done else 0.0, done=done, info={"tool_calls": 1.0})
-
-    def close(self) -> None:
-        pass
-
-
-class IdsRenderer:
-    """Prompts: their text's characters as ids 40..63; every observation: `OBS`."""
-
-    def prompt_ids(self, messages):
-        return [40 + (ord(c) % 24) for c in messages[0]["content"]]
-
-    def observation_ids(self, messages, turn_ended_with_eos):
-        return list(OBS)
-
-
-class Recording:
-    """An HFEngine that remembers what each generate call sampled (ids and log-probs per row)."""
-
-    def __init__(self, engine: HFEngine) -> None:
-        self.engine, self.calls = engine, []
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-    def generate(self, prompt_ids, n, *, seed=None, answers=None, max_new_tokens=None):
-        ro = self.engine.generate(prompt_ids, n, seed=seed, answers=answers, max_new_tokens=max_new_tokens)
-        self.calls.append([(list(p), ro.response_ids[i][ro.mask[i]].tolist()) for i, p in enumerate(prompt_ids)])
-        return ro
 
 
 def _episodes(engine, on_tick=None, n=2, max_turn_tokens=6):
@@ -89,29 +41,7 @@ def test_token_in_token_out_and_masks() -> None:
     rec = Recording(HFEngine(model, None, max_new_tokens=6, seed=0))
     ro = _episodes(rec)
     assert len(ro) == 4 and ro.multi_turn
-    calls = [entry for call in rec.calls for entry in call]
-    for i in range(len(ro)):
-        prompt = ro.prompt_ids[i][ro.prompt_mask[i]].tolist()
-        row = ro.response_ids[i][ro.attn[i]].tolist()
-        is_model = ro.mask[i][ro.attn[i]].tolist()
-        assert len(ro.attn[i].nonzero()) == len(row) and ro.attn[i][: len(row)].all()  # no holes: one sequence
-        j, turns = 0, 0
-        while j < len(row):
-            k = j
-            while k < len(row) and is_model[k] == is_model[j]:
-                k += 1
-            seg = row[j:k]
-            if is_model[j]:  # a model turn: exactly what one engine call sampled after this very history
-                turns += 1
-                assert any(p == prompt + row[:j] and out[: len(seg)] == seg for p, out in calls), (i, j)
-            else:  # an observation: exactly the environment's ids, appended after a finished turn
-                assert seg == OBS, seg
-                assert row[j - 1] in STOPS or row[j - 1] == 2
-            j = k
-        assert turns == int(ro.extras["turns"][i])
-        obs = ro.attn[i] & ~ro.mask[i]
-        assert (ro.rollout_logp[i][obs] == 0).all() and (ro.policy_version[i][obs] == -1).all()
-        assert int(obs.sum()) == int(ro.extras["obs_tokens"][i])
+    check_token_in_token_out(ro, rec.calls)
     assert ro.rewards.tolist() == [1.0] * 4 or (ro.extras["turns"] < 3).any()
     assert set(EPISODE_STATS) <= set(ro.extras)
     lp, _ = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.attn, loss_mask=ro.mask)

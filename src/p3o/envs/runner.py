@@ -29,6 +29,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import hashlib
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -231,8 +232,6 @@ def _generate_turn(engine, ready: list[Episode], limits: EnvLimits, seed: int, e
 
 
 def _takes_max_new_tokens(engine) -> bool:
-    import inspect
-
     try:
         return "max_new_tokens" in inspect.signature(engine.generate).parameters
     except (TypeError, ValueError):

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from p3o.envs import EnvLimits, Renderer, make_env, stop_ids
+from p3o.envs.render import default_mode
+from p3o.envs.runner import run_episodes
 from p3o.errors import ConfigError
 from p3o.eval.passk import mean_pass_at_k
 from p3o.models import load_policy
@@ -32,6 +35,7 @@ from p3o.rewards import get_verifier, make_reward_fn, score
 from p3o.rollout.factory import make_engine
 from p3o.rollout.settings import EngineSettings
 from p3o.tasks import default_verifier, format_prompt, load_task
+from p3o.tasks.mixture import TASK_KEY, eval_task_metrics
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -151,6 +155,8 @@ def heldout_metrics(
     engine: str | EngineSettings | Callable[[nn.Module], RolloutEngine] = "hf",
     batch_size: int = 64,
     timeout_s: float = 1.0,
+    tasks: Sequence[int] | None = None,
+    task_names: Sequence[str] = (),
 ) -> dict[str, float]:
     """Held-out pass@1 of `policy` as the training loop logs it: ``{"eval_accuracy", "eval_score"}``.
 
@@ -166,9 +172,13 @@ def heldout_metrics(
             with `seed`, on device "auto"), or a factory ``make_engine(policy) -> engine`` (the loop's
             ``Components.make_engine``: the held-out engine then samples exactly as the rollout engine does).
         seed, batch_seed: the batch seeds of `sample_batches`.
+        tasks, task_names: a task mixture's task of every prompt and the tasks' names (`p3o.tasks.mixture`): each
+            row carries its task (``extras["task"]``, which the mixture's reward function reads), and
+            ``task/<name>/eval_accuracy`` is added per task.
     """
     if not prompt_ids:
         return {}
+    assert tasks is None or len(tasks) == len(prompt_ids), (len(tasks), len(prompt_ids))
     reward_fn = make_reward_fn(reward, timeout_s=timeout_s) if isinstance(reward, str) else reward
     if isinstance(engine, str):
         engine = EngineSettings(engine=engine, seed=seed, device="auto")
@@ -176,9 +186,17 @@ def heldout_metrics(
     batches = sample_batches(
         sampler, prompt_ids, answers, n_samples, batch_size=batch_size, seed=seed, batch_seed=batch_seed
     )
-    s = torch.cat([reward_fn(r).float() for _, r in batches])
+    scores, row_tasks = [], []
+    for lo, r in batches:
+        if tasks is not None:  # rows grouped by prompt: prompt lo + i gives rows i·n … i·n + n − 1
+            t = torch.tensor(list(tasks[lo : lo + len(r) // n_samples]), dtype=torch.float32)
+            r.extras[TASK_KEY] = t.repeat_interleave(n_samples).to(r.rewards.device)
+            row_tasks.append(r.extras[TASK_KEY].cpu())
+        scores.append(reward_fn(r).float().cpu())
+    s = torch.cat(scores)
     acc, mean = torch.stack([(s > 0.5).float().mean(), s.mean()]).tolist()
-    return {"eval_accuracy": acc, "eval_score": mean}
+    per_task = eval_task_metrics(task_names, torch.cat(row_tasks), s) if tasks is not None else {}
+    return {"eval_accuracy": acc, "eval_score": mean, **per_task}
 
 
 def _check_eval_args(problems: Sequence[Any], n_samples: int, ks: Sequence[int]) -> None:
@@ -305,9 +323,6 @@ def evaluate_episodes(
         limits: `p3o.envs.EnvLimits` (``agent.*``; default: its defaults); the renderer and stop ids are the
             training run's (`p3o.envs.render`).
     """
-    from p3o.envs import EnvLimits, Renderer, make_env, run_episodes, stop_ids
-    from p3o.envs.render import default_mode
-
     _check_eval_args(problems, n_samples, ks)
     start = time.perf_counter()
     limits = limits or EnvLimits()

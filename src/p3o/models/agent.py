@@ -26,9 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoTokenizer, Qwen3ForCausalLM
 
+from p3o.envs.builtin import CalcEnv, calc_transcript
+from p3o.envs.render import Renderer
 from p3o.models.cache import atomic_build, cache_root
-from p3o.models.tiny import DEFAULT_SIZE, code_version
+from p3o.models.tiny import BASE_SOURCES, DEFAULT_SIZE, code_version
+from p3o.models.warmstart import collate, ensure_base, lr_factor
+from p3o.tasks.calc import load_calc
 
 __all__ = ["AGENT_RECIPE", "AGENT_SOURCES", "AGENT_TOKENS", "agent_base_dir", "ensure_agent_base", "warm_start_agent"]
 
@@ -58,8 +63,6 @@ AGENT_SOURCES: tuple[str, ...] = (
 
 def agent_base_dir(cache_dir: str | Path | None = None) -> Path:
     """``<cache>/models/tiny-agent-1m-s0-c<code version of the main base + AGENT_SOURCES>-r<recipe>``."""
-    from p3o.models.tiny import BASE_SOURCES
-
     recipe = hashlib.sha256(json.dumps(AGENT_RECIPE, sort_keys=True).encode()).hexdigest()[:6]
     version = code_version((*BASE_SOURCES, *AGENT_SOURCES))
     return cache_root(cache_dir) / "models" / f"tiny-agent-{DEFAULT_SIZE}-c{version}-r{recipe}"
@@ -68,10 +71,6 @@ def agent_base_dir(cache_dir: str | Path | None = None) -> Path:
 def _examples(tok: Any, n: int, seed: int, tool_share: float) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) of `n` calc episodes written out, built exactly as an RL episode is (the calc
     environment's prompt, `p3o.envs.render.Renderer.transcript`): labels −100 on the prompt and the observations."""
-    from p3o.envs.builtin import CalcEnv, calc_transcript
-    from p3o.envs.render import Renderer
-    from p3o.tasks.calc import load_calc
-
     env = CalcEnv()
     renderer = Renderer(tok, mode="plain")
     rng = random.Random(seed)
@@ -87,10 +86,6 @@ def _examples(tok: Any, n: int, seed: int, tool_share: float) -> list[tuple[list
 def warm_start_agent(init_dir: str | Path, out_dir: str | Path, log: bool = True) -> dict[str, Any]:
     """Add `AGENT_TOKENS` to the base in `init_dir`, warm-start it on calc transcripts (`AGENT_RECIPE`), save it to
     `out_dir` (safetensors + tokenizer + sft.json); return the statistics."""
-    from transformers import AutoTokenizer, Qwen3ForCausalLM
-
-    from p3o.models.warmstart import collate, lr_factor
-
     rc = AGENT_RECIPE
     t0 = time.perf_counter()
     random.seed(rc["seed"])
@@ -131,8 +126,6 @@ def warm_start_agent(init_dir: str | Path, out_dir: str | Path, log: bool = True
 
 def ensure_agent_base(cache_dir: str | Path | None = None, *, force: bool = False) -> Path:
     """Path of the ``tiny-agent`` base, warm-started from the main base on first use (`p3o.models.cache`)."""
-    from p3o.models.warmstart import ensure_base
-
     target = agent_base_dir(cache_dir)
     init = ensure_base(DEFAULT_SIZE, cache_dir)
     return atomic_build(target, lambda tmp: warm_start_agent(init, tmp), force=force)

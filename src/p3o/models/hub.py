@@ -30,6 +30,7 @@ from huggingface_hub import try_to_load_from_cache
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
 from p3o.errors import ConfigError
+from p3o.models.agent import ensure_agent_base
 from p3o.models.cache import atomic_build
 from p3o.models.configs import SIZES, qwen3_config
 from p3o.models.smollm2 import ensure_smollm2
@@ -163,8 +164,6 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
     """
     name = str(name_or_path)
     if name == AGENT_NAME and not Path(name).exists():
-        from p3o.models.agent import ensure_agent_base
-
         return load_pretrained(ensure_agent_base(cache_dir))
     tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():

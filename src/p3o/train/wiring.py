@@ -24,12 +24,16 @@ from torch import Tensor, nn
 
 from p3o import dist, models  # models.load_policy looked up at call time: tests replace it
 from p3o.dist import resolve_device
+from p3o.envs import EnvLimits, Renderer, env_problems, make_env, stop_ids
+from p3o.envs.render import default_mode
+from p3o.envs.runner import EpisodeEngine
 from p3o.errors import ConfigError
 from p3o.models.lora import is_lora, merged_copy, merged_weights
 from p3o.rewards import make_reward_fn
 from p3o.rollout.factory import make_engine as _make
 from p3o.rollout.settings import EngineSettings
 from p3o.tasks import format_prompt, load_eval_problems, load_train_problems, task_verifier
+from p3o.tasks.mixture import Mixture, load_mixture
 from p3o.train import checkpoint  # called through the module: tests patch its functions
 from p3o.train.placement import Placement
 from p3o.train.run_dir import earlier_run, run_outputs
@@ -55,6 +59,8 @@ class RolloutSide:
         make_engine: builds a RolloutEngine holding its OWN copy of a model: `make_engine(policy) -> engine`.
         pad_id: pad token id used when concatenating batches.
         eval_prompts, eval_answers: held-out prompts for `eval_accuracy` (empty: no evaluation).
+        mixture: the tasks of a ``task.mixture`` run (`p3o.tasks.mixture.Mixture`: prompt i is its slot i, eval prompt
+            j its task ``mixture.eval_task[j]``), else None.
     """
 
     tokenizer: Any
@@ -65,6 +71,7 @@ class RolloutSide:
     pad_id: int = 0
     eval_prompts: list[list[int]] = field(default_factory=list)
     eval_answers: list[str] = field(default_factory=list)
+    mixture: Mixture | None = None
 
 
 @dataclass
@@ -75,7 +82,7 @@ class Components:
     Attributes:
         policy: the trainer's causal LM (updated in place).
         tokenizer: saved with checkpoints (None allowed).
-        prompts, answers, reward_fn, make_engine, pad_id, eval_prompts, eval_answers: see `RolloutSide`.
+        prompts, answers, reward_fn, make_engine, pad_id, eval_prompts, eval_answers, mixture: see `RolloutSide`.
         ref_model: frozen reference policy (for ref_kl_coef), or None.
     """
 
@@ -89,6 +96,7 @@ class Components:
     pad_id: int = 0
     eval_prompts: list[list[int]] = field(default_factory=list)
     eval_answers: list[str] = field(default_factory=list)
+    mixture: Mixture | None = None
 
     def rollout_side(self) -> RolloutSide:
         """The rollout half of these components (shares their objects)."""
@@ -101,6 +109,7 @@ class Components:
             self.pad_id,
             self.eval_prompts,
             self.eval_answers,
+            self.mixture,
         )
 
 
@@ -133,11 +142,20 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     evaluation problem is a training problem unless `task.allow_train_eval_overlap`. Every prompt is
     `format_prompt(problem, tokenizer, task.template, system=task.system_prompt)`. The task and the verifier are
     resolved before the model is loaded, so a wrong path or `module:function` fails at once.
+
+    ``task.mixture`` (`p3o.tasks.mixture`): every task's problems and verifier; the prompts are the weighted pool's
+    slots (task k fills a share w_k of them), each row scored by its own task's verifier.
     """
     task = cfg.task
-    problems, eval_problems = _env_problems(cfg) or _task_problems(cfg)
-    # the task owns its default verifier; resolved before the model loads, so a bad module:function fails at once
-    reward_fn = make_reward_fn(task_verifier(task, problems), timeout_s=task.reward_timeout_s)
+    mix = load_mixture(cfg) if getattr(task, "mixture", None) else None
+    if mix is not None:
+        problems = [p for ps in mix.problems for p in ps]
+        eval_problems = [p for ps in mix.eval_problems for p in ps]
+        reward_fn: Callable[[Rollouts], Tensor] = mix.reward_fn(timeout_s=task.reward_timeout_s)
+    else:
+        problems, eval_problems = _env_problems(cfg) or _task_problems(cfg)
+        # the task owns its default verifier; resolved before the model loads, so a bad module:function fails at once
+        reward_fn = make_reward_fn(task_verifier(task, problems), timeout_s=task.reward_timeout_s)
     # the one engine record, built (and checked) before the model loads
     settings = EngineSettings.from_config(cfg.rollout, seed=cfg.seed, device=resolve_device(cfg.model.device))
     tokenizer = get_tokenizer() if get_tokenizer is not None else load_tokenizer(cfg)
@@ -153,15 +171,21 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     def make_engine(model: nn.Module) -> Any:
         return _make(settings, model, tokenizer)
 
+    prompts, answers = encode(problems), [p.answer for p in problems]
+    if mix is not None:  # prompt i = pool slot i: (task k, its problem j), each task's problems encoded once
+        first = [sum(len(ps) for ps in mix.problems[:k]) for k in range(len(mix.problems))]
+        prompts = [prompts[first[k] + j] for k, j in mix.pool]
+        answers = [answers[first[k] + j] for k, j in mix.pool]
     return RolloutSide(
         tokenizer,
-        encode(problems),
-        [p.answer for p in problems],
+        prompts,
+        answers,
         reward_fn,
         make_engine,
         int(pad),
         eval_prompts=encode(eval_problems) if eval_problems else [],
         eval_answers=[p.answer for p in eval_problems],
+        mixture=mix,
     )
 
 
@@ -181,8 +205,6 @@ def _env_problems(cfg: Any) -> tuple[list[Any], list[Any]] | None:
     env = getattr(getattr(cfg, "agent", None), "env", None)
     if not env or cfg.task.name != env:
         return None
-    from p3o.envs import env_problems
-
     train = env_problems(env, "train", seed=cfg.seed, n=cfg.task.n_train)
     if train is None:
         return None
@@ -199,9 +221,6 @@ def _agent_rollout_side(
     The environment name, its stop strings (one token each) and the renderer are checked here, before any model
     weights load; a prompt's token ids name its problem for the engine.
     """
-    from p3o.envs import EnvLimits, EpisodeEngine, Renderer, make_env, stop_ids
-    from p3o.envs.render import default_mode
-
     a = cfg.agent
     limits = EnvLimits(
         max_turns=a.max_turns,
@@ -287,6 +306,7 @@ def build_components(cfg: Any) -> Components:
         ro.pad_id,
         eval_prompts=ro.eval_prompts,
         eval_answers=ro.eval_answers,
+        mixture=ro.mixture,
     )
 
 
