@@ -224,3 +224,33 @@ def test_cpu_offload_forms_a_group_with_gloo_for_the_cpu_shards(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     dist.init_from_env(force=True, cpu_offload=True)
     assert formed == ["cuda:nccl,cpu:gloo"]
+
+
+def test_an_older_torch_imports_the_trainer_and_refuses_fsdp_in_one_line(monkeypatch):
+    """pyproject's floor (torch 2.6) holds for one process and DDP: the trainer imports without FSDP2's public API,
+    and `train.strategy fsdp` on a torch without the FSDP2 calls it makes is one ConfigError naming the version."""
+    import subprocess
+    import sys
+
+    from torch.distributed.fsdp import FSDPModule
+
+    from p3o.errors import ConfigError
+    from p3o.train.placement import FSDP_TORCH, PlacementSettings, check_placement, fsdp_missing
+
+    script = (
+        "import torch.distributed._composable.fsdp, transformers.models.qwen3.modeling_qwen3\n"  # they need FSDP2
+        "import torch.distributed.fsdp as f\n"
+        "del f.fully_shard, f.FSDPModule\n"  # as torch < 2.6 had it: no public FSDP2
+        "import p3o.train.loop, p3o.train.step\n"
+        "from p3o.train.placement import fsdp_missing\n"
+        "print(fsdp_missing())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]  # before: ImportError from p3o.train.placement
+    assert done.stdout.strip() == "torch.distributed.fsdp.fully_shard"
+    assert fsdp_missing() is None  # this torch has everything
+    monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms")
+    with pytest.raises(ConfigError, match=rf"has no FSDPModule.set_force_sum_reduction_for_comms; .*>= {FSDP_TORCH}"):
+        check_placement(PlacementSettings("fsdp"), torch.device("cpu"))
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert '"torch>=2.6,<3"' in pyproject

@@ -44,8 +44,6 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from transformers import AutoModelForCausalLM
 
 from p3o import dist
@@ -53,6 +51,16 @@ from p3o.errors import ConfigError
 from p3o.logprobs import token_logprobs
 from p3o.models.lora import AdaptersOff, is_lora, merged_copy, merged_weights
 from p3o.models.lora import _adapted_layers as adapted_layers
+from p3o.types import SamplingMask
+
+try:  # FSDP2's public API (torch >= 2.6): only train.strategy fsdp needs it, one process and DDP import without it
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+except ImportError:  # pragma: no cover - an older torch (tests/train/test_sharded_trainer.py imports it so)
+
+    class FSDPModule:  # type: ignore[no-redef]  # never an instance: no module is sharded
+        pass
+
 
 Strategy = Literal["auto", "ddp", "fsdp"]
 Precision = Literal["no", "bf16", "fp16"]
@@ -90,9 +98,31 @@ class PlacementSettings:
         return "ddp" if dist.world_size() > 1 else "single"
 
 
+FSDP_TORCH = "2.8"  # the first torch with every FSDP2 call below (plain-sum reductions: set_force_sum_reduction_…)
+
+
+def fsdp_missing() -> str | None:
+    """What this torch lacks for `train.strategy fsdp` (None: nothing): FSDP2's public `fully_shard` (torch 2.6) and
+    `FSDPModule.set_gradient_divide_factor` / `set_force_sum_reduction_for_comms` (the plain-sum gradient reduction
+    of the module docstring, later releases)."""
+    if "fully_shard" not in globals():
+        return "torch.distributed.fsdp.fully_shard"
+    for name in ("set_gradient_divide_factor", "set_force_sum_reduction_for_comms"):
+        if not hasattr(FSDPModule, name):
+            return f"FSDPModule.{name}"
+    return None
+
+
 def check_placement(settings: PlacementSettings, device: torch.device) -> None:
-    """One line (ConfigError) for a placement this process cannot run, before any model loads: fsdp outside
-    torchrun, fp16 where the device has no fp16 autocast, CPU offload without a GPU to offload from."""
+    """One line (ConfigError) for a placement this process cannot run, before any model loads: fsdp on a torch
+    without the FSDP2 calls it makes or outside torchrun, fp16 where the device has no fp16 autocast, CPU offload
+    without a GPU to offload from."""
+    missing = fsdp_missing() if settings.strategy == "fsdp" else None
+    if missing:
+        raise ConfigError(
+            f"train.strategy fsdp: torch {torch.__version__} has no {missing}; FSDP needs torch >= {FSDP_TORCH} "
+            "(one process and ddp run on this torch)"
+        )
     if settings.strategy == "fsdp" and not dist.is_initialized():
         raise ConfigError(
             "train.strategy fsdp: needs a process group; launch with torchrun (torchrun --nproc_per_node N -m p3o "
@@ -263,12 +293,13 @@ class Placement:
         chunk_size: int = 256,
         adapters_off: bool = False,
         module: nn.Module | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
+    ) -> tuple[Tensor, ...]:
         """(n, t) log-probs (float32) of micro-batch `mb`'s responses under the placed policy, and their entropies;
-        `module`: another placed forward to run instead (the sharded reference of `place_reference`)."""
+        `module`: another placed forward to run instead (the sharded reference of `place_reference`). With `mb.kept`
+        (the sampling mask replayed: `p3o.logprobs.token_logprobs`' kept) also the kept sets' mass (n, t)."""
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx, self.autocast():
-            logp, ent = (module or self.module)(
+            logp, ent, *mass = (module or self.module)(
                 mb.prompt_ids,
                 mb.prompt_mask,
                 mb.response_ids,
@@ -278,7 +309,7 @@ class Placement:
                 with_entropy,
                 adapters_off,
             )
-        return logp.float(), (ent.float() if ent is not None else None)
+        return logp.float(), (ent.float() if ent is not None else None), *mass
 
     def accumulate(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         """The backward of a micro-batch. DDP: gradients are all-reduced only on the step's `last` one (`no_sync`
@@ -484,6 +515,7 @@ def _plain_key(key: str) -> str:
 
 
 __all__ = [
+    "FSDP_TORCH",
     "PRECISIONS",
     "STRATEGIES",
     "GatheredWeights",
@@ -492,4 +524,5 @@ __all__ = [
     "PolicyForward",
     "check_placement",
     "decoder_layers",
+    "fsdp_missing",
 ]
