@@ -108,3 +108,30 @@ def test_sampling_mask_round_trips_a_dense_mask():
     m = SamplingMask.from_dense(keep)
     assert torch.equal(m.dense(10), keep) and m.counts[1, 2] == 0
     assert torch.equal(SamplingMask.cat([m, SamplingMask.empty(2, 2)], 4).dense(10)[:3], keep)
+
+
+def _update_stats(model, ro: Rollouts, **kw):
+    import copy
+
+    from p3o.objectives import get_objective
+    from p3o.train.step import make_optimizer, update
+
+    ro.advantages = torch.linspace(-1.0, 1.0, len(ro))
+    policy = copy.deepcopy(model)
+    ref = copy.deepcopy(model)
+    hyper = {"ref_kl_coef": 0.1}
+    return update(
+        policy, make_optimizer(policy, 1e-3), None, ro, get_objective("p3o"), hyper, micro_batch_size=4,
+        ref_model=ref, **kw,
+    )  # fmt: skip
+
+
+def test_update_on_fresh_top_p_data_has_ratio_one_and_reports_the_kept_mass(tiny_lm):
+    ro = _engine(tiny_lm, top_p=0.8).generate(PROMPTS, n=4, seed=2)
+    st = _update_stats(tiny_lm, ro)
+    assert abs(st["ratio_mean"] - 1.0) < 1e-5 and abs(st["ratio_min"] - 1.0) < 1e-5
+    assert 0.5 < st["kept_mass"] < 1.0
+    assert abs(st["ref_kl"]) < 1e-6  # the reference is replayed over the same sets: identical weights, KL 0
+    off = dataclasses.replace(ro, sampling_mask=None)
+    st_off = _update_stats(tiny_lm, off)
+    assert st_off["ratio_mean"] < 1 - 1e-3 and "kept_mass" not in st_off

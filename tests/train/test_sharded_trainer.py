@@ -254,3 +254,16 @@ def test_an_older_torch_imports_the_trainer_and_refuses_fsdp_in_one_line(monkeyp
         check_placement(PlacementSettings("fsdp"), torch.device("cpu"))
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert '"torch>=2.6,<3"' in pyproject
+
+
+def test_the_materialized_plain_model_is_built_on_the_cpu():
+    """final/, the evaluation and a new engine get the gathered weights in a model built in host memory, not on the
+    trainer's device beside its shard (an accelerator is faked by the meta device here)."""
+    from p3o.train.placement import Placement, _meta_skeleton
+
+    model = make_tiny_lm(seed=0)
+    placement = Placement(model)
+    placement.skeleton, placement.device = _meta_skeleton(model), torch.device("meta")
+    plain = placement.materialize(model.state_dict())
+    assert {p.device.type for p in plain.parameters()} == {"cpu"}  # before: meta (the trainer's device)
+    assert all(torch.equal(plain.state_dict()[k], v) for k, v in model.state_dict().items())

@@ -402,9 +402,11 @@ class Placement:
         return self.materialize(self.plain_weights())
 
     def materialize(self, weights: Mapping[str, Tensor]) -> nn.Module:
-        """The plain model of the skeleton filled with `weights` (full tensors by plain key), on the CPU."""
+        """The plain model of the skeleton filled with `weights` (full tensors by plain key), on the CPU: beside a
+        rank's shard on the GPU it costs host memory only (final/ is saved from it; an engine copies it to its own
+        device)."""
         assert self.skeleton is not None
-        model = copy.deepcopy(self.skeleton).to_empty(device=self.device)
+        model = copy.deepcopy(self.skeleton).to_empty(device="cpu")
         own = model.state_dict(keep_vars=True)
         with torch.no_grad():
             for k, v in weights.items():

@@ -60,7 +60,7 @@ from p3o.objectives import (
 from p3o.objectives.registry import BoundObjective, Objective
 from p3o.train.placement import Placement, PolicyForward
 from p3o.train.stats import UpdateStats
-from p3o.types import Rollouts
+from p3o.types import Rollouts, SamplingMask
 
 SCHEDULES = ("constant", "cosine")
 
@@ -328,20 +328,29 @@ class UpdateStep:
         return out
 
     def logprobs(
-        self, model: nn.Module | None, mb: MicroBatch, with_entropy: bool, grad: bool = False
+        self,
+        model: nn.Module | None,
+        mb: MicroBatch,
+        with_entropy: bool,
+        grad: bool = False,
+        kept_mass: list[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """(n, t) log-probs of `mb`'s responses at the trainer's temperature, and their entropies: under the placed
         policy (`model` None: through its DDP / FSDP wrapper, in its compute precision) or under a frozen `model` (the
-        reference; a LoRA policy's own base goes through the wrapper with its adapters off)."""
+        reference; a LoRA policy's own base goes through the wrapper with its adapters off). With `mb.kept` (the
+        sampling mask replayed) every model's log-probs are over each token's kept set, so π_θ / μ, π_θ / π_θold and
+        π_θ / π_ref compare the same distributions; the set's mass under the model (n, t) goes to `kept_mass`."""
         settings, placement = self.settings, self.placement
         kw = {"with_entropy": with_entropy, "temperature": settings.temperature, "chunk_size": settings.chunk_size}
         if model is None or isinstance(model, PolicyForward):  # the policy, or a reference sharded like it
-            return placement.logprobs(mb, grad=grad, module=model, **kw)
+            return _kept_mass_to(placement.logprobs(mb, grad=grad, module=model, **kw), kept_mass)
         if placement.sharded and isinstance(model, AdaptersOff):
-            return placement.logprobs(mb, grad=False, adapters_off=True, **kw)
+            return _kept_mass_to(placement.logprobs(mb, grad=False, adapters_off=True, **kw), kept_mass)
+        if mb.kept is not None:
+            kw["kept"] = mb.kept
         with placement.autocast():
-            logp, ent = token_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.mask, **kw)
-        return logp.float(), (ent.float() if ent is not None else None)
+            logp, ent, *mass = token_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.mask, **kw)
+        return _kept_mass_to((logp.float(), (ent.float() if ent is not None else None), *mass), kept_mass)
 
     def scope(self, plan: UpdatePlan, k: int, anchors: Anchors, prox_logp: Tensor | None) -> StepScope:
         """What the micro-batches of optimizer step k share: its global token and sequence counts under the anchor's
@@ -410,12 +419,15 @@ class UpdateStep:
         placement = self.placement
         for j, mb in enumerate(micros):
             with placement.accumulate(last=j == len(micros) - 1):
-                logp, ent = self.logprobs(None, mb, True, grad=True)
+                masses: list[Tensor] = []
+                logp, ent = self.logprobs(None, mb, True, grad=True, kept_mass=masses)
                 if observe is not None:
                     observe(mb, logp.detach())
                 loss, st = call.fn(objective_inputs(mb, logp, ent, anchors, scope, call.needs), **call.hyper)
                 placement.backward(loss)
             step_loss = step_loss + loss.detach()
+            if masses:  # the sampling mask replayed: π_θ's mass on the kept sets (the ratio without replay ≈ it)
+                st = {**st, "kept_mass": (masses[0] * mb.mask).sum() / mb.mask.sum().clamp(min=1)}
             stats.add_micro(st, mb.mask, ent)
         return step_loss
 
@@ -488,6 +500,7 @@ class MicroBatch:
     rollout_logp: Tensor
     advantages: Tensor
     t_full: int  # response width before trimming (side log-probs are stored at that width)
+    kept: SamplingMask | None = None  # the kept sets to replay (n, t), or None: the whole vocabulary
 
 
 @dataclass
@@ -566,6 +579,14 @@ def _prompt_keys(batch: Rollouts) -> list[int]:
     return torch.unique(ids, dim=0, return_inverse=True)[1].tolist()
 
 
+def _kept_mass_to(out: tuple[Tensor, ...], kept_mass: list[Tensor] | None) -> tuple[Tensor, Tensor | None]:
+    """(logp, entropy) of a log-prob call's `out`; its kept mass (third, when the sampling mask was replayed) is
+    appended to `kept_mass`."""
+    if len(out) > 2 and kept_mass is not None:
+        kept_mass.append(out[2])
+    return out[0], out[1]
+
+
 def _split(n: int, parts: int) -> list[Tensor]:
     """`parts` contiguous, near-equal index chunks of range(n) (empty chunks dropped)."""
     return [c for c in torch.arange(n).chunk(parts) if c.numel()]
@@ -586,6 +607,7 @@ def _micro(batch: Rollouts, adv: Tensor, rows: Tensor) -> MicroBatch:
         rollout_logp=batch.rollout_logp[rows][:, :t_keep],
         advantages=adv[rows],
         t_full=batch.mask.shape[1],
+        kept=None if batch.sampling_mask is None else batch.sampling_mask.select(rows).columns(t_keep),
     )
 
 
