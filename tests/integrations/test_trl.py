@@ -262,3 +262,45 @@ def test_ess_is_reduced_over_accelerate_processes(tmp_path):
     for r in ranks:
         assert r["ess"] == pytest.approx(r["ref_full"], rel=1e-5)
         assert abs(r["ref_half"] - r["ref_full"]) > 1e-3  # the halves' own ESS differ: the test can tell
+
+
+def test_tool_tokens_stay_out_of_the_loss_and_the_ess(tokenizer, tmp_path):
+    """A multi-turn batch (TRL's tool loop): tokens with tool_mask 0 are observations. Whatever their recorded
+    log-probs, the loss, its gradient and the ESS are those of the objective over completion_mask × tool_mask."""
+    torch.set_num_threads(1)
+    trainer = make_trainer(tokenizer, tmp_path, objective="p3o")
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = fake_batch(tokenizer)
+    n, t = inputs["completion_ids"].shape
+    tool = torch.ones(n, t, dtype=torch.long)
+    tool[:, 1:3] = 0  # a tool's result in the middle of every completion
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        logp, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            t,
+        )
+    sampling = logp + 0.3 * torch.randn(logp.shape, generator=g)
+    results = []
+    for junk in (0.0, 25.0):  # observations' recorded log-probs: whatever the engine put there
+        rec = torch.where(tool.bool(), sampling, sampling - junk)
+        batch = {**inputs, "tool_mask": tool, "old_per_token_logps": rec, "sampling_per_token_logps": rec}
+        trainer.model.zero_grad()
+        loss = trainer._compute_loss(trainer.model, batch)
+        loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        results.append((loss.detach(), grad, trainer._metrics["train"]["objective/ess"][-1]))
+    (l0, g0, e0), (l1, g1, e1) = results
+    torch.testing.assert_close(l0, l1)
+    torch.testing.assert_close(g0, g1)
+    assert e0 == pytest.approx(e1) and e0 < 1
+    mask = inputs["completion_mask"].bool() & tool.bool()
+    num_tokens = inputs["num_items_in_batch"] / trainer.args.steps_per_generation
+    want, stats = get_objective("p3o")(
+        ObjectiveInputs(logp, sampling, mask, inputs["advantages"], old_logp=sampling, num_tokens=num_tokens)
+    )
+    torch.testing.assert_close(l0, want, rtol=1e-5, atol=1e-6)
+    assert e0 == pytest.approx(stats["ess"].item(), rel=1e-5)

@@ -72,6 +72,30 @@ def test_loss_fn_equals_the_objective_token_mean(objective):
     assert all(isinstance(v, float) for v in metrics.values())
 
 
+def test_tool_tokens_with_response_mask_0_stay_out_of_the_loss_and_the_ess():
+    """verl's agent loop zeroes response_mask on tool tokens: a multi-turn batch with holes in the mask gives the loss,
+    gradient and ESS of the objective over the model tokens, whatever the tool positions hold."""
+    b = batch(seed=3)
+    mask = b["response_mask"].clone()
+    mask[:, 1:3] = False  # a tool's response inside every row
+    outs = []
+    for junk in (0.0, 30.0):
+        old = torch.where(mask, b["old_log_prob"], b["old_log_prob"] - junk)
+        logp = torch.where(mask, b["log_prob"].detach(), b["log_prob"].detach() + junk).requires_grad_()
+        loss, metrics = plugin.make_policy_loss("p3o")(old, logp, b["advantages"], mask, loss_agg_mode="token-mean")
+        (grad,) = torch.autograd.grad(loss, logp)
+        outs.append((loss.detach(), grad, metrics["actor/objective/ess"]))
+    (l0, g0, e0), (l1, g1, e1) = outs
+    torch.testing.assert_close(l0, l1)
+    torch.testing.assert_close(g0, g1)
+    assert (g0[~mask] == 0).all() and e0 == pytest.approx(e1)
+    want, stats = get_objective("p3o")(
+        ObjectiveInputs(b["log_prob"].detach(), b["old_log_prob"], mask, b["advantages"])
+    )
+    torch.testing.assert_close(l0, want)
+    assert e0 == pytest.approx(stats["ess"].item())
+
+
 def test_token_mean_uses_verls_global_token_count_times_dp_size():
     b = batch(seed=2)
     info = {"dp_size": 4, "batch_num_tokens": 50, "global_batch_size": 16, "loss_scale_factor": None}

@@ -172,7 +172,8 @@ class PolicyForward(nn.Module):
         chunk_size: int = 256,
         with_entropy: bool = False,
         adapters_off: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
+        kept: SamplingMask | None = None,
+    ) -> tuple[Tensor, ...]:
         ctx = self.policy.disable_adapter() if adapters_off else contextlib.nullcontext()
         with ctx:
             return token_logprobs(
@@ -184,6 +185,7 @@ class PolicyForward(nn.Module):
                 temperature=temperature,
                 chunk_size=chunk_size,
                 with_entropy=with_entropy,
+                kept=kept,
             )
 
 
@@ -308,6 +310,7 @@ class Placement:
                 chunk_size,
                 with_entropy,
                 adapters_off,
+                kept=getattr(mb, "kept", None),
             )
         return logp.float(), (ent.float() if ent is not None else None), *mass
 
