@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
+from pydantic_core import core_schema
 
 from p3o import options
 from p3o.errors import ConfigError
@@ -93,6 +95,71 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapters (r = 0: off)"})
 
 
+def _mixture_entries(value: Any) -> list[tuple[str, Any]]:
+    """(name, weight as given) of each entry of a ``task.mixture`` value (a string, a list, or a mapping)."""
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if isinstance(value, Mapping):
+        value = [{k: v} for k, v in value.items()]
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"task.mixture: expected entries name:weight ('arithmetic:0.7,calc:0.3'), got {value!r}")
+    pairs: list[tuple[str, Any]] = []
+    for item in value:
+        if isinstance(item, Mapping) and len(item) == 1:  # YAML `- calc: 0.3`
+            ((name, weight),) = item.items()
+        elif isinstance(item, str):
+            name, sep, weight = item.strip().rpartition(":")
+            if not sep:
+                name, weight = item.strip(), 1  # a bare name counts 1
+            elif not name.strip():
+                raise ConfigError(f"task.mixture: entry {item!r} names no task (entries are name:weight)")
+        else:
+            raise ConfigError(f"task.mixture: entry {item!r} is not name:weight")
+        pairs.append((str(name).strip(), weight))
+    return pairs
+
+
+def parse_mixture(value: Any) -> list[str] | None:
+    """The ``task.mixture`` value as ["name:weight", ...] (None when empty), or a one-line ConfigError naming it.
+
+    Accepted: ``"arithmetic:0.7,calc:0.3"``, ``["arithmetic:0.7", "calc:0.3"]``, ``[{arithmetic: 0.7}, {calc: 0.3}]``
+    (the YAML ``- calc: 0.3`` form); a bare name counts 1. The name is everything before the LAST ``:`` (so
+    ``gsm8k:data/x.jsonl:0.5`` names the preset with a path). Weights are finite numbers ≥ 0 (0: evaluated, never
+    sampled) with a positive sum; a task appears once.
+    """
+    if value is None or (isinstance(value, str | list | tuple | Mapping) and not value):
+        return None
+    out, seen = [], set()
+    for name, weight in _mixture_entries(value):
+        text = str(weight).strip()
+        try:
+            if isinstance(weight, bool):
+                raise ValueError(text)
+            w = float(text)
+        except ValueError:
+            raise ConfigError(
+                f"task.mixture: weight {text!r} of {name!r} is not a number (entries are name:weight)"
+            ) from None
+        if not math.isfinite(w) or w < 0:
+            raise ConfigError(f"task.mixture: weight of {name!r} must be a finite number >= 0, got {text}")
+        if name in seen:
+            raise ConfigError(f"task.mixture: task {name!r} is listed twice")
+        seen.add(name)
+        out.append(f"{name}:{w:.12g}")
+    if not any(float(e.rpartition(":")[2]) > 0 for e in out):
+        raise ConfigError(f"task.mixture: the weights sum to 0 ({', '.join(out)}); give a task a weight > 0")
+    return out
+
+
+class TaskMixture:
+    """The type of ``task.mixture``: validation turns any accepted spelling into ["name:weight", ...] or None
+    (`parse_mixture`); a bad entry is a one-line ConfigError naming ``task.mixture``."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        return core_schema.no_info_plain_validator_function(parse_mixture)
+
+
 @dataclass
 class TaskConfig:
     """The prompts and the verifier that scores completions (``p3o.tasks.load_task``, ``p3o.rewards``)."""
@@ -118,6 +185,11 @@ class TaskConfig:
         False, "evaluate on training rows too (a single file is then not split); prints a warning"
     )
     reward_timeout_s: float = _f(1.0, "time limit of one verifier call, in seconds", gt=0)
+    mixture: TaskMixture | None = _f(  # noqa: RUF009 - the default, None, is immutable
+        None,
+        "several tasks in one run with sampling weights, 'arithmetic:0.7,calc:0.3' (name:weight; a name as task.name "
+        "takes, or calc); per-task metrics task/<name>/... (docs/tasks.md, Task mixtures); None: task.name alone",
+    )
 
 
 @dataclass

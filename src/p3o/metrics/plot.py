@@ -27,6 +27,8 @@ __all__ = ["CAPTIONS", "PANELS", "SmoothMode", "main", "plot_run", "smooth"]
 
 
 # Panels of plot_run: (title, y label, [(metric key, legend label)]). Lag is drawn as a min–max band around the mean.
+# A key with one `*` stands for every recorded key of that shape, its label's `{}` for what the `*` matched
+# (`task/*/accuracy`: one curve per task of a task mixture).
 PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     (
         "Reward",
@@ -55,6 +57,11 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("episode/cut", "cut by a limit"),
         ],
     ),
+    (
+        "Tasks",
+        "accuracy / pass@1",
+        [("task/*/accuracy", "{} accuracy"), ("task/*/eval_accuracy", "{} eval pass@1")],
+    ),
 ]
 
 # One-line caption under each panel's title: what the curve is and what healthy looks like (docs/metrics.md).
@@ -65,6 +72,7 @@ CAPTIONS: dict[str, str] = {
     "Response length": "mean tokens per response (capped at rollout.max_new_tokens)",
     "Agent episodes": "agent runs: model turns, tool calls and errors per episode (docs/agents.md)",
     "Episode tokens": "observation share of tokens (never trained), episodes spanning versions, cut by a limit",
+    "Tasks": "task mixture: training accuracy and held-out pass@1 of each task (docs/tasks.md)",
 }
 
 
@@ -119,6 +127,25 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[
     return xs, ys
 
 
+def _expand(records: list[dict[str, Any]], keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``keys`` with each ``pre*post`` key replaced by the recorded keys of that shape (the `*` matching no ``/``),
+    in order of the matched name, their labels' ``{}`` filled with it."""
+    out: list[tuple[str, str]] = []
+    for key, label in keys:
+        if "*" not in key:
+            out.append((key, label))
+            continue
+        pre, _, post = key.partition("*")
+        names = {
+            k[len(pre) : len(k) - len(post)]
+            for r in records
+            for k in r
+            if k.startswith(pre) and k.endswith(post) and len(k) > len(pre) + len(post)
+        }
+        out += [(f"{pre}{n}{post}", label.format(n)) for n in sorted(names) if "/" not in n]
+    return out
+
+
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Draw reward/accuracy, ESS + KL weight, lag (min/mean/max) and response length of a run to a PNG.
 
@@ -138,7 +165,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         raise DataError(f"{source}: no metrics recorded yet")
     panels = []
     for title, ylabel, keys in PANELS:
-        series = {k: (label, s) for k, label in keys if (s := _series(records, k)) is not None}
+        series = {k: (label, s) for k, label in _expand(records, keys) if (s := _series(records, k)) is not None}
         if series:
             panels.append((title, ylabel, series))
     if not panels:
@@ -158,7 +185,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         if "reward_mean" in series and "accuracy" in series and series["reward_mean"][1] == series["accuracy"][1]:
             series = {k: v for k, v in series.items() if k != "accuracy"}  # 0/1 rewards: the same curve twice
         for key, (label, (xs, ys)) in series.items():
-            if key in SMOOTHED and len(xs) > 20:
+            if (key in SMOOTHED or key.endswith("/accuracy")) and len(xs) > 20:
                 # Per-step rewards of a small batch are noisy: draw them faint, with a centred moving average on top.
                 (line,) = ax.plot(xs, ys, alpha=0.3, linewidth=0.8)
                 ax.plot(
@@ -167,7 +194,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
                     color=line.get_color(),
                     label=f"{label} (moving avg)",
                 )
-            elif key == "eval_accuracy":
+            elif key.endswith("eval_accuracy"):
                 ax.plot(xs, ys, marker="o", markersize=4, linestyle="--", label=label)
             else:
                 ax.plot(xs, ys, marker="." if len(xs) <= 50 else None, label=label)

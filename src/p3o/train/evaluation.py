@@ -54,7 +54,9 @@ class Evaluator:
         self, version: int, weights: Callable[[], dict[str, Tensor]], model: Callable[[], Any]
     ) -> dict[str, float]:
         """{"eval_accuracy": fraction with score > 0.5, "eval_score": mean score, "eval_problems": how many} of the
-        policy at `version` ({} without eval prompts); the first call warns when there are fewer than 50 problems.
+        policy at `version` ({} without eval prompts), and with a task mixture ``task/<name>/eval_accuracy`` per task
+        (over all tasks' held-out problems together: eval_accuracy); the first call warns when there are fewer than
+        50 problems.
         The first call builds the engine from `model()`; later ones load `weights()` into it
         (each callable is called only when needed)."""
         side = self.side
@@ -69,6 +71,7 @@ class Evaluator:
         elif self.engine.version != version:
             self.engine.load_weights(weights(), version)
         engine = self.engine
+        mix = getattr(side, "mixture", None)  # a task mixture: pass@1 per task too
         return {"eval_problems": float(len(side.eval_prompts))} | heldout_metrics(
             None,  # unused: the engine below already holds the policy
             side.tokenizer,
@@ -79,6 +82,8 @@ class Evaluator:
             batch_seed=lambda lo: stream_seed(self.seed, lo, 99991),
             engine=lambda _policy: engine,
             batch_size=self.batch_size,
+            tasks=mix.eval_task if mix is not None else None,
+            task_names=mix.names if mix is not None else (),
         )
 
 

@@ -50,6 +50,7 @@ from p3o import dist
 from p3o.advantages import group_advantages, overlong_penalty
 from p3o.errors import ConfigError
 from p3o.rewards.tally import tally
+from p3o.tasks.mixture import TASK_KEY, task_metrics
 from p3o.types import Rollouts
 
 if TYPE_CHECKING:
@@ -180,6 +181,10 @@ class Producer:
         info["time_gen_s"] = time.perf_counter() - t0
         info.update(verifier_counts.metrics())  # reward/timeouts, reward/restarts, reward/errors
         info.update(episode_metrics(batch))
+        mix = getattr(self.comps, "mixture", None)
+        if mix is not None:  # task/<name>/share, reward_mean, accuracy (every round's completions for accuracy)
+            sampled = [mix.row_tasks(self.stream.indices(b, k)[0], self.g) for k in range(len(scores))]
+            info.update(task_metrics(mix.names, batch.extras[TASK_KEY], batch.rewards, torch.cat(sampled), all_scores))
         return batch, info
 
     def sample(self, b: int, engine: Any) -> tuple[Rollouts, list[Tensor]]:
@@ -227,6 +232,9 @@ class Producer:
         )
         # group ids unique within the batch across ranks and rounds: (round, global prompt position)
         r.group_ids = (round_ * self.stream.p + offset + torch.arange(len(idx)).repeat_interleave(g)).to(r.group_ids)
+        mix = getattr(comps, "mixture", None)
+        if mix is not None:  # a task mixture: every row keeps its task (its verifier, its metrics)
+            r.extras[TASK_KEY] = mix.row_tasks(idx, g).to(r.rewards.device)
         score = comps.reward_fn(r).float().to(r.rewards.device)
         reward = score.clone()
         if lp.overlong_penalty:
@@ -241,9 +249,10 @@ def episode_metrics(batch: Rollouts) -> dict[str, float]:
     (``episode/turns``, ``episode/tool_calls``, ``episode/tool_errors``, ``episode/tool_latency_s``, …), the share of
     response tokens that are observations (``episode/obs_share``), the share of episodes a limit cut
     (``episode/cut``) and of episodes whose model tokens span ≥ 2 policy versions (``episode/multi_version``)."""
-    if not batch.extras:
+    stats = {k: v for k, v in batch.extras.items() if k != TASK_KEY}  # a mixture's task index is no statistic
+    if not stats:
         return {}
-    out = {f"episode/{k}": float(v.float().mean()) for k, v in batch.extras.items()}
+    out = {f"episode/{k}": float(v.float().mean()) for k, v in stats.items()}
     attn = batch.attn if batch.attn is not None else batch.mask
     out["episode/obs_share"] = float(1.0 - batch.mask.sum().float() / attn.sum().clamp(min=1).float())
     if "versions" in batch.extras:
