@@ -33,6 +33,7 @@ VLLM_CHECKS = [
     "load_weights_samples_new_weights_and_stamps_the_version",
     "load_weights_from_another_thread_between_generates",
     "partial_rollouts_hold_two_versions_with_their_own_logprobs",
+    "agent_episodes_are_token_in_token_out",
     "sampling_frequencies_match_processed_distribution",
     "stops_masks_truncation_and_layout",
     "fixed_seed_reproduces_the_batch",

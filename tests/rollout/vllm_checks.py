@@ -26,7 +26,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TESTS = Path(__file__).resolve().parents[1]
-for sub in (TESTS, TESTS / "train"):
+for sub in (TESTS, TESTS / "train", TESTS / "envs"):
     if str(sub) not in sys.path:
         sys.path.insert(0, str(sub))
 
@@ -281,6 +281,53 @@ def partial_rollouts_hold_two_versions_with_their_own_logprobs() -> None:
     ratio = (lp_new - ro.rollout_logp).exp()  # the trainer (at the new weights) against each token's record
     assert (ratio[m & (v == 1)] - 1).abs().max() <= 1e-4
     assert (ratio[m & (v == 0)] - 1).abs().max() > 1e-2, "the old tokens must carry the old weights' log-probs"
+    eng.close()
+
+
+@check
+def agent_episodes_are_token_in_token_out() -> None:
+    """Multi-turn episodes on vLLM (`p3o.envs.run_episodes`): every row is the engine's own ids of each turn plus the
+    observation ids, nothing re-tokenised; observations carry mask 0; the recorded log-probs equal the trainer's
+    (fp32) at every model token with the observations read as context; a weight push between two turns stamps the
+    later turns with the new version."""
+    from episode_fakes import STOPS, IdsRenderer, Recording, ScriptedEnv, check_token_in_token_out
+
+    from p3o.envs import EnvLimits, run_episodes
+    from p3o.tasks.base import Problem
+
+    torch.set_num_threads(1)
+    old, new = lm(seed=0), lm(seed=3)
+    eng = VLLMEngine(old, max_new_tokens=6, pad_token_id=0, stop_token_ids=STOPS)
+    rec = Recording(eng)
+
+    def push(tick: int) -> None:
+        if tick == 1:
+            eng.load_weights(new.state_dict(), version=1)
+
+    problems = [Problem(prompt="abc", answer="1"), Problem(prompt="de", answer="2")]
+    limits = EnvLimits(max_turns=3, max_turn_tokens=6, max_total_tokens=64, max_obs_tokens=8)
+    ro = run_episodes(
+        rec,
+        ScriptedEnv,
+        problems,
+        2,
+        renderer=IdsRenderer(),
+        limits=limits,
+        seed=3,
+        eos_ids=[2],
+        stop_ids=STOPS,
+        on_tick=push,
+    )
+    check_token_in_token_out(ro, rec.calls)
+    v, m = ro.policy_version, ro.mask
+    assert any(set(v[i][m[i]].tolist()) == {0, 1} for i in range(len(ro))), "no episode spans the push"
+    with torch.no_grad():
+        args = (ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.attn)
+        lp_old, _ = token_logprobs(old, *args, loss_mask=m)
+        lp_new, _ = token_logprobs(new, *args, loss_mask=m)
+    own = torch.where(v == 0, lp_old, lp_new)
+    diff = (own - ro.rollout_logp)[m].abs().max().item()
+    assert diff <= 1e-4, f"a model token's record is not its own version's log-prob: {diff:.2e}"
     eng.close()
 
 

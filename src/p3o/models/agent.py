@@ -41,9 +41,9 @@ AGENT_TOKENS = ("<calc>", "</calc>", "<result>", "</result>")
 """The calculator markup, one token each (``</calc>`` is the turn's stop token; `p3o.envs.render` needs single ids)."""
 
 AGENT_RECIPE: dict[str, Any] = {
-    "steps": 300,
-    "batch_size": 32,
-    "lr": 2e-3,
+    "steps": 250,
+    "batch_size": 16,
+    "lr": 3e-3,
     "warmup_steps": 20,
     "tool_share": 0.5,
     "seed": 0,
