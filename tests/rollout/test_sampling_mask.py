@@ -135,3 +135,13 @@ def test_update_on_fresh_top_p_data_has_ratio_one_and_reports_the_kept_mass(tiny
     off = dataclasses.replace(ro, sampling_mask=None)
     st_off = _update_stats(tiny_lm, off)
     assert st_off["ratio_mean"] < 1 - 1e-3 and "kept_mass" not in st_off
+
+
+def test_kept_sets_survive_a_checkpoint_state(tiny_lm, tmp_path):
+    from p3o.train.sources import rollouts_from_state, rollouts_to_state
+
+    ro = _engine(tiny_lm, top_k=20).generate(PROMPTS, n=2, seed=0)
+    torch.save(rollouts_to_state(ro), tmp_path / "r.pt")
+    back = rollouts_from_state(torch.load(tmp_path / "r.pt", weights_only=True))
+    assert torch.equal(back.sampling_mask.ids, ro.sampling_mask.ids)
+    assert torch.equal(back.sampling_mask.counts, ro.sampling_mask.counts)

@@ -51,7 +51,7 @@ from p3o.advantages import group_advantages, overlong_penalty
 from p3o.errors import ConfigError
 from p3o.rewards.tally import tally
 from p3o.tasks.mixture import TASK_KEY, task_metrics
-from p3o.types import Rollouts
+from p3o.types import Rollouts, SamplingMask
 
 if TYPE_CHECKING:
     from p3o.config import AdvantageConfig, LoopConfig, RolloutConfig
@@ -279,7 +279,10 @@ def rollouts_to_state(r: Rollouts) -> dict[str, Any]:
     `torch.load(weights_only=True)`, which rebuilds no Python classes). Tensors are moved to the CPU: the states of
     every rank are gathered with `all_gather_object`, which would unpickle GPU tensors onto the receiving rank's
     view of that GPU (an extra CUDA context on another rank's device)."""
-    return {f.name: _on_cpu(getattr(r, f.name)) for f in fields(r)}
+    out = {f.name: _on_cpu(getattr(r, f.name)) for f in fields(r)}
+    if r.sampling_mask is not None:  # a class: stored as its two tensors
+        out["sampling_mask"] = {"counts": r.sampling_mask.counts.cpu(), "ids": r.sampling_mask.ids.cpu()}
+    return out
 
 
 def _on_cpu(v: Any) -> Any:
@@ -295,6 +298,9 @@ def _on_cpu(v: Any) -> Any:
 
 def rollouts_from_state(d: dict[str, Any]) -> Rollouts:
     """Inverse of `rollouts_to_state`."""
+    kept = d.get("sampling_mask")
+    if isinstance(kept, dict):
+        d = {**d, "sampling_mask": SamplingMask(**kept)}
     return Rollouts(**d)
 
 
