@@ -184,10 +184,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             series = {k: v for k, v in series.items() if k not in {"lag_min", "lag_max"}}
         if "reward_mean" in series and "accuracy" in series and series["reward_mean"][1] == series["accuracy"][1]:
             series = {k: v for k, v in series.items() if k != "accuracy"}  # 0/1 rewards: the same curve twice
+        task_colors: dict[str, str] = {}  # a task's training and held-out curves share a colour
         for key, (label, (xs, ys)) in series.items():
+            kw = {}
+            if key.startswith("task/"):
+                kw["color"] = task_colors.setdefault(key.split("/")[1], f"C{len(task_colors)}")
             if (key in SMOOTHED or key.endswith("/accuracy")) and len(xs) > 20:
                 # Per-step rewards of a small batch are noisy: draw them faint, with a centred moving average on top.
-                (line,) = ax.plot(xs, ys, alpha=0.3, linewidth=0.8)
+                (line,) = ax.plot(xs, ys, alpha=0.3, linewidth=0.8, **kw)
                 ax.plot(
                     xs,
                     smooth(ys, max(5, len(ys) // 15), mode="centred"),
@@ -195,9 +199,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
                     label=f"{label} (moving avg)",
                 )
             elif key.endswith("eval_accuracy"):
-                ax.plot(xs, ys, marker="o", markersize=4, linestyle="--", label=label)
+                ax.plot(xs, ys, marker="o", markersize=4, linestyle="--", label=label, **kw)
             else:
-                ax.plot(xs, ys, marker="." if len(xs) <= 50 else None, label=label)
+                ax.plot(xs, ys, marker="." if len(xs) <= 50 else None, label=label, **kw)
         ax.set_title(title, pad=16)
         if title in CAPTIONS:
             ax.text(0.5, 1.015, CAPTIONS[title], transform=ax.transAxes, ha="center", va="bottom", fontsize=7.5)
