@@ -192,7 +192,7 @@ def heldout_metrics(
             t = torch.tensor(list(tasks[lo : lo + len(r) // n_samples]), dtype=torch.float32)
             r.extras[TASK_KEY] = t.repeat_interleave(n_samples).to(r.rewards.device)
             row_tasks.append(r.extras[TASK_KEY].cpu())
-        scores.append(reward_fn(r).float().cpu())
+        scores.append(reward_fn(r).float())
     s = torch.cat(scores)
     acc, mean = torch.stack([(s > 0.5).float().mean(), s.mean()]).tolist()
     per_task = eval_task_metrics(task_names, torch.cat(row_tasks), s) if tasks is not None else {}
