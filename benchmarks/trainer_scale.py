@@ -7,13 +7,16 @@ update throughput of DDP vs FSDP2 vs the old hand-written all-reduce, and token-
 
 Every layout runs in fresh processes (forked; 2 ranks over gloo, one torch thread each) that load the model from
 the cache, place it (`p3o.train.placement.Placement`), build AdamW and run `p3o.train.step.update` on this rank's
-rows of one global batch of `--rows` sequences (`--prompt` + `--response` tokens, all valid, one micro-batch per
-rank, objective P3O, whose ESS set is then the step): `--warmup` updates, then `--repeats` timed ones.
+rows of one global batch of `--rows` sequences (`--prompt` + `--response` tokens, all valid, `--micro-batches`
+micro-batches per rank: gradient accumulation, objective P3O with a KL to a frozen reference model, `--ref-kl`, so
+the reference is placed too): `--warmup` updates, then `--repeats` timed ones.
 
 1. **Memory per rank** (layouts: one process, FSDP2 at world size 1, the old all-reduce, DDP and FSDP2 at 2 ranks;
    `train.mixed_precision` no and bf16). Bytes are counted from the tensors each rank holds: parameters
-   (`DTensor.to_local()` under FSDP), their gradients just before the optimizer step (a step pre-hook) and the
-   AdamW states after it (a post-hook). DDP's gradient buckets, FSDP's transient all-gathered layers and the bf16
+   (`DTensor.to_local()` under FSDP), their gradients just before the optimizer step (a step pre-hook), the most
+   gradient bytes the rank held after any micro-batch's backward (`Placement.held_gradient_bytes`: FSDP's unsharded
+   gradients kept between micro-batches included; "accum"), the reference model's parameters (`ref`) and the AdamW
+   states after the step (a post-hook). DDP's gradient buckets, FSDP's transient all-gathered layers and the bf16
    copies of autocast are not tensors the rank keeps and are not counted; the peak RSS sees them:
 
        load RSS  = ru_maxrss (resource.getrusage(RUSAGE_SELF)) once the model is loaded and placed and AdamW built:
@@ -22,7 +25,8 @@ rank, objective P3O, whose ESS set is then the step): `--warmup` updates, then `
                    the load (nan where the reset is refused)
        peak RSS  = the rank's whole-life peak: the larger of the two
 
-   The check of issue 38: FSDP2's per-rank parameters + AdamW states at 2 ranks ≤ 0.55 × DDP's.
+   The checks: FSDP2's per-rank parameters + AdamW states at 2 ranks ≤ 0.55 × DDP's (issue 38), and its gradient
+   bytes held during accumulation ≤ 0.55 × DDP's (issue 45).
 2. **Throughput** at 2 ranks, fp32: the old hand-written all-reduce (`naive`: no wrapper, then after the whole
    backward every gradient copied into one flat buffer, `dist.all_reduce` SUM, copied back, as `p3o.dist.
    all_reduce_grads_` did before commit c6a8b7a), torch DDP (bucketed, overlapped with the backward) and FSDP2.
@@ -51,6 +55,7 @@ import resource
 import statistics
 import tempfile
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +183,11 @@ def near_policy(placement: Any, batch: Any, noise: float = 0.05, seed: int = 3) 
     """Set `batch.rollout_logp` to the placed policy's own log-probs plus N(0, noise²) per token (a no-grad forward;
     a collective under ddp / fsdp: every rank calls it): the ratios of a nearly on-policy batch, as a sync loop's."""
     g = torch.Generator().manual_seed(seed)
-    logp, _ = placement.logprobs(batch, grad=False)
+    rows = types.SimpleNamespace(
+        prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask, response_ids=batch.response_ids,
+        mask=batch.mask, reads=batch.mask, attn=None,
+    )  # fmt: skip  # a micro-batch of every row (its attention mask: the loss mask)
+    logp, _ = placement.logprobs(rows, grad=False)
     batch.rollout_logp = (logp + noise * torch.randn(logp.shape, generator=g)) * batch.mask
 
 
@@ -224,6 +233,14 @@ def layout_rank(rank: int, world: int, strategy: str, precision: str, args: argp
 
         optimizer.register_step_pre_hook(before_step)
         optimizer.register_step_post_hook(after_step)
+        backward = placement.backward
+
+        def counted_backward(loss: torch.Tensor) -> None:  # the gradients held after each micro-batch
+            backward(loss)
+            counts["accum"] = max(counts.get("accum", 0), placement.held_gradient_bytes())
+
+        placement.backward = counted_backward
+        ref = _load(args.model).requires_grad_(False) if args.ref_kl else None
         vocab = policy.get_output_embeddings().weight.shape[0]
         batch = make_batch(args.rows, args.prompt, [args.response] * args.rows, min(vocab, 8000), seed=1)
         mine = batch.select(list(range(rank, args.rows, world)))
@@ -241,9 +258,10 @@ def layout_rank(rank: int, world: int, strategy: str, precision: str, args: argp
                 None,
                 mine,
                 get_objective("p3o"),
-                {},
-                micro_batch_size=len(mine),
+                {"ref_kl_coef": args.ref_kl} if args.ref_kl else {},
+                micro_batch_size=max(1, len(mine) // args.micro_batches),
                 grad_clip=1.0,
+                ref_model=ref,
                 group=dist.group(),
                 placement=placement,
             )
@@ -251,8 +269,11 @@ def layout_rank(rank: int, world: int, strategy: str, precision: str, args: argp
             if i >= args.warmup:
                 times.append(time.perf_counter() - t0)
             losses.append(stats["loss"])
+        placed_ref = placement.place_reference(ref)  # what update placed (the same module: placing is idempotent)
         result = {
             "params": sum(_local_bytes(p) for p in policy.parameters()),
+            "ref": sum(_local_bytes(p) for p in placed_ref.parameters()) if placed_ref is not None else 0,
+            "accum": counts.get("accum", 0),
             "grads": counts.get("grads", 0),
             "optimizer": counts.get("optimizer", 0),
             "rss_load_peak": load_peak,
@@ -336,8 +357,8 @@ def report_memory(rows: list[dict[str, Any]]) -> dict[str, float]:
     base_states = max(x["params"] + x["grads"] + x["optimizer"] for x in base["ranks"])
     print("\n## Memory per rank (MiB; the largest rank; states counted from the tensors each rank holds)")
     head = (
-        f"{'layout':<16}{'ranks':>6}{'precision':>10}{'params':>9}{'grads':>9}{'AdamW':>9}{'p+g+AdamW':>11}"
-        f"{'vs 1 proc':>10}{'load RSS':>10}{'train RSS':>10}{'peak RSS':>10}"
+        f"{'layout':<16}{'ranks':>6}{'precision':>10}{'params':>9}{'grads':>9}{'accum':>9}{'ref':>9}{'AdamW':>9}"
+        f"{'p+g+AdamW':>11}{'vs 1 proc':>10}{'load RSS':>10}{'train RSS':>10}{'peak RSS':>10}"
     )
     print(head)
     for r in rows:
@@ -348,6 +369,7 @@ def report_memory(rows: list[dict[str, Any]]) -> dict[str, float]:
         train_rss = max(x["rss_train_peak"] for x in r["ranks"])
         print(
             f"{r['label']:<16}{r['world']:>6}{r['precision']:>10}{_mib(big['params']):>9}{_mib(big['grads']):>9}"
+            f"{_mib(max(x['accum'] for x in r['ranks'])):>9}{_mib(max(x['ref'] for x in r['ranks'])):>9}"
             f"{_mib(big['optimizer']):>9}{_mib(states):>11}{states / base_states:>9.2f}x"
             f"{load_rss:>10.0f}{train_rss:>10.0f}{rss:>10.0f}"
         )
@@ -365,6 +387,19 @@ def report_memory(rows: list[dict[str, Any]]) -> dict[str, float]:
                 f"fsdp / ddp at 2 ranks, parameters + AdamW states per rank ({precision}): "
                 f"{_mib(pick['fsdp'])} / {_mib(pick['ddp'])} MiB = {ratios[precision]:.3f}x  "
                 f"(issue 38: <= 0.55x) {verdict}"
+            )
+        accum = {
+            r["strategy"]: max(x["accum"] for x in r["ranks"])
+            for r in rows
+            if r["world"] == 2 and r["precision"] == precision and r["strategy"] in ("ddp", "fsdp")
+        }
+        if len(accum) == 2 and accum["ddp"]:
+            ratio = accum["fsdp"] / accum["ddp"]
+            ratios[f"accum-{precision}"] = ratio
+            verdict = "PASS" if ratio <= 0.55 else "FAIL"
+            print(
+                f"fsdp / ddp at 2 ranks, gradient bytes held during accumulation ({precision}): {_mib(accum['fsdp'])} "
+                f"/ {_mib(accum['ddp'])} MiB = {ratio:.3f}x  (issue 45: <= 0.55x) {verdict}"
             )
     return ratios
 
@@ -419,7 +454,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="p3o.models.load_policy name (SmolLM2-135M-Instruct)")
     ap.add_argument("--parts", default="memory,skew", help="comma-separated: memory (memory and throughput), skew")
-    ap.add_argument("--rows", type=int, default=4, help="sequences in the global batch of the layouts")
+    ap.add_argument("--rows", type=int, default=8, help="sequences in the global batch of the layouts")
+    ap.add_argument("--micro-batches", type=int, default=4, help="micro-batches per rank (gradient accumulation)")
+    ap.add_argument("--ref-kl", type=float, default=0.1, help="P3O's ref_kl_coef (0: no reference model)")
     ap.add_argument("--prompt", type=int, default=8, help="prompt tokens per sequence")
     ap.add_argument("--response", type=int, default=24, help="response tokens per sequence of the layouts")
     ap.add_argument("--long", type=int, default=48, help="response tokens of the long rows of the skewed batch")
@@ -444,8 +481,8 @@ def main() -> None:
     print(
         f"model {args.model}; {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
         f"{torch.__version__}, transformers {transformers.__version__}; gloo ranks forked, 1 torch thread each; "
-        f"layouts: {args.rows} rows x ({args.prompt} + {args.response}) tokens, {args.warmup} warm-up + "
-        f"{args.repeats} timed updates"
+        f"layouts: {args.rows} rows x ({args.prompt} + {args.response}) tokens, {args.micro_batches} micro-batches "
+        f"per rank, ref_kl_coef {args.ref_kl}, {args.warmup} warm-up + {args.repeats} timed updates"
     )
     with tempfile.TemporaryDirectory(prefix="p3o-scale-") as tmp:
         if "memory" in parts:

@@ -223,6 +223,7 @@ class Placement:
         self.device = next(policy.parameters()).device
         self.compute_dtype = _DTYPES.get(self.precision)
         self.skeleton: nn.Module | None = None
+        self._references: dict[int, PolicyForward] = {}
         forward = PolicyForward(policy)
         if self.strategy == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -256,9 +257,11 @@ class Placement:
         autocast)."""
         if ref is None or not self.sharded or isinstance(ref, (AdaptersOff, PolicyForward)):
             return ref
-        forward = PolicyForward(ref.requires_grad_(False).eval())
-        _fully_shard(forward, self._shard_kw())
-        return forward
+        placed = self._references.get(id(ref))  # placed once: every later update step gets the same wrapper
+        if placed is None:
+            placed = self._references[id(ref)] = PolicyForward(ref.requires_grad_(False).eval())
+            _fully_shard(placed, self._shard_kw())
+        return placed
 
     def _scaler(self) -> Any:
         if self.precision != "fp16":
