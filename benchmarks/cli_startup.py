@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/cli_startup.py                 # every case, 3 fresh processes each (median)
     .venv/bin/python benchmarks/cli_startup.py --repeats 5 --json out.json
+    .venv/bin/python benchmarks/cli_startup.py --src /tmp/before/src   # another tree's package (git worktree)
 
 Each case runs `python -m p3o ...` (the installed `p3o` script does the same) in a fresh process from this
 interpreter and reports the median wall time, the exit status, and whether torch or transformers got imported
@@ -51,10 +52,13 @@ _PROBE = (
 )
 
 
-def measure(args: list[str], repeats: int) -> dict[str, object]:
-    """Median wall seconds of `p3o ARGS` over `repeats` fresh processes, its exit status and heavy imports."""
+def measure(args: list[str], repeats: int, src: str | None = None) -> dict[str, object]:
+    """Median wall seconds of `p3o ARGS` over `repeats` fresh processes, its exit status and heavy imports (`src`:
+    import p3o from that source folder instead of the installed one)."""
     times, rc, heavy = [], None, ""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     for _ in range(repeats):
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env)
@@ -69,8 +73,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--src", default=None, help="import p3o from this source folder (e.g. an older commit's src/)")
     args = ap.parse_args()
-    results = [measure(case, args.repeats) for case in CASES]
+    results = [measure(case, args.repeats, args.src) for case in CASES]
     print(f"| command | median s ({args.repeats} runs) | exit | torch / transformers imported |")
     print("|---|---:|---:|---|")
     for r in results:

@@ -19,6 +19,7 @@ def test_train_smoke_offline(tmp_path):
         sys.executable, "-m", "p3o", "train", "--model.name", "tiny-random", "--steps", "2",
         "--rollout.prompts_per_step", "2", "--rollout.group_size", "2", "--rollout.max_new_tokens", "8",
         "--run_dir", str(run_dir), "--log.tensorboard", "false", "--log.progress", "false", "--ckpt.every", "1",
+        "--task.n_eval", "16",  # 16 held-out problems, not 512: the evaluation's plumbing, in a fraction of the time
     ]  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -176,3 +177,86 @@ def test_documented_options_of_every_command_exist():
                     assert opt.replace("-", "_") in keys, f"{path.name}:{n}: p3o {m.group(1)} has no option --{opt}"
                     checked += 1
     assert checked >= 10
+
+
+# ---------------------------------------------------------------------------- a newcomer's first hour (issue 47)
+
+_NO_TORCH = """
+import contextlib, io, sys
+from p3o.cli import main
+codes = []
+for argv in {argvs!r}:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        codes.append(main(argv))
+heavy = [m for m in ("torch", "transformers") if m in sys.modules]
+print(codes, heavy)
+"""
+
+
+def test_help_version_and_option_errors_answer_before_torch_loads():
+    """`p3o --help`, `--version`, a command's `--help` and its option errors import neither torch nor transformers
+    (they took 6-9 s; benchmarks/cli_startup.py measures the start-up, docs/benchmarks.md has the figures)."""
+    argvs = [
+        ["--help"], ["--version"], ["train", "--help"], ["train", "--step", "3"], ["train", "--optim.lrr", "1"],
+        ["train", "--objective.name", "grpoo"], ["eval", "--help"], ["eval", "--model", "x", "--n_samples", "y"],
+        ["doctor", "--help"], ["docs", "metrics"], ["examples"],
+    ]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH.format(argvs=argvs)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"{[0, 0, 0, 2, 2, 2, 0, 2, 0, 0, 0]} []", out.stdout
+
+
+def test_version_docs_and_examples(capsys, tmp_path, monkeypatch):
+    import importlib.metadata
+
+    assert p3o_main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"p3o {importlib.metadata.version('p3o')}"
+    assert p3o_main(["docs", "docs/metrics.md"]) == 0  # the name a message gives works as it is written
+    assert capsys.readouterr().out.startswith("# Reading a run")
+    assert p3o_main(["docs", "metric"]) == 2
+    assert "did you mean 'metrics'" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert p3o_main(["examples", "own-task"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own_reward.py", "own_task.jsonl"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in ("own_reward.py", "own_task.jsonl"):  # the packaged copies are the tests' files
+        with open(os.path.join(root, "tests", "data", name), encoding="utf-8") as fh:
+            assert (tmp_path / name).read_text(encoding="utf-8") == fh.read(), name
+    assert p3o_main(["examples", "own-task"]) == 2  # never overwrites
+    assert "exist(s) already" in capsys.readouterr().err
+    assert p3o_main(["examples", "study"]) == 0  # a valid study: tests/test_wheel.py runs its grid (dry)
+    assert (tmp_path / "study.yaml").read_text(encoding="utf-8").startswith("# p3o compare study.yaml --exploratory")
+
+
+def test_the_objectives_help_snapshot_is_the_registrys():
+    from p3o.config import objective_rows
+
+    assert objective_rows() == objective_rows(fresh=True), (
+        "regenerate: python -m p3o.config --objectives > src/p3o/configs/objectives-help.json"
+    )
+
+
+def test_readme_and_integrations_show_one_trl_snippet():
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def trl_snippet(name: str) -> str:
+        with open(os.path.join(root, name), encoding="utf-8") as fh:
+            blocks = re.findall(r"```python\n(.*?)```", fh.read(), flags=re.S)
+        (block,) = [b for b in blocks if "P3OGRPOTrainer(" in b and "from datasets import Dataset" in b]
+        return block
+
+    readme = trl_snippet("README.md")
+    assert readme == trl_snippet("docs/integrations.md")
+    assert "logging_steps=1" in readme  # without it trainer_state.json has no per-step rows for p3o doctor
+
+
+def test_summary_names_the_held_out_count(tmp_path):
+    from p3o.train.cli import _summary
+
+    rows = [{"step": 0, "eval_accuracy": 0.5, "eval_problems": 4}, {"step": 1, "reward_mean": 0.2}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "held-out pass@1 on 4 problems: 0.500 at step 0 (1 evaluation)" in _summary(str(tmp_path), 1.0)

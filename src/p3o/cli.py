@@ -158,8 +158,8 @@ def _usage() -> str:
 
 
 #: What `quiet_dependencies` silences: progress bars and advisory messages of the model libraries (environment
-#: variables they read at import), and the warnings they raise about their own internals (docs/training.md, "Quiet
-#: output"). P3O_VERBOSE=1 keeps all of it.
+#: variables they read at import), and the warnings they raise about their own internals (README "Install",
+#: docs/metrics.md "Console output"). P3O_VERBOSE=1 keeps all of it.
 QUIET_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' "Loading weights 46/46" bar and the Hub's download bars
     "TRANSFORMERS_VERBOSITY": "error",  # its advisory log lines ("generation flags are not valid", ...)

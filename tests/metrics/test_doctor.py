@@ -136,6 +136,7 @@ def _train(tmp_path: Path, name: str, *overrides: str, config: str = "quick") ->
     torch.set_num_threads(1)
     args = ["--config", config, "--run_dir", str(tmp_path / name), "--model.name", "tiny-random"]
     args += ["--log.eval_every", "0", "--log.plot", "false", "--log.progress", "false", "--ckpt.every", "0"]
+    args += ["--task.n_eval", "0"]  # no held-out evaluation: the doctor reads the training rows only
     cfg = load_config([*args, "--rollout.prompts_per_step", "8", "--update.micro_batch_size", "32", *overrides])
     comps = dataclasses.replace(build_components(cfg), reward_fn=_even_tokens)
     return run(cfg, components=comps)

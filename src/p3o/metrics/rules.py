@@ -205,10 +205,14 @@ _FIX_P3O_ORIGIN = {
 }
 
 
+_TINY_NOTE = (
+    "; the built-in tiny model knows only the built-in arithmetic wording: p3o docs tasks, 'Which models learn which "
+    "data'"
+)
 _SIGNAL_FIX = {
-    "unsolved": "a task the model can solve some of the time: an easier task or a stronger base model (the built-in "
-    "tiny model knows only the built-in arithmetic wording: p3o docs tasks, 'Which models learn which data'), a "
-    "prompt format or template the model knows, a larger group so that a rare success shows up",
+    "unsolved": "a task the model can solve some of the time: an easier task or a stronger base model (task and model"
+    + _TINY_NOTE
+    + "), a prompt format or template the model knows, a larger group so that a rare success shows up",
     "solved": "a harder task (nothing is left to learn here), or evaluate the model instead of training it",
     "tied": "a larger group, a higher sampling temperature, or a reward that tells samples apart (partial credit)",
 }
@@ -312,9 +316,12 @@ def suggest(
         text = _SIGNAL_FIX[cause]
         if words:
             text = text.replace("a larger group", f"a larger group ({words['group']})")
-            text = text.replace("a stronger base model", f"a stronger base model ({words['task']})")
+            text = text.replace("(task and model;", f"({words['task']};")
             text = text.replace("a format or template", f"a format or template ({words['template']})")
             text = text.replace("template the model knows", f"template the model knows ({words['template']})")
+        model = _get(config, "model.name")
+        if model is not None and not str(model).startswith("tiny"):  # the tiny model's limits are not this run's
+            text = text.replace(_TINY_NOTE, "; see p3o docs tasks, 'Which models learn which data'")
         group = _get(config, "rollout.group_size")
         if group is not None and cause != "solved":
             text += f" (this run: {group} samples per prompt)"
