@@ -84,6 +84,8 @@ def test_resume_without_flags_continues_with_the_runs_settings(half_run, built, 
     assert [r["step"] for r in _rows(run_dir)] == [1, 2, 3, 4]
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["steps"] == 4
     assert not (run_dir / HISTORY_FILE).exists()  # nothing changed, nothing recorded
+    out = capsys.readouterr().out  # where it continues: the checkpoint it took and the next step (issue 47)
+    assert f"resuming {run_dir} from checkpoint step_000002 (2 of 4 steps done); next step: 3" in out
 
 
 def test_config_of_the_run_itself_resumes_as_today(half_run, built):
