@@ -631,20 +631,24 @@ def _together(fn: Any, *args: Any, decide: bool = False) -> Any:
     return result
 
 
-_VERDICTS: dict[tuple[str, int], str | None] = {}  # (checkpoint, meta.json mtime) -> damage verdict, hashed once
+_VERDICTS: dict[tuple[Any, ...], str | None] = {}  # a checkpoint's files as they stand -> its damage verdict
 
 
-def _meta_key(ckpt: Path) -> tuple[str, int] | None:
+def _meta_key(ckpt: Path) -> tuple[Any, ...] | None:
+    """The checkpoint as it stands on disk: its path and every file's (name, size, mtime); a verdict is reused only
+    while none of them changed."""
     try:
-        return str(ckpt.resolve()), (ckpt / META_FILE).stat().st_mtime_ns
+        files = sorted((p.relative_to(ckpt).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
+                       for p in ckpt.rglob("*") if p.is_file())  # fmt: skip
+        return (str(ckpt.resolve()), *files)
     except OSError:
         return None
 
 
 def _damage(ckpt: Path, share: tuple[int, int] = (0, 1)) -> str | None:
     """:func:`checkpoint_damage` of the files (rank, world) = `share` checks (every world-th file of meta.json's
-    record from the rank-th); the whole verdict is remembered per meta.json, so a resume check and the load after
-    it hash each file once."""
+    record from the rank-th); the whole verdict is remembered while the checkpoint's files stay as they are, so a
+    resume check and the load after it hash each file once."""
     key = _meta_key(ckpt)
     if key is not None and key in _VERDICTS:
         return _VERDICTS[key]
