@@ -223,7 +223,15 @@ def render(results: Sequence[MismatchResult], header: str = "") -> str:
             any_finding = True
             lines.append(f"- {r.label}: {f.message}. Suggestion: {f.suggestion}.")
     if not any_finding:
-        lines.append("- none: every configuration is within the thresholds (docs/metrics.md, 'Off-policy findings')")
+        lines.append("- none: every configuration is within the thresholds (p3o docs metrics, 'Off-policy findings')")
+    elif any(f.name == "engine_mismatch" for r in ok for f in r.findings):  # what a newcomer's first check means
+        lines.append(
+            "- what it means: engine_mismatch fires at a mean |Δlogp| ≥ 5e-4 nats on fresh tokens, i.e. the engine "
+            "differs from the fp32 trainer by more than fp32 rounding (a bf16 engine on a CPU: about 3e-3). It is a "
+            "measurement, not a failure: training runs, and the ratios see the mismatch (the ESS above says how much; "
+            "P3O's ESS cap bounds it). To clear it, sample in fp32 (--precision fp32); p3o docs metrics, "
+            "'Off-policy findings'."
+        )
     return "\n".join(lines)
 
 

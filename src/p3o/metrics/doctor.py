@@ -26,11 +26,12 @@ tokens' shares), the steps, how many windows it fired in, and a suggestion. It w
 bucket and of the stale tokens, lag, ratio tails, position deciles) next to the input or to ``--out``.
 
 A run shorter than 10 steps (or than ``--window``, when that is shorter) is **too early to judge** by the window
-rules: the verdict line says so, what they would say so far is listed as early signs, and the exit status stays 0
-unless another rule fires. The **no-signal**
-rule has a window of its own (3 steps): a run whose groups carry no advantage (≥ 90 % of the groups with one reward
-for all samples: the model never solves the task, always solves it, or ties) is unhealthy after 3 steps. Every
-suggestion is checked against the run's own config: no "use P3O" on a P3O run, no "lower loop.max_lag" on a sync run.
+rules that follow training (low ESS, ratio tails, position drift, prefix decay; the engine's mismatch is judged): the
+verdict line says so, what they would say so far is listed as early signs, and the exit status stays 0 unless another
+rule fires. The **no-signal** rule has a window of its own (3 steps): a run whose groups carry no advantage (≥ 90 % of
+the groups with one reward for all samples: the model never solves the task, always solves it, or ties) is unhealthy
+after 3 steps. Every suggestion is checked against the run's own config: no "use P3O" on a P3O run, no "lower
+loop.max_lag" on a sync run.
 
 Exit status: 0 healthy (or too early to judge), 1 at least one finding fired, 2 bad input (no such path, nothing
 readable, no off-policy metric in it; a TRL run without per-step logs is told to set ``logging_steps``) — CI can gate
@@ -56,6 +57,7 @@ from p3o.errors import ConfigError
 from p3o.metrics.rules import (  # not monitor: it imports torch, the doctor needs none
     CAUSE_TEXT,
     N_POSITION_BUCKETS,
+    PATIENT_RULES,
     RULES,
     RUN_RULES,
     SIGNAL_RULES,
@@ -250,12 +252,13 @@ def diagnose(path: str | Path, *, window: int = 20) -> Diagnosis:
     to all rows, and the no-signal rule to every window of its own length (``RULES["signal_steps"]``).
 
     A run shorter than the window rules need (``RULES["min_steps"]``, 10, or ``window`` when shorter) is too early to
-    judge for them: what they would say on its rows is kept in ``Diagnosis.early`` and does not make the run
-    unhealthy; a longer run shorter than ``window`` is judged on its own length. A window rule that fires in several
-    windows is reported once, from the first window it fired in, with the number of windows; when its cause differs
-    between windows, the most frequent one is reported and the others are named in the evidence. The no-signal rule
-    counts when it fires on the run's last window or on more than half of its windows (a run that starts at reward 0
-    and then learns is not flagged). Every suggestion is fitted to the run's own config (p3o runs: config.yaml).
+    judge for those that follow training (``PATIENT_RULES``; ``engine_mismatch`` judges the engine at once): what they
+    would say on its rows is kept in ``Diagnosis.early`` and does not make the run unhealthy; a longer run shorter than
+    ``window`` is judged on its own length. A window rule that fires in several windows is reported once, from the
+    first window it fired in, with the number of windows; when its cause differs between windows, the most frequent one
+    is reported and the others are named in the evidence. The no-signal rule counts when it fires on the run's last
+    window or on more than half of its windows (a run that starts at reward 0 and then learns is not flagged). Every
+    suggestion is fitted to the run's own config (p3o runs: config.yaml).
     """
     source, rows, config, trainer = load_rows(path)
     fit = config or None
@@ -266,9 +269,9 @@ def diagnose(path: str | Path, *, window: int = 20) -> Diagnosis:
         findings.append((f, ", ".join(f.steps) if f.steps else whole, 0))
     findings += _signal_findings(rows, trainer, fit)
     windowed = _window_findings(rows, w, trainer, fit)
-    early = windowed if len(rows) < min(window, int(RULES["min_steps"])) else []
-    if not early:
-        findings += windowed
+    too_early = len(rows) < min(window, int(RULES["min_steps"]))
+    early = [x for x in windowed if too_early and x[0].name in PATIENT_RULES]
+    findings += [x for x in windowed if x not in early]
     return Diagnosis(source, rows, findings, len(rows) - w + 1, config, trainer, w, window, early)
 
 
@@ -387,8 +390,8 @@ def report(d: Diagnosis) -> str:
     n = len(d.rows)
     if d.too_early:
         how = (
-            f"too early to judge by the window rules, which need {d.needed} (the single-step rules and the "
-            f"{RULES['signal_steps']:g}-step no-signal rule are judged)"
+            f"too early to judge by the window rules, which need {d.needed} (engine_mismatch, the single-step rules "
+            f"and the {RULES['signal_steps']:g}-step no-signal rule are judged)"
         )
     elif n < d.requested_window:
         how = f"shorter than the {d.requested_window}-step window: judged on its own {n} steps"

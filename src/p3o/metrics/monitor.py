@@ -49,9 +49,10 @@ The statistics (lr_t = logp_t − rollout_logp_t, ρ_t = e^{lr_t}, over valid to
 
 Empty sets give NaN (an ESS of an empty lag bucket, a decile no response reached). The findings follow the rules in
 :func:`find` over the last ``window`` steps; docs/metrics.md lists them with their thresholds and the attribution.
-A rule that judges a window as a whole (:data:`WINDOW_RULES`) waits for ``RULES["min_steps"]`` (10) steps, or the
-whole window when it is shorter: before, it is too early to judge. The single-step rules fire at once, and
-``no_signal`` has its own window (``signal_steps``, 3).
+A rule that judges how training moves the ratios over a window (:data:`PATIENT_RULES`: low ESS, ratio tails,
+position drift, prefix decay) waits for ``RULES["min_steps"]`` (10) steps, or the whole window when it is shorter:
+before, it is too early to judge; ``engine_mismatch`` judges the engine from step 1. The single-step rules fire at
+once, and ``no_signal`` has its own window (``signal_steps``, 3).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from p3o.metrics.rules import (  # the rules and constants, re-exported: p3o.met
     LAG_HIST_BINS,
     N_POSITION_BUCKETS,
     ORIGINS,
+    PATIENT_RULES,
     RULES,
     RUN_RULES,
     SIGNAL_RULES,
@@ -96,6 +98,7 @@ __all__ = [
     "LAG_HIST_BINS",
     "N_POSITION_BUCKETS",
     "ORIGINS",
+    "PATIENT_RULES",
     "RULES",
     "RUN_RULES",
     "SIGNAL_RULES",
@@ -364,11 +367,11 @@ class OffPolicyMonitor:
         return row
 
     def _find(self) -> list[Finding]:
-        """The findings over the window; the whole-window rules only from ``min_steps`` rows on (too early before)."""
+        """The findings over the window; :data:`PATIENT_RULES` only from ``min_steps`` rows on (too early before)."""
         rows = list(self.window)
         need = min(self.window.maxlen or len(rows), int({**RULES, **self.rules}["min_steps"]))
         full = len(rows) >= need
-        only = None if full else [n for n in (*RUN_RULES, *SIGNAL_RULES)]
+        only = None if full else [n for n in (*RUN_RULES, *WINDOW_RULES, *SIGNAL_RULES) if n not in PATIENT_RULES]
         return find(rows, self.rules, source=self.source, only=only)
 
     @staticmethod

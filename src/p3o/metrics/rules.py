@@ -141,7 +141,7 @@ RULES: dict[str, float] = {
     "sync_trend": 0.5,  # ... the fresh tokens' |Δlogp| trends up with the step: Kendall's τ at least this ...
     "sync_factor": 2.0,  # ... its last third's mean is ≥ this × its first third's ...
     "sync_floor": 0.02,  # ... and ≥ this (nats)
-    "min_steps": 10,  # the window rules judge a window of at least this many steps (or of --window, when shorter)
+    "min_steps": 10,  # PATIENT_RULES judge a window of at least this many steps (or of --window, when shorter)
     "signal_share": 0.9,  # no_signal: share of groups whose advantages are all zero at least this ...
     "signal_steps": 3,  # ... over this many steps (its own window: a short run is judged after this many)
     "signal_low": 0.1,  # ... with mean reward ≤ this: the model never solves the task; ≥ signal_high: always
@@ -785,6 +785,9 @@ def _any_positive(rows: Sequence[Mapping[str, Any]], th: Mapping[str, float]) ->
 
 #: The rules that judge a window as a whole (the doctor slides them over a long run).
 WINDOW_RULES = ("low_ess", "engine_mismatch", "position_drift", "ratio_tails", "prefix_decay")
+#: The window rules that judge how training moves the ratios: too early to judge before ``min_steps`` steps. (The
+#: engine's mismatch with the trainer, ``engine_mismatch``, is a property of the engine: judged from step 1.)
+PATIENT_RULES = ("low_ess", "position_drift", "ratio_tails", "prefix_decay")
 #: The rules with a window of their own (``signal_steps``): judged after that many steps, however short the run.
 SIGNAL_RULES = ("no_signal",)
 #: The rules that fire on a single step or on the run's trend (the doctor applies them to the whole run).
