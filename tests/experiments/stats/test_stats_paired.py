@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from p3o.experiments.stats.paired import holm, paired, paired_bootstrap_ci, t_cdf, t_ppf, verdict
+from p3o.experiments.stats.paired import (
+    decide_family,
+    decision_p,
+    holm,
+    paired,
+    paired_bootstrap_ci,
+    t_cdf,
+    t_ppf,
+    verdict,
+)
 
 
 @pytest.mark.parametrize(
@@ -99,17 +108,25 @@ def test_a_tracks_verdict_is_contradicted_only_when_the_interval_clears_the_marg
     assert verdict("tracks", clears, clears.p_equiv, m=10**9) == "inconclusive"
 
 
-def test_effects_below_the_margin_are_negligible() -> None:
+def test_effects_below_the_margin_are_negligible_only_by_the_adjusted_tost() -> None:
+    """Amendment negligible-holm-tost (issue 46): an estimate inside the margin enters its Holm family with its TOST
+    p-value, and is negligible only when that adjusted p is below α; else inconclusive, never negligible on an
+    unadjusted interval."""
     base = [0.5, 0.6, 0.7, 0.4, 0.55, 0.65]
     tiny = paired([b + d for b, d in zip(base, [0.002, 0.003, 0.002, 0.001, 0.002, 0.002])], base, margin=0.01)
-    assert tiny.p_diff < 1e-3  # significant, yet 0.002 < δ
-    assert verdict("better", tiny, tiny.p_diff) == "negligible"
-    assert verdict("worse", tiny, tiny.p_diff) == "negligible"  # the wrong sign below δ is negligible too
-    # Not significant, but the interval lies inside (−δ, δ): negligible, whatever more seeds would add.
-    inside = paired([b + d for b, d in zip(base, [0.004, -0.003, 0.002, -0.002, 0.003, -0.001])], base, margin=0.01)
+    assert tiny.p_diff < 1e-3 and tiny.p_equiv < 1e-3  # significant, yet 0.002 < δ, and shown inside ±δ
+    assert decision_p("better", tiny) == tiny.p_equiv
+    assert verdict("better", tiny, tiny.p_equiv) == "negligible"
+    assert verdict("worse", tiny, tiny.p_equiv) == "negligible"  # the wrong sign below δ is negligible too
+    inside = paired([b + d for b, d in zip(base, [0.008, -0.006, 0.004, -0.004, 0.006, -0.002])], base, margin=0.01)
     assert inside.p_diff > 0.05 and inside.ci[0] > -0.01 and inside.ci[1] < 0.01
-    assert verdict("better", inside, inside.p_diff) == "negligible"
+    assert verdict("better", inside, inside.p_equiv) == "negligible"  # TOST p alone, m = 1
+    # The same interval in a family of 20: Holm multiplies the TOST p, and the verdict is inconclusive.
+    assert inside.p_equiv * 20 > 0.05
+    decided = decide_family(["better"] * 20, [inside] * 20)
+    assert decided[0][1] == "inconclusive" and decided[0][0] == pytest.approx(min(1.0, 20 * inside.p_equiv))
     big = paired([b + 0.05 + d for b, d in zip(base, [0.002, 0.003, 0.002, 0.001, 0.002, 0.002])], base, margin=0.01)
+    assert decision_p("better", big) == big.p_diff
     assert verdict("better", big, big.p_diff) == "supported" and verdict("worse", big, big.p_diff) == "contradicted"
     # Without a margin nothing is negligible (the old behaviour of a bare paired test).
     assert verdict("better", paired(tiny_a := [b + 0.002 for b in base], base), 1e-4) == "supported"

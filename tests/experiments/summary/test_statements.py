@@ -32,7 +32,8 @@ def _record(claim: str, diff: float, ci: tuple[float, float], p: float, verdict:
 @pytest.fixture()
 def toy(tmp_path: Path) -> tuple[dict, int]:
     """Two confirmatory studies: in the first alone +0.100 is supported (p 0.03); pooled with the second study's
-    three verdicts (Holm over 4) it is inconclusive. The exploratory study's −0.050 is its own inconclusive."""
+    four verdicts (Holm over 5) it is inconclusive; w's TOST p 1e-4 keeps it negligible pooled. The exploratory
+    study's −0.050 is its own inconclusive."""
     pre = {"sha256": "ab" * 32, "commit": "c0" * 20, "committed_at": "t", "seeds": [1], "exploratory": False}
     a = tmp_path / "a.verdicts.json"
     a.write_text(
@@ -41,7 +42,8 @@ def toy(tmp_path: Path) -> tuple[dict, int]:
     b = tmp_path / "b.verdicts.json"
     b.write_text(json.dumps({"preregistration": pre, "verdicts": [
         _record("y", 0.3, (0.2, 0.4), 1e-6, "supported"), _record("z", -0.3, (-0.4, -0.2), 1e-6, "contradicted"),
-        _record("w", 0.001, (-0.004, 0.006), 0.7, "negligible")]}))  # fmt: skip
+        _record("w", 0.001, (-0.004, 0.006), 0.7, "negligible", p_equiv=1e-4),
+        _record("u", 0.05, (-0.2, 0.3), 0.9, "inconclusive")]}))  # fmt: skip
     e = tmp_path / "e.verdicts.json"
     e.write_text(json.dumps({"preregistration": {**pre, "exploratory": True},
                              "verdicts": [_record("v", -0.05, (-0.12, 0.02), 0.2, "inconclusive")]}))  # fmt: skip
@@ -65,8 +67,8 @@ def toy(tmp_path: Path) -> tuple[dict, int]:
         ("Below, −0.050 [−0.120, +0.020] (*inconclusive*, exploratory).", []),
         ("A made-up +0.500 [+0.400, +0.600] (*supported*).", ["no verdict file has"]),
         ("The ε spread barely moves the result.", ["barely moves"]),
-        ("One Holm family of all 155 confirmatory verdicts.", ["the pooled family has 4 verdicts"]),
-        ("One Holm family across all 4 verdicts.", []),
+        ("One Holm family of all 155 confirmatory verdicts.", ["the pooled family has 5 verdicts"]),
+        ("One Holm family across all 5 verdicts.", []),
         ("+0.100 [+0.020, +0.180] and +0.300 [+0.200, +0.400]: *supported*.", ["the pooled family says"]),
         ("+0.100 [+0.020, +0.180]; +0.300 [+0.200, +0.400]: *supported*.", []),
     ],

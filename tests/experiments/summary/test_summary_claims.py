@@ -41,7 +41,7 @@ def _setup(tmp_path: Path) -> tuple[list[str], Path]:
     pre = {"sha256": "ab" * 32, "commit": "c0" * 20, "committed_at": "t", "seeds": [1, 2], "exploratory": False}
     doc = {"preregistration": pre, "verdicts": [
         _record("stale", "stale-64", "grpo", -0.3, 1e-5), _record("stale", "stale-64", "cispo", -0.05, 0.03),
-        _record("lag", "lag-4", "grpo", 0.001, 0.9)]}  # fmt: skip
+        _record("lag", "lag-4", "grpo", 0.001, 0.9, p_equiv=0.9)]}  # fmt: skip
     (results / "toy.verdicts.json").write_text(json.dumps(doc))
     mapping = {"instruments": {"lm": "a tiny model", "synthetic": "a toy"},
                "caveats": {"small": {"mark": "†", "text": "a small model"}}, "claims": [

@@ -95,7 +95,7 @@ def test_a_superseded_verdict_leaves_the_pooled_family_and_is_shown_as_supersede
     claims = (root / "docs" / "paper-claims.md").read_text()
     assert "**superseded** (by new) (not evidence; its study's verdict was inconclusive) minpro > asymre (r)" in claims
     page = (root / "docs" / "results" / "verdicts.md").read_text()
-    assert "## One family: the confirmatory verdicts (2)" in page
+    assert "## One family: the pooled verdicts (2)" in page
     assert (
         f"**superseded** by [new](new.md) (2026-12-02; its study's verdict: inconclusive; not evidence): {WHY}" in page
     )

@@ -19,6 +19,10 @@ commit time (``preregistration.committed_at``; for a file amended after its resu
 of the version its runs were declared under) with the earliest recorded run start: a run that started before it is a
 problem.
 
+The study's status (pooled / failed-bite / exploratory / superseded / replication, recorded in the record file's
+``studies``) is reported; a file the ledger pools must be confirmatory, and a file ``relabelled`` under an
+amendment of the analysis rules must name one the record file holds (``rules``).
+
 A record marked ``superseded`` (``{by, date, why}``: re-decided by a later study, out of the pooled family) must be
 one the record file's ``superseded`` amendments name, with the same mark, and every verdict they name must be
 marked (:func:`p3o.experiments.stats.ledger.superseded_problems`; the record file of the repository holding FILE).
@@ -37,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
-from p3o.experiments.stats.ledger import Records, load_records, superseded_problems
+from p3o.experiments.stats.ledger import STATUSES, records_for, study_status, superseded_problems
 from p3o.experiments.stats.paired import PairedResult, decide_family, paired
 
 #: Absolute tolerance of a recomputed number (the stored files agree with scipy.stats to ~5e-13).
@@ -151,14 +155,6 @@ def check_runs(doc: dict[str, Any]) -> tuple[list[str], list[str]]:
     return problems, [f"earliest run start {first_text} (no confirmatory commit time to compare with)"]
 
 
-def _records_for(path: Path) -> Records | None:
-    """The record file of the repository that holds ``path`` (None outside one)."""
-    for parent in Path(path).resolve().parents:
-        if (parent / "configs" / "experiments").is_dir():
-            return load_records(parent / "configs" / "experiments")
-    return None
-
-
 def check_superseded(path: Path, records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """(problems, notes) of the file's ``superseded`` marks against the record file's amendments."""
     marked = [r for r in records if r.get("superseded") is not None]
@@ -167,7 +163,7 @@ def check_superseded(path: Path, records: list[dict[str, Any]]) -> tuple[list[st
         for r in marked
         if not isinstance(r["superseded"], dict) or not all(r["superseded"].get(k) for k in ("by", "date", "why"))
     ]
-    ledger = _records_for(path)
+    ledger = records_for(path)
     if ledger is not None:
         problems += superseded_problems(Path(path).name.removesuffix(".verdicts.json"), records, ledger)
     by = sorted({str(r["superseded"].get("by")) for r in marked if isinstance(r["superseded"], dict)})
@@ -213,9 +209,36 @@ def check_file(path: Path) -> tuple[list[str], list[str]]:
                 problems.append(f"{_label(r)}: verdict stored {r.get('verdict')!r}, recomputed {verdict!r}")
     checked = len(fresh)
     notes.insert(0, f"{checked} of {len(records)} verdicts recomputed from their per-seed values")
+    status_problems, status_notes = check_status(path, doc)
     run_problems, run_notes = check_runs(doc)
     sup_problems, sup_notes = check_superseded(path, records)
-    return problems + run_problems + sup_problems, notes + run_notes + sup_notes
+    problems += status_problems + run_problems + sup_problems
+    return problems, notes[:1] + status_notes + notes[1:] + run_notes + sup_notes
+
+
+def check_status(path: Path, doc: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the study's status in the record file (pooled / failed-bite / exploratory /
+    superseded: :func:`p3o.experiments.stats.ledger.study_status`) and of the file's ``relabelled`` entries (each
+    names an amendment of the analysis rules the record file holds)."""
+    ledger = records_for(path)
+    pre = doc.get("preregistration") or {}
+    confirmatory = bool(pre) and not pre.get("exploratory", True)
+    name = Path(path).name.removesuffix(".verdicts.json")
+    status, why = study_status(ledger, name, confirmatory, path)
+    problems = []
+    if status == "pooled" and not confirmatory and doc.get("verdicts"):
+        problems.append("the ledger says pooled, but the file is not confirmatory (exploratory or not registered)")
+    notes = [f"status: {STATUSES[status]}" + (f" ({why})" if why and status != "pooled" else "")]
+    known = {str(r.get("id")) for r in ledger.rules} if ledger is not None else None
+    for entry in doc.get("relabelled") or []:
+        rid = str(entry.get("rule")) if isinstance(entry, dict) else str(entry)
+        if known is not None and rid not in known:
+            problems.append(f"relabelled under rule {rid!r}, which the record file's rules do not hold")
+        else:
+            changed = entry.get("changed") if isinstance(entry, dict) else None
+            what = f" ({changed} labels changed)" if changed else ""
+            notes.append(f"relabelled under rule amendment {rid}{what}")
+    return problems, notes
 
 
 def main(argv: list[str]) -> int:

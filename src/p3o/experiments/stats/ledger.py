@@ -27,12 +27,25 @@ superseding study. The verdicts stay in their file, each marked ``"superseded": 
 Holm family of the summary; ``p3o compare --check`` refuses a marking the record file does not hold, and the reverse
 (:func:`superseded_problems`).
 
+Each study's **status** is recorded too (``studies:``): ``pooled`` (a confirmatory study whose primary verdicts join
+the one pooled Holm family of the summary), ``failed-bite`` (a confirmatory study that failed its pre-registered bite
+condition: reported, never pooled), ``exploratory``, ``superseded`` (a whole study re-decided by a later one) or
+``replication`` (a rerun of a study, one verdict file named by ``file``, reported beside it). The
+summary reads the pooled family from it (:func:`study_status`), never from a hand-typed list of files.
+
+An amendment of the **analysis rules** themselves (``rules:``, ``{id, date, commit, what, why}``) is recorded once for
+every study; ``python -m p3o.experiments.stats.relabel --rule ID FILE ...`` re-takes every verdict of the files under
+today's rules and writes them (the label a report printed is kept as ``verdict_report``), naming the rule in the
+file's ``relabelled`` list.
+
 Record file (``configs/experiments/records/ledger.yaml``)::
 
     seeds:       [{study, instrument, seeds, objectives | like, note}]    # objectives ["*"]: any comparison
     amendments:  [{study, file, from, to, date, commit, what, why}]
     looks:       [{study, look, file, seeds, date, commit, what, why}]
     superseded:  [{study, file, verdicts: [{claim, regime?, a?, b?}], by, by_commit, date, what, why}]
+    rules:       [{id, date, commit, what, why}]
+    studies:     [{study, file?, status, why}]   # pooled | failed-bite | exploratory | superseded | replication
 """
 
 from __future__ import annotations
@@ -74,10 +87,20 @@ class Records:
     amendments: list[dict[str, Any]] = field(default_factory=list)
     looks: list[dict[str, Any]] = field(default_factory=list)
     superseded: list[dict[str, Any]] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    studies: list[dict[str, Any]] = field(default_factory=list)
 
 
 #: The record file's keys, in the order they are written.
-KEYS = ("seeds", "amendments", "looks", "superseded")
+KEYS = ("seeds", "amendments", "looks", "superseded", "rules", "studies")
+#: A study's recorded status, and how the pages say it.
+STATUSES = {
+    "pooled": "pooled",
+    "failed-bite": "failed its bite condition (reported, not pooled)",
+    "exploratory": "exploratory (not pooled)",
+    "superseded": "superseded by a later study (not pooled)",
+    "replication": "a rerun of a study, reported beside it (not pooled)",
+}
 #: What an amendment that supersedes verdicts must record.
 SUPERSEDED_FIELDS = ("study", "file", "verdicts", "by", "date", "what", "why")
 #: The verdict-record fields a ``superseded`` key may name.
@@ -111,6 +134,15 @@ def load_records(root: Path) -> Records:
     if not isinstance(raw, dict) or set(raw) - set(KEYS):
         raise ConfigError(f"{path}: expected the keys {', '.join(KEYS)}")
     records = Records(**{k: list(raw.get(k) or []) for k in KEYS})
+    for i, entry in enumerate(records.studies):
+        if not isinstance(entry, dict) or not entry.get("study") or entry.get("status") not in STATUSES:
+            raise ConfigError(f"{path}: studies[{i}] needs study and status (one of {', '.join(STATUSES)})")
+        if entry["status"] != "pooled" and not entry.get("why"):
+            raise ConfigError(f"{path}: studies[{i}] ({entry['study']}): a status other than pooled needs why")
+    for i, entry in enumerate(records.rules):
+        missing = [k for k in ("id", "date", "what", "why") if not isinstance(entry, dict) or not entry.get(k)]
+        if missing:
+            raise ConfigError(f"{path}: rules[{i}] needs {', '.join(missing)}")
     for i, entry in enumerate(records.superseded):
         missing = [k for k in SUPERSEDED_FIELDS if not isinstance(entry, dict) or not entry.get(k)]
         keys = entry.get("verdicts") if isinstance(entry, dict) else None
@@ -343,3 +375,38 @@ def mark_superseded(path: Path, root: Path) -> int:
         raise ConfigError(unknown[0])
     path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
     return marked
+
+
+def records_for(path: str | Path) -> Records | None:
+    """The record file of the repository that holds ``path`` (None outside one: no ``configs/experiments`` above)."""
+    repo = repo_of(path)
+    return load_records(repo / "configs" / "experiments") if repo is not None else None
+
+
+def repo_of(path: str | Path) -> Path | None:
+    """The repository that holds ``path``: its nearest ancestor with ``configs/experiments`` (None: none)."""
+    return next((p for p in Path(path).resolve().parents if (p / "configs" / "experiments").is_dir()), None)
+
+
+def study_status(
+    records: Records | None, study: str, confirmatory: bool, file: str | Path | None = None
+) -> tuple[str, str]:
+    """(status, why) of ``study`` (its verdict file ``file``) as the record file states it: an entry naming the file
+    (``file:``, relative to the repository) first, else the study's entry without one; outside a repository (no
+    record file) or for a study it does not list: ``pooled`` when ``confirmatory``, else ``exploratory`` (the why
+    then says it is not recorded)."""
+    entries = [e for e in (records.studies if records is not None else []) if e["study"] == study]
+    repo = repo_of(file) if file is not None else None
+    here = str(Path(file).resolve().relative_to(repo)) if repo is not None and file is not None else None
+    mine = [e for e in entries if e.get("file") == here] or [e for e in entries if not e.get("file")]
+    for entry in mine:
+        return str(entry["status"]), " ".join(str(entry.get("why", "")).split())
+    return ("pooled" if confirmatory else "exploratory"), "no status recorded in the ledger"
+
+
+def rule(records: Records, rule_id: str) -> dict[str, Any]:
+    """The recorded amendment of the analysis rules ``rule_id`` (ConfigError when the record file has none)."""
+    found = next((r for r in records.rules if r.get("id") == rule_id), None)
+    if found is None:
+        raise ConfigError(f"{RECORDS}: no rule amendment {rule_id!r} recorded (rules: [{{id, date, what, why}}])")
+    return found

@@ -15,9 +15,13 @@ Holm's step-down correction over the m decision p-values of a report: sort p_(1)
 ``p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) · p_(j))``. With the declared margin δ (the claim's or the primary
 block's) a verdict is then
 
-- ``better`` (A beats B): *negligible* when the effect is below the margin — significant (p̃_diff < α) with
-  |d̄| < δ, or a (1 − α) interval inside (−δ, δ); otherwise supported when p̃_diff < α and d̄ ≥ δ, contradicted
-  when p̃_diff < α and d̄ ≤ −δ (``worse``: the mirror image);
+- ``better`` (A beats B): when the estimate is inside the margin (|d̄| < δ) the verdict's decision p-value is its
+  TOST p_equiv, Holm-adjusted in the same family as every other verdict, and the verdict is *negligible* when
+  p̃_equiv < α, else inconclusive (amendment ``negligible-holm-tost`` of the analysis rules, recorded in
+  configs/experiments/records/ledger.yaml: before it, an unadjusted (1 − α) interval inside (−δ, δ), or a
+  significant |d̄| < δ, was called negligible); otherwise (|d̄| ≥ δ) the decision p-value is p_diff, and the verdict
+  is supported when p̃_diff < α and d̄ ≥ δ, contradicted when p̃_diff < α and d̄ ≤ −δ (``worse``: the mirror
+  image);
 - ``tracks`` (A within ±δ of B): supported when p̃_equiv < α (TOST); contradicted only when the (1 − α) interval
   lies entirely outside [−δ, δ] and the difference is significant after Bonferroni (m · p_diff < α);
 - ``identical``: supported when every paired difference is exactly zero (the same per-seed value), contradicted
@@ -45,6 +49,7 @@ __all__ = [
     "KIND_TEXT",
     "PairedResult",
     "decide_family",
+    "decision_p",
     "holm",
     "paired",
     "paired_bootstrap_ci",
@@ -96,6 +101,29 @@ class PairedResult:
 
     def to_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_record(cls, r: dict[str, object]) -> PairedResult:
+        """The stored paired result of a verdict record (``*.verdicts.json``)."""
+
+        def num(key: str) -> float:
+            v = r.get(key)
+            return math.nan if v is None else float(v)  # type: ignore[arg-type]
+
+        lo, hi = r["ci"]  # type: ignore[misc]
+        margin = r.get("margin")
+        return cls(
+            n=int(r["n"]),  # type: ignore[call-overload]
+            mean_a=num("mean_a"),
+            mean_b=num("mean_b"),
+            diff=num("diff"),
+            sd=num("sd"),
+            ci=(math.nan if lo is None else float(lo), math.nan if hi is None else float(hi)),
+            p_diff=num("p_diff"),
+            p_equiv=num("p_equiv"),
+            margin=None if margin is None else float(margin),  # type: ignore[arg-type]
+            identical=bool(r.get("identical")),
+        )
 
 
 def paired(
@@ -183,7 +211,8 @@ def verdict(kind: str, res: PairedResult, p_adj: float, *, m: int = 1, alpha: fl
         kind: "better" (A > B), "worse" (A < B), "tracks" (|A − B| < margin) or "identical".
         res: the paired comparison; ``res.margin`` is δ (None: no effect is called negligible, and a tracks claim
             is contradicted by any significant difference outside 0).
-        p_adj: Holm-adjusted decision p-value (p_diff for better/worse, p_equiv for tracks).
+        p_adj: Holm-adjusted decision p-value (:func:`decision_p`: p_equiv for tracks and for a better / worse
+            estimate inside the margin, else p_diff).
         m: number of decisions in the family (for the Bonferroni contradiction rule of "tracks").
     """
     if res.n == 0:
@@ -193,9 +222,10 @@ def verdict(kind: str, res: PairedResult, p_adj: float, *, m: int = 1, alpha: fl
     margin = res.margin if res.margin is not None else 0.0
     lo, hi = res.ci
     if kind in ("better", "worse"):
-        significant = not math.isnan(p_adj) and p_adj < alpha and res.diff != 0
-        if margin > 0 and ((significant and abs(res.diff) < margin) or (-margin < lo and hi < margin)):
-            return "negligible"
+        decided = not math.isnan(p_adj) and p_adj < alpha
+        if inside_margin(res):  # p_adj is the Holm-adjusted TOST p (decision_p)
+            return "negligible" if decided else "inconclusive"
+        significant = decided and res.diff != 0
         if not significant:
             return "inconclusive"
         good = res.diff > 0 if kind == "better" else res.diff < 0
@@ -210,6 +240,21 @@ def verdict(kind: str, res: PairedResult, p_adj: float, *, m: int = 1, alpha: fl
     raise ValueError(f"verdict: unknown claim kind {kind!r}")
 
 
+def inside_margin(res: PairedResult) -> bool:
+    """The estimate is inside the declared margin (|d̄| < δ): the only place *negligible* can be
+    decided, by the TOST (an estimate of δ or more can be neither negligible nor shown inside ±δ)."""
+    margin = res.margin if res.margin is not None else 0.0
+    return margin > 0 and not math.isnan(res.diff) and abs(res.diff) < margin
+
+
+def decision_p(kind: str, res: PairedResult) -> float:
+    """The p-value a verdict enters its Holm family with: the TOST p_equiv for ``tracks`` and for a ``better`` /
+    ``worse`` estimate inside the margin (:func:`inside_margin`: a *negligible* candidate), else p_diff."""
+    if kind == "tracks" or (kind in ("better", "worse") and inside_margin(res)):
+        return res.p_equiv
+    return res.p_diff
+
+
 #: The test each decisive kind runs, as the reports print it.
 KIND_TEXT = {"better": "A > B", "worse": "A < B", "tracks": "|A − B| < δ", "identical": "A ≡ B"}
 
@@ -219,11 +264,12 @@ def decide_family(
 ) -> list[tuple[float, str]]:
     """(Holm-adjusted p, verdict) for each claim of one report, in order.
 
-    The decision p-value is p_equiv for ``tracks`` and p_diff for ``better`` / ``worse``; ``identical`` claims are
-    exact checks, outside the Holm family (their adjusted p is NaN).
+    The decision p-value is :func:`decision_p` (the TOST p_equiv for ``tracks`` and for a ``better`` / ``worse``
+    estimate inside the margin, else p_diff); ``identical`` claims are exact checks, outside the Holm family (their
+    adjusted p is NaN).
     """
     tested = [i for i, k in enumerate(kinds) if k != "identical"]
-    raw = [results[i].p_equiv if kinds[i] == "tracks" else results[i].p_diff for i in tested]
+    raw = [decision_p(kinds[i], results[i]) for i in tested]
     p_adj = [math.nan] * len(kinds)
     for i, p in zip(tested, holm(raw)):
         p_adj[i] = p

@@ -181,7 +181,11 @@ def role_mark(f: Found) -> str:
         return f" (by {f.superseded['by']})"
     if f.pooled:
         return ""
-    return " (secondary)" if f.study.confirmatory and f.record.get("role") == "secondary" else " (exploratory)"
+    if f.study.pooled and f.record.get("role") == "secondary":
+        return " (secondary)"
+    return {"failed-bite": " (failed its bite condition)", "superseded": " (superseded study)"}.get(
+        f.study.status, " (exploratory)"
+    )
 
 
 def mark(f: Found) -> str:
@@ -223,8 +227,10 @@ def render_claims(
     figure: Path,
     command: str,
     caveats: dict[str, dict[str, str]] | None = None,
+    instruments: dict[str, str] | None = None,
 ) -> str:
-    """docs/paper-claims.md: one row per (claim, regime of ours), the forest plot beside it."""
+    """docs/paper-claims.md: the per-claim table (:func:`claim_table`, when ``instruments`` are given), then one row
+    per (claim, regime of ours), the forest plot beside it."""
 
     def rel(path: Path) -> str:
         return os.path.relpath(path, page.parent)
@@ -242,6 +248,21 @@ def render_claims(
         "",
         f"![every verdict of this table: A − B and its 95 % CI in units of the study's margin δ]({rel(figure)})",
         "",
+        *(
+            [
+                "## At a glance",
+                "",
+                "One row per claim: how the pooled verdicts of each instrument's rows fall (a cell counts its rows' "
+                "verdicts; ≠ says how a row's regime is not the claim's; \"cannot be tested here\": the testbed's ESS "
+                "stays above the bite threshold 0.95). The rows themselves follow.",
+                "",
+                *claim_table(claims, studies, "", instruments, caveats),
+                "## Claim by claim",
+                "",
+            ]
+            if instruments
+            else []
+        ),
         "| paper | claim | the paper's number | our regime | our verdict: A − B [95 % CI] | n | report |",
         "|---|---|---|---|---|---:|---|",
     ]
@@ -290,25 +311,22 @@ def row_cell(row: dict[str, Any], found: list[Found], caveats: dict[str, dict[st
     else:
         what = str(row.get("status", "not yet run"))
     differs = f"; ≠ {row['differs']}" if row.get("differs") else ""
+    what = f"{row['substance']}: {what}" if row.get("substance") else what
     return f"{what} ({row_label(row)}{differs}){_caveat(row, caveats or {})}"
 
 
-def front_page(
+def claim_table(
     claims: list[dict[str, Any]],
     studies: list[Study],
-    readme: Path,
-    page: Path,
+    link: str,
     instruments: dict[str, str],
     caveats: dict[str, dict[str, str]] | None = None,
 ) -> list[str]:
-    """The README's results block: one line defining each instrument, then one table row per claim — the LM
-    testbed's rows and the simulator's (:func:`row_cell`, joined by " · "; "not run" when the instrument has none),
-    the claim linking its first row of the claims page (the counts per instrument follow it:
-    :func:`p3o.experiments.summary.pages.render_block`)."""
-    link = os.path.relpath(page, readme.parent)
-    lines = [f"- **{INSTRUMENT_NAMES.get(k, k)}**: {v}" for k, v in instruments.items()]
+    """The dense per-claim table (docs/paper-claims.md, "At a glance"): one row per claim, the LM testbed's rows and
+    the simulator's (:func:`row_cell`, joined by " · "; "not run" when the instrument has none), the claim linking
+    ``link#<claim id>``; every cell whose regime is not the claim's says how (≠)."""
     heads = " | ".join(INSTRUMENT_NAMES.get(k, k) for k in instruments)
-    lines += ["", f"| claim (paper) | {heads} |", "|---|" + "---|" * len(instruments)]
+    lines = [f"| claim (paper) | {heads} |", "|---|" + "---|" * len(instruments)]
     rows = rows_of(claims, studies)
     for claim in claims:
         cells = []
@@ -320,6 +338,114 @@ def front_page(
         lines.append(f"| [{claim['claim']}]({link}#{claim['id']}) ({claim['paper']}) | " + " | ".join(cells) + " |")
     notes = [w for line in caveat_lines(claims, caveats or {}) for w in wrap(line, indent="")]
     return [*lines, "", *([*notes, ""] if notes else [])]
+
+
+def claim_row_keys(claims: list[dict[str, Any]], studies: list[Study]) -> set[tuple[Any, ...]]:
+    """The verdicts some claim row names (``(study, claim, regime, a, b, metric, role)``)."""
+    return {_key(f.study, f.record) for _, _, found in rows_of(claims, studies) for f in found}
+
+
+#: The verdicts that decide a claim on the front page (negligible and inconclusive leave a claim of an effect open).
+DECIDED = ("supported", "contradicted")
+
+
+def _evidence(found: list[Found]) -> list[Found]:
+    """The verdicts of a row that count as evidence: pooled, primary, not superseded."""
+    return [f for f in found if f.pooled and not f.superseded]
+
+
+def _tally(found: list[Found]) -> str:
+    counts = Counter(f.verdict for f in found)
+    return ", ".join(f"{v} {counts[v]}" for v in COLORS if counts.get(v))
+
+
+def _effects(found: list[Found]) -> str:
+    """The decided verdicts' effects: one "A − B +0.120 [+0.080, +0.160]", or their range "−0.210 … −0.090"."""
+    diffs = sorted(float(f.record["diff"]) for f in found)
+    if len(found) == 1:
+        r = found[0].record
+        return f"{r['a']} − {r['b']} {_effect(found[0])}"
+    pairs = sorted({f"{f.record['a']} − {f.record['b']}" for f in found})
+    a = {f.record["a"] for f in found}
+    what = pairs[0] if len(pairs) == 1 else (f"{a.pop()} − {len(pairs)} arms" if len(a) == 1 else "A − B")
+    return f"{what} {diffs[0]:+.3f} … {diffs[-1]:+.3f}"
+
+
+def _instrument_summary(rows: list[tuple[dict[str, Any], list[Found]]]) -> str:
+    """What an instrument's rows of one claim show in a few words: "cannot bite (ESS …)", "undecided (inconclusive
+    3)", "not run"."""
+    if not rows:
+        return "not run"
+    bite = [str(row["ess"]) for row, found in rows if not found and row.get("status") == "testbed cannot bite"]
+    rows = [(row, found) for row, found in rows if row.get("decisive", True)]  # another comparison: not this claim's
+    ev = [f for row, found in rows for f in _evidence(found)]
+    parts = [f"cannot bite (ESS {' / '.join(bite)})"] if bite else []
+    if ev:
+        differs = any(row.get("differs") for row, found in rows if _evidence(found))
+        parts.append(f"undecided ({_tally(ev)}){' ≠' if differs else ''}")
+    return "; ".join(parts) or "not run"
+
+
+def front_page(
+    claims: list[dict[str, Any]],
+    studies: list[Study],
+    readme: Path,
+    page: Path,
+    instruments: dict[str, str],
+    caveats: dict[str, dict[str, str]] | None = None,
+) -> list[str]:
+    """The README's results block: one line defining each instrument, then three short lists — the claims decided on
+    the LM testbed (supported or contradicted in the pooled family, with the effect), those decided only in the
+    simulator, and those tested nowhere here (with the measured reason) — each claim named by its ``short`` and
+    linking its row of the claims page. A row marked ``decisive: false`` (its verdicts test another comparison)
+    decides nothing here; ≠ marks a regime that is not the claim's (how: docs/paper-claims.md). The count line
+    follows it (:func:`p3o.experiments.summary.pages.render_block`)."""
+    link = os.path.relpath(page, readme.parent)
+    lines = [f"- **{INSTRUMENT_NAMES.get(k, k)}**: {v}" for k, v in instruments.items()]
+    rows = rows_of(claims, studies)
+    lists: dict[str, list[str]] = {"lm": [], "synthetic": [], "none": []}
+    for claim in claims:
+        mine = {inst: [(row, found) for c, row, found in rows if c is claim and row_instrument(row) == inst]
+                for inst in ("lm", "synthetic")}  # fmt: skip
+        decided = {
+            inst: [
+                (row, f)
+                for row, found in mine[inst]
+                if row.get("decisive", True)
+                for f in _evidence(found)
+                if f.verdict in DECIDED
+            ]
+            for inst in mine
+        }
+        paper = str(claim["paper"])
+        paper = paper.removeprefix("neither (").removesuffix(")") if paper.startswith("neither (") else paper
+        name = f"[{claim.get('short', claim['claim'])}]({link}#{claim['id']}) ({paper})"
+        if decided["lm"]:
+            found = [f for _, f in decided["lm"]]
+            labels = " / ".join(dict.fromkeys(row_label(row) for row, _ in decided["lm"]))
+            ne = " ≠" if any(row.get("differs") for row, _ in decided["lm"]) else ""
+            sim = decided["synthetic"]
+            other = f"; simulator: {_tally([f for _, f in sim])}" if sim else ""
+            lists["lm"].append(f"- {name}: **{_tally(found)}** ({labels}{ne}), {_effects(found)}{other}")
+        elif decided["synthetic"]:
+            found = [f for _, f in decided["synthetic"]]
+            subst = [row["substance"] for row, _ in decided["synthetic"] if row.get("substance")]
+            ne = " ≠" if any(row.get("differs") for row, _ in decided["synthetic"]) else ""
+            what = subst[0] if subst else f"**{_tally(found)}**, {_effects(found)}"
+            lists["synthetic"].append(f"- {name}: {what}{ne}; LM testbed: {_instrument_summary(mine['lm'])}")
+        else:
+            lists["none"].append(
+                f"- {name}: LM testbed {_instrument_summary(mine['lm'])}; simulator "
+                f"{_instrument_summary(mine['synthetic'])}"
+            )
+    heads = {
+        "lm": "**Decided on the LM testbed** (pooled verdicts; ≠: the regime is not the claim's):",
+        "synthetic": "**Decided only in the simulator** (the LM testbed cannot bite, or leaves it undecided):",
+        "none": "**Not tested here** (decided nowhere; the measured reason):",
+    }
+    for key, head in heads.items():
+        lines += [head, *(lists[key] or ["- none"])]
+    return lines
 
 
 def plot_forest(claims: list[dict[str, Any]], studies: list[Study], path: Path) -> Path:

@@ -6,7 +6,8 @@
 ``--out``: every verdict, the confirmatory ones in one Holm family; ``--index``: the index of the results pages;
 ``--claims``: the papers' claims against our verdicts (mapping ``--claims-map``) with its forest plot
 (``--forest``); ``--readme`` / ``--block``: the README's short generated block (replaced in place / also written
-alone), the claims' front page (one row per claim, LM testbed and simulator apart) when ``--claims`` is given.
+alone), the claims' front page (three short lists: decided on the LM testbed, only in the simulator, not tested
+here) and one count line of the pooled family when ``--claims`` is given.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from p3o.errors import ConfigError
 from p3o.experiments.summary.blocks import update_readme, write_block
 from p3o.experiments.summary.claims import (
+    claim_row_keys,
     front_page,
     load_caveats,
     load_instruments,
@@ -80,17 +82,19 @@ def main(argv: list[str] | None = None) -> int:
             args.index.write_text(render_index(studies, command, args.index, {"verdicts": args.out, **extra}))
             pages = {"results": args.index, **pages}
         readme = args.readme or Path("README.md")
-        statements = None
+        statements, in_rows = None, None
         if args.claims is not None:
             claims = load_mapping(args.claims_map)
             forest = args.forest or args.out.parent / "figures" / "paper-claims-forest.png"
             plot_forest(claims, studies, forest)
             caveats = load_caveats(args.claims_map)
-            args.claims.write_text(render_claims(claims, studies, args.claims, forest, command, caveats))
             instruments = load_instruments(args.claims_map)
+            page = render_claims(claims, studies, args.claims, forest, command, caveats, instruments)
+            args.claims.write_text(page)
             statements = front_page(claims, studies, readme, args.claims, instruments, caveats)
+            in_rows = claim_row_keys(claims, studies)
             pages = {"the papers' claims": args.claims, **pages}
-        block = render_block(studies, readme, pages, statements)
+        block = render_block(studies, readme, pages, statements, in_rows)
         if args.readme is not None:
             update_readme(args.readme, block)
         if args.block is not None:

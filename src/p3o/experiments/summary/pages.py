@@ -2,11 +2,13 @@
 (docs/results/verdicts.md), the index of the results pages (docs/results/README.md) and the README's short block.
 
 Reads the ``*.verdicts.json`` files that ``p3o compare`` writes next to each report and renders them; nothing in
-the output is typed by hand. The README shows only **confirmatory primary** verdicts (the study file was committed
-before its runs: ``preregistration.exploratory`` false), and decides them in **one Holm family** pooled across
-the studies (:func:`pool`): each verdict's raw p-value (p_equiv for *tracks*, p_diff for *better* / *worse*) is
-Holm-adjusted over all of them and the verdict re-taken with :func:`p3o.experiments.stats.verdict`. Exploratory
-verdicts, secondary ones and files without a pre-registration record are listed on the front page only, marked. A
+the output is typed by hand. The pooled family is read from the ledger (configs/experiments/records/ledger.yaml,
+``studies:``; :func:`p3o.experiments.stats.ledger.study_status`): the **primary** verdicts of every study whose
+recorded status is ``pooled`` (confirmatory: the study file was committed before its runs) are decided in **one Holm
+family** (:func:`pool`): each verdict's raw p-value (:func:`p3o.experiments.stats.paired.decision_p`: the TOST
+p_equiv for *tracks* and for an estimate inside the margin, p_diff otherwise) is Holm-adjusted over all of them and
+the verdict re-taken with :func:`p3o.experiments.stats.paired.verdict`. A study that failed its bite condition, an
+exploratory one and a superseded one are listed with their status, never pooled; secondary verdicts are marked. A
 verdict marked ``superseded`` (a later study re-decided it: a recorded amendment in
 configs/experiments/records/ledger.yaml, :mod:`p3o.experiments.stats.ledger`) stays in its study's table, marked,
 and leaves the pooled family.
@@ -24,15 +26,16 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from p3o.errors import ConfigError
-from p3o.experiments.stats.ledger import ledger, load_records
-from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, holm, verdict
-from p3o.experiments.summary.blocks import END, START, wrap
+from p3o.experiments.stats.ledger import STATUSES, ledger, load_records, records_for, study_status
+from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, decision_p, holm, verdict
+from p3o.experiments.summary.blocks import END, START
 
 
 @dataclass
@@ -47,7 +50,7 @@ class Study:
     def name(self) -> str:
         return self.path.name.removesuffix(".verdicts.json")
 
-    @property
+    @cached_property
     def instrument(self) -> str:
         """The study file's ``instrument`` ("lm" when absent, or when no study file is found)."""
         src = study_file(self.name)
@@ -61,6 +64,28 @@ class Study:
     def confirmatory(self) -> bool:
         """Pre-registered and not exploratory."""
         return self.preregistration is not None and not self.preregistration.get("exploratory", True)
+
+    @cached_property
+    def _status(self) -> tuple[str, str]:
+        return study_status(records_for(self.path), self.name, self.confirmatory, self.path)
+
+    @property
+    def status(self) -> str:
+        """The study's status in the ledger: pooled, failed-bite, exploratory or superseded
+        (:func:`p3o.experiments.stats.ledger.study_status`; a confirmatory study is pooled only when recorded so,
+        an unrecorded one outside a repository by its pre-registration)."""
+        return self._status[0]
+
+    @property
+    def status_why(self) -> str:
+        """Why the ledger gives the study its status ("" for a pooled one)."""
+        status, why = self._status
+        return "" if status == "pooled" else why
+
+    @property
+    def pooled(self) -> bool:
+        """Its primary verdicts join the pooled Holm family: confirmatory and recorded as pooled."""
+        return self.confirmatory and self.status == "pooled"
 
 
 def load(paths: list[Path]) -> list[Study]:
@@ -82,18 +107,7 @@ def load(paths: list[Path]) -> list[Study]:
 
 def _result(r: dict[str, Any]) -> PairedResult:
     """The stored paired result of a verdict record."""
-    return PairedResult(
-        n=int(r["n"]),
-        mean_a=r.get("mean_a", math.nan),
-        mean_b=r.get("mean_b", math.nan),
-        diff=float(r["diff"]),
-        sd=r.get("sd", math.nan),
-        ci=(float(r["ci"][0]), float(r["ci"][1])),
-        p_diff=float(r["p_diff"]),
-        p_equiv=math.nan if r.get("p_equiv") is None else float(r["p_equiv"]),
-        margin=r.get("margin"),
-        identical=bool(r.get("identical")),
-    )
+    return PairedResult.from_record(r)
 
 
 def redecide(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -119,9 +133,12 @@ def redecided_lines(study: Study) -> list[str]:
     lines = [
         "## Verdicts under today's rule",
         "",
-        "Re-taken by `python -m p3o.experiments.summary` from the stored paired results of this report's verdict "
-        "file, within its own Holm families: this report was written under an older decision rule and its runs are "
-        "not committed, so it cannot be regenerated. Where today's rule decides otherwise:",
+        "Re-taken by code from the stored paired results of this report's verdict file, within its own Holm "
+        "families: the file was relabelled under the recorded amendments of the analysis rules "
+        "(configs/experiments/records/ledger.yaml, `rules:`; `python -m p3o.experiments.stats.relabel`), or is "
+        "re-decided by `python -m p3o.experiments.summary`; this report printed its verdicts under the older rule and "
+        "its runs are not committed, so it cannot be regenerated. Where today's rule decides otherwise (the pooled "
+        "family's verdicts are on the results pages):",
         "",
         "| claim | regime | A | B | metric | n | A − B [95% CI] | this report | today's rule |",
         "|---|---|---|---|---|---:|---|---|---|",
@@ -146,7 +163,7 @@ def superseded(r: dict[str, Any]) -> dict[str, Any] | None:
 
 def superseded_members(studies: list[Study]) -> list[tuple[Study, dict[str, Any]]]:
     """The confirmatory primary verdicts that a recorded amendment took out of the pooled family."""
-    return [(s, r) for s in studies if s.confirmatory for r in s.records if _primary(r) and superseded(r)]
+    return [(s, r) for s in studies if s.pooled for r in s.records if _primary(r) and superseded(r)]
 
 
 def pool(studies: list[Study]) -> list[tuple[Study, dict[str, Any]]]:
@@ -155,13 +172,13 @@ def pool(studies: list[Study]) -> list[tuple[Study, dict[str, Any]]]:
     pooled family) and ``verdict_pool`` (the verdict re-taken at that p, m = the pooled family's size).
 
     ConfigError when the studies declare different α (one family needs one α)."""
-    members = [(s, dict(r)) for s in studies if s.confirmatory for r in s.records if _primary(r) and not superseded(r)]
+    members = [(s, dict(r)) for s in studies if s.pooled for r in s.records if _primary(r) and not superseded(r)]
     alphas = {float(r.get("alpha", 0.05)) for _, r in members}
     if len(alphas) > 1:
         raise ConfigError(f"the confirmatory studies declare different alpha ({sorted(alphas)}): one family, one α")
     alpha = alphas.pop() if alphas else 0.05
     tested = [i for i, (_, r) in enumerate(members) if r["kind"] != "identical"]
-    raw = [members[i][1]["p_equiv"] if members[i][1]["kind"] == "tracks" else members[i][1]["p_diff"] for i in tested]
+    raw = [decision_p(members[i][1]["kind"], _result(members[i][1])) for i in tested]
     adjusted = dict(zip(tested, holm([math.nan if p is None else float(p) for p in raw])))
     for i, (_, r) in enumerate(members):
         res = _result(r)
@@ -188,10 +205,10 @@ def _p(p: Any) -> str:
 def _mode(study: Study) -> str:
     pre = study.preregistration
     if pre is None:
-        return "no pre-registration record (written before the tool recorded one): not in the README family"
+        return "no pre-registration record (written before the tool recorded one)"
     head = f"file sha256 `{pre['sha256'][:12]}…`, commit `{str(pre.get('commit'))[:12]}` ({pre.get('committed_at')})"
     if pre.get("exploratory"):
-        return f"**exploratory** ({head}): not in the README family"
+        return f"**exploratory** ({head})"
     return f"confirmatory ({head}), seeds {', '.join(map(str, pre.get('seeds', [])))}"
 
 
@@ -211,10 +228,11 @@ def render_page(studies: list[Study], command: str) -> str:
         "run of the study used (`p3o.experiments.stats.prereg`; each verdict file records the file's sha256, commit, "
         "commit time and seeds).",
         "",
-        f"## One family: the confirmatory verdicts ({len(pooled)})",
+        f"## One family: the pooled verdicts ({len(pooled)})",
         "",
-        "The primary verdicts of the pre-registered, confirmatory studies, with Holm's correction over all of them at "
-        "once (column p (Holm, pooled)); the per-study tables below adjust within each study."
+        "The primary verdicts of the studies the ledger records as pooled (configs/experiments/records/ledger.yaml, "
+        "`studies:`; confirmatory, pre-registered), with Holm's correction over all of them at once (column p (Holm, "
+        "pooled)); the per-study tables below adjust within each study (in-study counts)."
         + (
             f" {len(gone)} confirmatory verdict{'s' if len(gone) != 1 else ''} superseded by a later study (a "
             "recorded amendment, listed in the results index) are out of it, marked **superseded** in their study's "
@@ -233,12 +251,19 @@ def render_page(studies: list[Study], command: str) -> str:
         )
     lines.append("")
     for study in studies:
-        lines += [f"## [{study.name}]({study.name}.md)", "", f"Pre-registration: {_mode(study)}.", ""]
+        why = f" ({study.status_why})" if study.status_why else ""
+        lines += [
+            f"## [{study.name}]({study.name}.md)",
+            "",
+            f"Pre-registration: {_mode(study)}. Status in the ledger: **{STATUSES[study.status]}**{why}.",
+            "",
+        ]
         if not study.records:
             lines += ["No verdicts: a descriptive study (its report's tables are the result).", ""]
             continue
         lines += [
-            f"Primary verdicts: {_counts([r for r in study.records if _primary(r)])}.",
+            "Primary verdicts, in-study (the study's own Holm family): "
+            f"{_counts([r for r in study.records if _primary(r)])}.",
             "",
             "| claim | regime | A | B | metric | role | n | A − B [95% CI] | p (Holm) | verdict |",
             "|---|---|---|---|---|---|---:|---|---:|---|",
@@ -303,20 +328,30 @@ def render_index(studies: list[Study], command: str, index: Path, pages: dict[st
             "each study's table.",
             "",
         ]
+    pooled = pool(studies)
+    failed = [s.name for s in studies if s.status == "failed-bite"]
     lines += [
-        "| study | report | mode | seeds | primary verdicts | study file |",
-        "|---|---|---|---|---|---|",
+        f"Each study's status is recorded in the ledger (configs/experiments/records/ledger.yaml, `studies:`): "
+        f"{len({s.name for s, _ in pooled})} studies are **pooled** (their {len(pooled)} primary verdicts decided in "
+        "one Holm family: [every verdict](" + (rel(pages["verdicts"]) if "verdicts" in pages else "verdicts.md") + ")"
+        ")"
+        + (f"; **failed their bite condition** (reported, not pooled): {', '.join(failed)}" if failed else "")
+        + ". The verdict counts below are **in-study** (each study's own Holm family), not the pooled family's.",
+        "",
+        "| study | report | mode | status | seeds | primary verdicts (in-study) | study file |",
+        "|---|---|---|---|---|---|---|",
     ]
     for study in studies:
         pre = study.preregistration or {}
         mode = "exploratory (no pre-registration record)" if not pre else "confirmatory"
         mode = "exploratory" if pre.get("exploratory") else mode
+        status = STATUSES[study.status] + (f": {study.status_why}" if study.status == "failed-bite" else "")
         seeds = _seed_text([int(s) for s in pre.get("seeds", [])])
         prim = [r for r in study.records if _primary(r)]
         src = study_file(study.name)
         lines.append(
             f"| {study.name} | [{study.path.name.removesuffix('.verdicts.json')}.md]"
-            f"({rel(study.path.with_name(study.name + '.md'))}) | {mode} | {seeds} | "
+            f"({rel(study.path.with_name(study.name + '.md'))}) | {mode} | {status} | {seeds} | "
             f"{_counts(prim) if prim else 'none (descriptive)'} | " + (f"[{src}]({rel(src)})" if src else "–") + " |"
         )
     lines += ledger_lines(Path("configs/experiments"))
@@ -398,26 +433,55 @@ def instrument_counts(studies: list[Study]) -> str:
     return "; ".join(parts)
 
 
-def render_block(studies: list[Study], readme: Path, pages: dict[str, Path], lines_in: list[str] | None = None) -> str:
-    """The README block: ``lines_in`` (the claims' front page, :func:`p3o.experiments.summary.claims.front_page`),
-    then the confirmatory verdicts counted per instrument in one pooled Holm family, and links to the pages that
-    hold them."""
+def count_line(studies: list[Study], in_rows: set[tuple[Any, ...]] | None = None) -> str:
+    """One line of counts of the pooled family, per instrument, saying what the verdicts are: how many of each label
+    some claim row of the papers' claims names (the rest are controls and sub-hypotheses no claim row shows)."""
     pooled = pool(studies)
+    order = [*INSTRUMENT_NAMES, *sorted({s.instrument for s, _ in pooled} - set(INSTRUMENT_NAMES))]
+    gone = superseded_members(studies)
+    head = (
+        f"Pooled family (the ledger's pooled studies, one Holm family): {len(pooled)} verdicts from "
+        f"{len({s.name for s, _ in pooled})} studies" + (f", {len(gone)} superseded out of it" if gone else "")
+    )
+    parts = []
+    for inst in order:
+        mine = [(s, r) for s, r in pooled if s.instrument == inst]
+        if not mine:
+            continue
+        tally = []
+        for v in VERDICTS:
+            of = [(s, r) for s, r in mine if r["verdict_pool"] == v]
+            named = sum(_row_key(s, r) in in_rows for s, r in of) if in_rows is not None else None
+            tally.append(f"{len(of)} {v}" + (f" ({named} in a claim row)" if named is not None and of else ""))
+        parts.append(f"**{INSTRUMENT_NAMES.get(inst, inst)}** {len(mine)}: {', '.join(tally)}")
+    rest = "; the rest are controls and sub-hypotheses no claim row shows" if in_rows is not None else ""
+    return f"{head} — {'; '.join(parts)}{rest}."
+
+
+def _row_key(study: Study, r: dict[str, Any]) -> tuple[Any, ...]:
+    return (study.name, *(r.get(k) for k in ("claim", "regime", "a", "b", "metric", "role")))
+
+
+def render_block(
+    studies: list[Study],
+    readme: Path,
+    pages: dict[str, Path],
+    lines_in: list[str] | None = None,
+    in_rows: set[tuple[Any, ...]] | None = None,
+) -> str:
+    """The README block: ``lines_in`` (the claims' front page, :func:`p3o.experiments.summary.claims.front_page`),
+    then one line of counts of the pooled family per instrument (:func:`count_line`) with links to the pages that
+    hold every verdict."""
 
     def rel(path: Path) -> str:
         return os.path.relpath(path, readme.parent)
 
     lines = [START, ""]
-    lines += lines_in or []
+    lines += [*(lines_in or []), ""] if lines_in else []
     links = [f"[{role}]({rel(p)})" for role, p in pages.items()]
-    gone = superseded_members(studies)
-    out = f" ({len(gone)} superseded by a later study: out of it, shown as superseded)" if gone else ""
-    lines += wrap(
-        f"Confirmatory verdicts, one Holm family across all {len(pooled)}{out}, counted per instrument: "
-        f"{instrument_counts(studies)}. A cell counts its rows' verdicts; ≠ marks a regime that is not the claim's; "
-        f'"cannot be tested here": the testbed\'s ESS stays above the bite threshold 0.95; `p3o compare --check FILE` '
-        f"recomputes every verdict that kept its per-seed values ({', '.join(links)}).",
-        indent="",
+    lines.append(
+        f"{count_line(studies, in_rows)} Every verdict, with `p3o compare --check FILE` to recompute it: "
+        f"{', '.join(links)}."
     )
     lines += ["", END]
     return "\n".join(lines)

@@ -94,7 +94,7 @@ def _pooled_with_source(studies: list[Study]) -> list[tuple[Study, dict[str, Any
     originals = [
         (s, r)
         for s in studies
-        if s.confirmatory
+        if s.pooled
         for r in s.records
         if r.get("role", "primary") == "primary" and not superseded(r)
     ]
