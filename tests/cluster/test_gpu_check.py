@@ -29,6 +29,7 @@ CHECKS = [
     "fsdp_vllm_in_process",
     "fsdp_cpu_offload",
     "fsdp_bf16_reference_accumulation",
+    "vllm_sampling_mask_replay",
 ]
 TORCHRUN = {
     "fsdp_one_gpu": 1,
