@@ -218,6 +218,9 @@ def _set(cfg: Any, key: str, value: Any, *, raw: str | None = None) -> None:
         if part not in fields:
             raise _unknown(key, cfg)
         tp = _hints(type(obj))[part]
+        if i < len(parts) - 1 and (tp is dict or typing.get_origin(tp) is dict):  # a free mapping (agent.env_kwargs)
+            getattr(obj, part)[".".join(parts[i + 1 :])] = value
+            return
         if i < len(parts) - 1:
             obj = getattr(obj, part)
         elif dataclasses.is_dataclass(tp):

@@ -13,7 +13,8 @@ def test_every_panel_has_a_caption():
 
 
 def test_captions_are_drawn(tmp_path, monkeypatch):
-    rows = [{"step": s, "reward_mean": 0.1 * s, "ess": 1.0, "lag_mean": 0, "response_len_mean": 5} for s in (1, 2)]
+    keys = {key for _, _, series in PANELS for key, _ in series}  # every panel's curves (agent, task panels too)
+    rows = [{"step": s, **{k: 0.1 * s for k in keys}} for s in (1, 2)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     drawn: list[str] = []
     from matplotlib.axes import Axes

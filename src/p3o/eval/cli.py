@@ -58,6 +58,9 @@ class EvalOptions:
     verifier: str | None = _f(None, f"verifier name or 'package.module:function' ({_RUN}each problem's own)")
     reward_timeout_s: float | None = _f(None, f"verifier time limit per call in seconds ({_RUN}1.0)", gt=0.0)
     device: str | None = _f(None, f"auto (cuda if available), cpu, cuda ({_RUN}auto)")
+    env: str | None = _f(
+        None, f"agent environment: run full episodes (calc, guess, package.module:Name) ({_RUN}none: single-turn)"
+    )
     n_samples: int = _f(8, "samples per problem (n of pass@k)", ge=1)
     k: str = _f("1,2,4,8", "comma-separated k values of pass@k, each ≤ n_samples")
     max_new_tokens: int | None = _f(None, f"generation budget per completion ({_RUN}64)", ge=1)
@@ -170,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     # heavy: torch and transformers start-up, not for `--help` or a refused option
     from p3o import models
     from p3o.dist import resolve_device
-    from p3o.eval.runner import evaluate, find_run
+    from p3o.envs import EnvLimits, env_problems
+    from p3o.eval.runner import evaluate, evaluate_episodes, find_run
     from p3o.models.hub import check_model_name
     from p3o.rollout.settings import EngineSettings
     from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
@@ -182,9 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     run_cfg = _run_config(run_dir) if run_dir is not None else None
     task = task_settings(args, run_cfg)
     data_seed = run_cfg.seed if run_cfg is not None else 0
+    agent = run_cfg.agent if run_cfg is not None else None
+    env = args.env or (agent.env if agent is not None else None)
     # the problems first: a wrong path or field fails before the model loads
-    train = load_train_problems(task, seed=data_seed, n=task.n_train) if run_cfg is not None else None
-    problems = load_eval_problems(task, seed=data_seed, n=args.n_problems, train=train)
+    own = env_problems(env, "test", seed=data_seed, n=args.n_problems) if env and task.name == env else None
+    if own is not None:  # a built-in environment's own held-out problems (calc, guess)
+        problems = own
+    else:
+        train = load_train_problems(task, seed=data_seed, n=task.n_train) if run_cfg is not None else None
+        problems = load_eval_problems(task, seed=data_seed, n=args.n_problems, train=train)
     name, split = eval_source(task)
     device = str(resolve_device(args.device or (run_cfg.model.device if run_cfg is not None else "auto")))
     max_new_tokens = args.max_new_tokens or (run_cfg.rollout.max_new_tokens if run_cfg is not None else 64)
@@ -209,7 +219,57 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         shown = ", ".join(f"{k} {v!r}" for k, v in settings.items() if v not in (None, {}))
         print(f"p3o eval: {len(problems)} problems; {shown}", file=sys.stderr)
-    result = evaluate(
+    if env:  # full agent episodes, scored by the environment (p3o.eval.runner.evaluate_episodes)
+        result = evaluate_episodes(
+            model,
+            tokenizer,
+            problems,
+            sampling,
+            env=env,
+            env_kwargs=dict(agent.env_kwargs) if agent is not None else None,
+            limits=_limits(EnvLimits, agent),
+            n_samples=args.n_samples,
+            ks=parse_ks(args.k),
+            batch_prompts=args.batch_prompts,
+            task=name,
+            split=split,
+        )
+        settings["env"] = env
+    else:
+        result = _single_turn(evaluate, args, task, model, tokenizer, problems, sampling, name, split)
+    result.model = model_name
+    result.extra = {**result.extra, **settings}
+    d = result.to_dict()
+    if args.out is not None:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(d, indent=2) + "\n")
+    if not args.quiet:
+        print_table(d)
+    return 0
+
+
+def _limits(limits_cls: Any, agent: Any) -> Any:
+    """The run's `agent.*` limits as `limits_cls` (`p3o.envs.EnvLimits`; its defaults without a run)."""
+    if agent is None:
+        return limits_cls()
+    keys = ("max_turns", "max_turn_tokens", "max_total_tokens", "max_obs_tokens", "tool_timeout_s")
+    return limits_cls(**{k: getattr(agent, k) for k in keys}, max_tool_output_chars=agent.max_tool_output_chars)
+
+
+def _single_turn(
+    evaluate: Any,
+    args: EvalOptions,
+    task: Any,
+    model: Any,
+    tokenizer: Any,
+    problems: Any,
+    sampling: Any,
+    name: str,
+    split: str,
+) -> Any:
+    """`evaluate` (`p3o.eval.runner.evaluate`) with the command's options: one completion per sample, a verifier."""
+    return evaluate(
         model,
         tokenizer,
         problems,
@@ -224,16 +284,6 @@ def main(argv: list[str] | None = None) -> int:
         task=name,
         split=split,
     )
-    result.model = model_name
-    result.extra = dict(settings)
-    d = result.to_dict()
-    if args.out is not None:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(d, indent=2) + "\n")
-    if not args.quiet:
-        print_table(d)
-    return 0
 
 
 if __name__ == "__main__":
