@@ -203,7 +203,10 @@ def _env_problems(cfg: Any) -> tuple[list[Any], list[Any]] | None:
     """A built-in environment's own problems when ``task.name`` names it (``task.name calc`` with ``agent.env calc``:
     `p3o.envs.env_problems`, disjoint train / test splits), else None (the task's problems)."""
     env = getattr(getattr(cfg, "agent", None), "env", None)
-    if not env or cfg.task.name != env:
+    if not env:
+        return None
+    make_env(env, **dict(cfg.agent.env_kwargs or {})).close()  # an unknown name or option: one line, before the task
+    if cfg.task.name != env:
         return None
     train = env_problems(env, "train", seed=cfg.seed, n=cfg.task.n_train)
     if train is None:
