@@ -54,16 +54,25 @@ def toy(tmp_path: Path) -> tuple[dict, int]:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("P3O is ahead, +0.100 [+0.020, +0.180] (*inconclusive* pooled).", []),
-        ("P3O is ahead, +0.100 [+0.020, +0.180] (*supported*).", ["the pooled family says 'inconclusive'"]),
-        ("In-study P3O is ahead, +0.100 [+0.020, +0.180] (*supported* in-study).", ["the pooled family says"]),
-        ("P3O is ahead, +0.100 [+0.020, +0.180] (*supported* in-study, *inconclusive* pooled).", []),
-        ("**P3O beats GRPO** (+0.100 [+0.020, +0.180], *supported* in-study, pooled *inconclusive*).", ["the bold"]),
+        ("P3O is ahead, +0.100 [+0.020, +0.180] (*inconclusive* pooled).", ["orders arms"]),
+        ("P3O − GRPO is +0.100 [+0.020, +0.180] (*inconclusive* pooled).", []),
+        ("P3O is ahead, +0.100 [+0.020, +0.180] (*supported*).", ["orders arms", "the pooled family says"]),
+        ("In-study P3O is ahead, +0.100 [+0.020, +0.180] (*supported* in-study).", ["orders", "the pooled family"]),
+        ("P3O is ahead, +0.100 [+0.020, +0.180] (*supported* in-study, *inconclusive* pooled).", ["orders arms"]),
+        ("P3O − GRPO +0.100 [+0.020, +0.180] (*supported* in-study, *inconclusive* pooled).", []),
+        (
+            "**P3O beats GRPO** (+0.100 [+0.020, +0.180], *supported* in-study, pooled *inconclusive*).",
+            ["orders arms", "the bold"],
+        ),
         ("**P3O beats GRPO** (+0.300 [+0.200, +0.400], *supported*).", []),
         ("GRPO is above, −0.300 [−0.400, −0.200] (*contradicted*).", []),
         ("P3O ends level with GRPO, −0.050 [−0.120, +0.020] (exploratory, *inconclusive*).", ["'level'"]),
+        ("P3O ends level with GRPO, +0.100 [+0.020, +0.180] (*inconclusive*).", ["orders arms", "'level'"]),
+        ("P3O holds up: **MinPRO falls furthest** of all.", ["'falls furthest' states an order with no verdict"]),
+        ("P3O is above GRPO, +0.300 [+0.200, +0.400] (*supported*, Holm p 0.07).", ["'Holm p 0.07' is no Holm p"]),
+        ("P3O is above GRPO, +0.300 [+0.200, +0.400] (*supported*, Holm p 4e-06).", []),
         ("P3O ends level with GRPO, +0.001 [−0.004, +0.006] (*negligible*).", []),
-        ("Below, −0.050 [−0.120, +0.020] (*inconclusive*).", ["outside the pooled family"]),
+        ("Below, −0.050 [−0.120, +0.020] (*inconclusive*).", ["orders arms", "outside the pooled family"]),
         ("Below, −0.050 [−0.120, +0.020] (*inconclusive*, exploratory).", []),
         ("A made-up +0.500 [+0.400, +0.600] (*supported*).", ["no verdict file has"]),
         ("The ε spread barely moves the result.", ["barely moves"]),
@@ -110,6 +119,42 @@ OLD = [
     "Pooled with every other study (one Holm family of 165 verdicts) none of these ten survives: all *inconclusive*.",
     "with two steps P3O (k3) is −0.197 [−0.281, −0.113] below it (*contradicted* in-study) and collapses on 3 of 6",
 ]
+
+
+#: Issue 46's examples, as the docs said them before this test knew order words: each one is refused.
+ORDER_OLD = [
+    "loss, P3O (k3) is ahead with one step (0.594 vs 0.500, +0.093 [+0.031, +0.155], inconclusive after Holm) and "
+    "undecided with two (0.422 vs 0.405, +0.017 [−0.101, +0.135]); P3O with k3_is is above decoupled PPO in both "
+    "(+0.127 [+0.077, +0.176] and +0.155 [+0.082, +0.228]: *supported* in-study, *inconclusive* pooled).",
+    "But **plain GRPO (token-mean, ε = 0.2) is the best arm in both** (0.646 and 0.619): with two steps P3O (k3) is "
+    "−0.197 [−0.281, −0.113] below it (*contradicted* in-study, *inconclusive* pooled) and collapses on 3 of 6",
+    "In-study, P3O (k3) ends below GRPO's best ε, −0.086 [−0.123, −0.048] (*contradicted* in the study's family, "
+    "*inconclusive* in the pooled one), below every ε.",
+    "**P4O (two anchors) does not separate from P3O**: +0.010 [−0.020, +0.040] (inconclusive); their logged "
+    "statistics are nearly the same.",
+    "- **MinPRO's stale buffer, part 4: the paper's n = 4, and MinPRO falls furthest again**",
+    "MinPRO − GRPO −0.255 [−0.377, −0.134]: *contradicted* in the study's family (*inconclusive* pooled), the reverse "
+    "of the paper's headline (58.3 vs 47.0).",
+    "- **MinPRO's stale buffer, part 3: the paper's other baselines and its ablation, and only AsymRE holds**",
+    "With the FP8 KV cache P3O is above GRPO at ε = 0.2 on training reward in-study (+0.069 [+0.045, +0.093], "
+    "*supported* in the study; *inconclusive* in the pooled Holm family, Holm p 0.051) and clip-higher 0.2/0.28 by "
+    "+0.065 [+0.031, +0.099] (*inconclusive* after the pooled correction, supported within the study), is ahead of "
+    "GRPO at ε 0.4 / 0.6 by +0.019 / +0.020 (*inconclusive*).",
+    "P3O's edge under a mismatched engine is over an uncorrected clip.",
+    "P3O ends +0.065 ± 0.017 above the base (0.725) and is within the 0.02 margin of GRPO: −0.007 [−0.017, +0.002], "
+    "*negligible*. **P3O does not beat GRPO in the default job's regime, and does not lose to it either.**",
+    "use `--objective.kl_estimator k3_is`; in the main job's own regime (below) it is no worse than GRPO.",
+    "no objective has done it: in lag10x2-eps, where the regime bit, k3_is ends level with GRPO's best ε "
+    "(inconclusive, the row above).",
+    "at lag 10 (async-lag10) plain GRPO ε 0.2 is ahead of every arm.",
+]
+
+
+@pytest.mark.parametrize("text", ORDER_OLD)
+def test_issue_46s_order_sentences_are_refused(text: str) -> None:
+    summary = load(_summary_files())
+    index = verdict_index(load(sorted((ROOT / "docs" / "results").glob("*.verdicts.json"))), summary)
+    assert problems(text, index, len(pool(summary)))
 
 
 @pytest.mark.parametrize("text", OLD)

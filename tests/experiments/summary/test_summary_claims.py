@@ -12,6 +12,7 @@ import yaml
 
 from p3o.experiments.summary.blocks import END, START
 from p3o.experiments.summary.claims import (
+    claim_row_keys,
     front_page,
     load_caveats,
     load_instruments,
@@ -83,16 +84,24 @@ def test_claims_table_and_plot_regenerate_byte_identically(tmp_path: Path) -> No
     assert "[toy](results/toy.md)" in text and "![every verdict" in text
     block = (root / "README.md").read_text()
     assert "- **LM testbed**: a tiny model" in block and "- **simulator**: a toy" in block
+    # three lists: the stale claim decided (contradicted) on the LM testbed, with its effect; the untested one not
     assert (
-        "| [P3O holds on stale data](docs/paper-claims.md#s) (P3O) | contradicted 1, inconclusive 1 (stale-64; ≠ 64 "
-        "versions, not 8) † · cannot be tested here (ESS 0.994) (lag 10) | not run |" in block
+        "- [P3O holds on stale data](docs/paper-claims.md#s) (P3O): **contradicted 1** (stale-64 ≠), p3o − grpo "
+        "-0.300 [-0.310, -0.290]" in block
     )
-    assert "| [Untested](docs/paper-claims.md#t) (MinPRO) | not yet run (any) | not run |" in block
-    # counts per instrument (the toy study has no study file: LM), never one count across instruments
+    assert "- [Untested](docs/paper-claims.md#t) (MinPRO): LM testbed not yet run; simulator not run" in block
+    heads = ("**Decided on the LM testbed**", "**Decided only in the simulator**", "**Not tested here**")
+    assert all(h in block for h in heads)
+    # the dense per-claim table moved to the claims page
+    assert (
+        "| [P3O holds on stale data](#s) (P3O) | contradicted 1, inconclusive 1 (stale-64; ≠ 64 versions, not 8)"
+        in text
+    )
+    # one count line of the pooled family, per instrument, saying how many verdicts of each label a claim row shows
     flat = " ".join(block.split())
     assert (
-        "**LM testbed** 3 from 1 study (0 supported, 1 contradicted, 1 negligible, 1 inconclusive; 0 with per-seed "
-        "values)" in flat
+        "3 verdicts from 1 study — **LM testbed** 3: 0 supported, 1 contradicted (1 in a claim row), 0 negligible, "
+        "2 inconclusive (1 in a claim row)" in flat
     )
     assert "lag-4" not in block
 
@@ -127,14 +136,18 @@ def test_the_front_page_and_claims_table_are_what_the_verdict_files_give(monkeyp
     results = ROOT / "docs" / "results"
     lines = front_page(claims, studies, readme, page, instruments, caveats)
     pages = {"the papers' claims": page, "results": results / "README.md", "every verdict": results / "verdicts.md"}
-    block = render_block(studies, readme, pages, lines)
+    block = render_block(studies, readme, pages, lines, claim_row_keys(claims, studies))
     text = readme.read_text()
     assert block in text
     command = _generated_by(page)
     forest = results / "figures" / "paper-claims-forest.png"
-    assert render_claims(claims, studies, page, forest, command, caveats) == page.read_text()
+    assert render_claims(claims, studies, page, forest, command, caveats, instruments) == page.read_text()
+    # issue 46: the results section is at most 25 lines (three lists and one count line), after the main job
     section = text.split("## What the runs show", 1)[1].split("\n## ", 1)[0]
-    assert len(section.splitlines()) <= 60
+    content = [line for line in section.splitlines() if line.strip() and not line.startswith("<!-- verdicts:")]
+    assert len(content) <= 24  # + its heading: 25
+    assert text.index("## The main job") < text.index("## What the runs show") < text.index("## Using it")
+    assert text.index("## Set-up: two commands") < text.index("## The main job")
 
 
 def test_the_front_page_separates_instruments_and_says_where_a_regime_differs(monkeypatch) -> None:
@@ -146,16 +159,30 @@ def test_the_front_page_separates_instruments_and_says_where_a_regime_differs(mo
     claims = load_mapping(MAP)
     block = render_block(studies, ROOT / "README.md", {}, front_page(claims, studies, ROOT / "README.md",
                          ROOT / "docs" / "paper-claims.md", load_instruments(MAP), load_caveats(MAP)))  # fmt: skip
-    assert "- **LM testbed**: a 0.85M-parameter" in block and "≤ 48-token" in block and "- **simulator**:" in block
+    assert "- **LM testbed**: a 0.85M-parameter" in block and "≤ 48 tokens" in block and "- **simulator**:" in block
     assert all(f"(docs/paper-claims.md#{c['id']})" in block for c in claims)
     flat = " ".join(block.split())
-    assert "one Holm family across all" in flat and "**LM testbed** " in flat and "**simulator** " in flat
+    assert "Pooled family" in flat and "**LM testbed** " in flat and "**simulator** " in flat
     assert not any(line.startswith(("187 confirmatory", "Confirmatory verdicts: ")) for line in block.splitlines())
     n0 = next(line for line in block.splitlines() if "#minpro-n0" in line)
-    assert "cannot be tested here (ESS 0.9886)" in n0
+    assert "LM testbed: cannot bite (ESS 0.9886)" in n0
     multi = next(line for line in block.splitlines() if "#multi-step" in line)
-    assert "cannot be tested here (ESS 0.9577–0.9997)" in multi
+    assert "LM testbed: cannot bite (ESS 0.9577–0.9997)" in multi
+    # issue 46: which claims were decided where (the pooled verdicts)
+    lm, sim, none = (block.split(h, 1)[1] for h in ("on the LM testbed**", "only in the simulator**", "tested here**"))
+    lm, sim = lm.split("**Decided only", 1)[0], sim.split("**Not tested", 1)[0]
+    assert {c for c in ("#p3o-stale", "#k3-is") if c in lm} == {"#p3o-stale", "#k3-is"} and lm.count("\n- ") == 2
+    for cid in ("p3o-on-policy", "p3o-clip-sensitivity", "multi-step", "minpro-n0", "minpro-grpo", "minpro-gspo",
+                "minpro-cispo-m2po", "p3o-minpro"):  # fmt: skip
+        assert f"#{cid})" in sim, cid
+    for cid in ("p3o-fp8", "p3o-temperature", "p3o-async", "p4o", "minpro-asymre", "minpro-prefix", "moonshot"):
+        assert f"#{cid})" in none, cid
     rows = {(c["id"], row["regime"]): row for c in claims for row in c["rows"]}
+    # every simulator cell the issue named says how its regime differs (P4O, async, FP8)
+    for cid in ("p4o", "p3o-async", "p3o-fp8"):
+        sims = [row for (c, _), row in rows.items() if c == cid and row_instrument(row) == "synthetic"]
+        assert sims and all(row.get("differs") for row in sims), cid
+    assert all(row.get("differs") for (c, _), row in rows.items() if c == "p4o")
     # engine mismatch with one step: its only LM verdict is at async lag 10 with two steps
     lag10x2 = "LM: lag 10, 2 steps / iteration (ESS 0.939), P3O against GRPO at its best ε (lag10x2-eps)"
     assert "not an engine mismatch" in rows["p3o-clip-sensitivity", lag10x2]["differs"]

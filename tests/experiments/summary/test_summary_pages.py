@@ -75,9 +75,8 @@ def test_one_holm_family_across_the_confirmatory_studies(tmp_path: Path) -> None
     assert text.startswith("intro\n" + START) and text.endswith(END + "\noutro\n") and "old text" not in text
     flat = " ".join(text.split())
     # counted per instrument (no study file here: both LM), one Holm family across all of them
-    assert "across all 2, counted per instrument: **LM testbed** 2 from 2 studies (2 supported," in flat
-    assert "0 inconclusive; 1 with per-seed values)" in flat  # of the 2 pooled, only a kept them
-    assert "`p3o compare --check FILE` recomputes every verdict that kept its per-seed values" in flat
+    assert "2 verdicts from 2 studies — **LM testbed** 2: 2 supported, 0 contradicted" in flat
+    assert "`p3o compare --check FILE` to recompute it" in flat
     assert "[results](results/README.md), [every verdict](results/verdicts.md)" in flat
     assert block.read_text().startswith(START)
     page = out.read_text()

@@ -380,6 +380,13 @@ def _instrument_summary(rows: list[tuple[dict[str, Any], list[Found]]]) -> str:
     rows = [(row, found) for row, found in rows if row.get("decisive", True)]  # another comparison: not this claim's
     ev = [f for row, found in rows for f in _evidence(found)]
     parts = [f"cannot bite (ESS {' / '.join(bite)})"] if bite else []
+    parts += list(
+        dict.fromkeys(
+            str(row.get("status", "not yet run"))
+            for row, found in rows
+            if not found and row.get("status") != "testbed cannot bite"
+        )
+    )
     if ev:
         differs = any(row.get("differs") for row, found in rows if _evidence(found))
         parts.append(f"undecided ({_tally(ev)}){' ≠' if differs else ''}")

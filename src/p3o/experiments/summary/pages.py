@@ -441,7 +441,7 @@ def count_line(studies: list[Study], in_rows: set[tuple[Any, ...]] | None = None
     gone = superseded_members(studies)
     head = (
         f"Pooled family (the ledger's pooled studies, one Holm family): {len(pooled)} verdicts from "
-        f"{len({s.name for s, _ in pooled})} studies" + (f", {len(gone)} superseded out of it" if gone else "")
+        f"{_n_studies(len({s.name for s, _ in pooled}))}" + (f", {len(gone)} superseded out of it" if gone else "")
     )
     parts = []
     for inst in order:
@@ -456,6 +456,10 @@ def count_line(studies: list[Study], in_rows: set[tuple[Any, ...]] | None = None
         parts.append(f"**{INSTRUMENT_NAMES.get(inst, inst)}** {len(mine)}: {', '.join(tally)}")
     rest = "; the rest are controls and sub-hypotheses no claim row shows" if in_rows is not None else ""
     return f"{head} — {'; '.join(parts)}{rest}."
+
+
+def _n_studies(n: int) -> str:
+    return f"{n} stud{'y' if n == 1 else 'ies'}"
 
 
 def _row_key(study: Study, r: dict[str, Any]) -> tuple[Any, ...]:
@@ -479,9 +483,9 @@ def render_block(
     lines = [START, ""]
     lines += [*(lines_in or []), ""] if lines_in else []
     links = [f"[{role}]({rel(p)})" for role, p in pages.items()]
+    where = f": {', '.join(links)}" if links else " (docs/results/)"
     lines.append(
-        f"{count_line(studies, in_rows)} Every verdict, with `p3o compare --check FILE` to recompute it: "
-        f"{', '.join(links)}."
+        f"{count_line(studies, in_rows)} Every verdict, with `p3o compare --check FILE` to recompute it{where}."
     )
     lines += ["", END]
     return "\n".join(lines)

@@ -21,7 +21,16 @@ looked up in the verdict files (diff and interval equal at three decimals). Rule
 6. a verdict that a later study superseded (a recorded amendment; out of the pooled family) is named with its verdict
    word only in a sentence that says "superseded";
 7. phrases that the issue found overclaiming ("barely moves", "barely matters", "ranking is reversed") and counts of
-   the pooled family that are not its size ("of all 155 confirmatory verdicts") are refused.
+   the pooled family that are not its size ("of all 155 confirmatory verdicts") are refused;
+8. a sentence that orders two arms (above, below, ahead, behind, beats, best, falls furthest, reverse, edge, ...)
+   and prints effects must cite one the pooled family decides (supported or contradicted); one that says they match
+   ("level", "separate", "no worse", "does not lose") one it calls negligible or a supported *tracks*; effects
+   outside the pooled family (exploratory, a failed bite condition) may be ordered only where the sentence says so.
+   Without an effect, the strong order phrases ("falls furthest", "the best arm", "the reverse of", "X's edge",
+   "ahead of every", "no worse", "does not lose", "does not separate", "level with", "only X holds", ...) are refused:
+   an order is stated only with the verdict that decides it (issue 46);
+9. a "Holm p 0.051" in a sentence must equal (at its printed digits) the pooled or in-study Holm p of an effect the
+   sentence prints.
 
     found = problems(text, verdict_index(all_studies, pooled_studies), pooled_size)
 """
@@ -52,6 +61,23 @@ FORBIDDEN = {
     "barely matters": "an undecided spread is not 'barely matters' (no equivalence test decided it)",
     "ranking is reversed": "a ranking is 'reversed' only where the pooled verdicts say so; name each verdict instead",
 }
+#: Words that order two arms (rule 8), and the ones among them that say the two match.
+ORDERS = re.compile(
+    r"\b(above|below|ahead|behind|beats?|best|furthest|reversed?|reverse of|edge|level|separates?|no worse|"
+    r"does not lose|outperforms?|worse than|better than)\b",
+    re.IGNORECASE,
+)
+MATCHES = re.compile(r"\b(level|separates?|no worse|does not lose)\b", re.IGNORECASE)
+#: Order phrases refused in a sentence that prints no effect (rule 8).
+BARE_ORDER = re.compile(
+    r"falls? furthest|\bthe best arm\b|\bthe reverse of\b|\b\w+(?:'s|s') edge\b|\bedge (?:over|under)\b|"
+    r"\b(?:ahead of|above|below) every\b|\bis no worse\b|\bdoes not lose\b|\bdoes not separate\b|\blevel with\b|"
+    r"\bonly \w+ holds\b|\bis ahead\b",
+    re.IGNORECASE,
+)
+#: Orders against the base policy or the step-0 policy are not orders of two arms.
+BASE = re.compile(r"\b(?:above|below) (?:the|its|their) (?:base|step-0 policy)\b|\b(?:above|below) it\b")
+HOLM_P = re.compile(r"Holm p (\d+\.\d+)")
 COUNT = re.compile(r"(?:family of (?:all )?|across all |family (?:of|across) )(\d+)(?: confirmatory)? verdicts")
 
 
@@ -67,6 +93,8 @@ class Known:
     record: dict[str, Any]
     pooled: str | None
     """The pooled family's verdict (None: not in the pooled family)."""
+    p_pool: float | None = None
+    """The pooled family's Holm p (None: not in the pooled family)."""
 
 
 def verdict_index(studies: list[Study], pooled_studies: list[Study]) -> dict[tuple[str, str, str], list[Known]]:
@@ -84,7 +112,9 @@ def verdict_index(studies: list[Study], pooled_studies: list[Study]) -> dict[tup
             except (TypeError, ValueError):
                 continue
             p = pooled.get((study.name, id(r)))
-            out.setdefault(key, []).append(Known(source, r, p["verdict_pool"] if p else None))
+            out.setdefault(key, []).append(
+                Known(source, r, p["verdict_pool"] if p else None, p["p_pool"] if p else None)
+            )
     return out
 
 
@@ -111,7 +141,7 @@ def _sentence(text: str, start: int, end: int) -> tuple[int, int]:
 def problems(text: str, index: dict[tuple[str, str, str], list[Known]], pooled_size: int) -> list[str]:
     """Every statement of ``text`` that says more (or other) than the verdict files (the rules of the module)."""
     out = []
-    flat = text.replace("\n", " ")
+    flat = re.sub(r"[ \t]*\n[ \t]*", " ", text)  # a line break and its indent: one space
     for phrase, why in FORBIDDEN.items():
         if phrase in flat.lower():
             out.append(f"'{phrase}': {why}")
@@ -119,6 +149,7 @@ def problems(text: str, index: dict[tuple[str, str, str], list[Known]], pooled_s
         if int(m.group(1)) != pooled_size:
             out.append(f"'{m.group(0)}': the pooled family has {pooled_size} verdicts (count from the files)")
     effects = list(EFFECT.finditer(flat))
+    out += _order_problems(flat, effects, index)
     for i, m in enumerate(effects):
         s0, s1 = _sentence(flat, m.start(), m.end())
         stop = min(s1, effects[i + 1].start()) if i + 1 < len(effects) else s1
@@ -168,3 +199,52 @@ def problems(text: str, index: dict[tuple[str, str, str], list[Known]], pooled_s
         ):
             out.append(f"{where}: 'level' / 'matches' / 'tracks' needs a supported tracks or a negligible verdict")
     return out
+
+
+def _order_problems(
+    flat: str, effects: list[re.Match[str]], index: dict[tuple[str, str, str], list[Known]]
+) -> list[str]:
+    """Rules 8 and 9, sentence by sentence."""
+    out = []
+    spans: dict[tuple[int, int], list[re.Match[str]]] = {}
+    for m in effects:
+        spans.setdefault(_sentence(flat, m.start(), m.end()), []).append(m)
+    for (s0, s1), found in spans.items():
+        sentence = flat[s0:s1]
+        known = [k for m in found for k in index.get(tuple(f"{_num(g):+.3f}" for g in m.groups()), [])]
+        where = f"'{sentence.strip()[:160]}'"
+        words = {w.lower() for w in ORDERS.findall(BASE.sub("", sentence))}
+        if words and known:
+            pooled = [k.pooled for k in known if k.pooled is not None]
+            match = any(
+                k.pooled == "negligible" or (k.record["kind"] == "tracks" and k.pooled == "supported") for k in known
+            )
+            order = any(v in ("supported", "contradicted") for v in pooled)
+            ok = (match and bool(MATCHES.search(sentence))) or (order and bool(words - {"level", "separate",
+                  "separates", "no worse", "does not lose"}))  # fmt: skip
+            if not ok and not pooled and NOT_POOLED.search(sentence):
+                ok = True  # outside the pooled family, and the sentence says so
+            if not ok:
+                out.append(
+                    f"{where}: '{sorted(words)[0]}' orders arms, but no effect it prints is decided so in the pooled "
+                    "family (cite a pooled supported / contradicted verdict, or negligible / tracks for a match)"
+                )
+        for h in HOLM_P.finditer(sentence):
+            digits = len(h.group(1).split(".")[1])
+            ps = [float(x) for k in known for x in (k.record.get("p_adj"), _pooled_p(k)) if x is not None]
+            if not any(abs(p - float(h.group(1))) < 0.5 * 10**-digits for p in ps):
+                out.append(f"{where}: 'Holm p {h.group(1)}' is no Holm p of the effects it prints (the files: "
+                           f"{', '.join(f'{p:.3g}' for p in ps) or 'none'})")  # fmt: skip
+    for m in BARE_ORDER.finditer(flat):
+        s0, s1 = _sentence(flat, m.start(), m.end())
+        if (s0, s1) in spans:
+            continue
+        out.append(
+            f"'{flat[max(s0, m.start() - 60) : min(s1, m.end() + 60)].strip()}': '{m.group(0)}' states an order "
+            "with no verdict (print the effect the pooled family decides)"
+        )
+    return out
+
+
+def _pooled_p(k: Known) -> float | None:
+    return k.p_pool
