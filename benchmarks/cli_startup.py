@@ -5,7 +5,8 @@
     .venv/bin/python benchmarks/cli_startup.py --src /tmp/before/src   # another tree's package (git worktree)
 
 Each case runs `python -m p3o ...` (the installed `p3o` script does the same) in a fresh process from this
-interpreter and reports the median wall time, the exit status, and whether torch or transformers got imported
+interpreter and reports the median wall time, the median CPU time (user + system: what a busy machine's load does
+not inflate as much), the exit status, and whether torch or transformers got imported
 (`-X importtime` is not used: a sitecustomize line checks `sys.modules` at exit). The target (issue 47): every case
 ≤ 1 s, torch and transformers never imported.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -55,18 +57,26 @@ _PROBE = (
 def measure(args: list[str], repeats: int, src: str | None = None) -> dict[str, object]:
     """Median wall seconds of `p3o ARGS` over `repeats` fresh processes, its exit status and heavy imports (`src`:
     import p3o from that source folder instead of the installed one)."""
-    times, rc, heavy = [], None, ""
+    times, cpus, rc, heavy = [], [], None, ""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if src:
         env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env)
         times.append(time.perf_counter() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
         rc = proc.returncode
         last = [line for line in proc.stderr.splitlines() if line.startswith("HEAVY=")]
         heavy = last[-1][len("HEAVY=") :] if last else "?"
-    return {"command": "p3o " + " ".join(args), "median_s": statistics.median(times), "rc": rc, "heavy": heavy}
+    return {
+        "command": "p3o " + " ".join(args),
+        "median_s": statistics.median(times),
+        "cpu_s": statistics.median(cpus),
+        "rc": rc,
+        "heavy": heavy,
+    }
 
 
 def main() -> int:
@@ -76,10 +86,10 @@ def main() -> int:
     ap.add_argument("--src", default=None, help="import p3o from this source folder (e.g. an older commit's src/)")
     args = ap.parse_args()
     results = [measure(case, args.repeats, args.src) for case in CASES]
-    print(f"| command | median s ({args.repeats} runs) | exit | torch / transformers imported |")
-    print("|---|---:|---:|---|")
+    print(f"| command | wall s (median of {args.repeats}) | CPU s | exit | torch / transformers imported |")
+    print("|---|---:|---:|---:|---|")
     for r in results:
-        print(f"| `{r['command']}` | {r['median_s']:.2f} | {r['rc']} | {r['heavy'] or 'no'} |")
+        print(f"| `{r['command']}` | {r['median_s']:.2f} | {r['cpu_s']:.2f} | {r['rc']} | {r['heavy'] or 'no'} |")
     worst = max(float(r["median_s"]) for r in results)  # type: ignore[arg-type]
     print(f"\nslowest: {worst:.2f} s (target ≤ 1 s); load average {os.getloadavg()[0]:.1f}")
     if args.json:

@@ -154,6 +154,7 @@ def _usage() -> str:
     lines = [f"usage: p3o <command> [options]   (p3o {_version()})", "", "commands:"]
     lines += [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "`p3o <command> --help` lists a command's options; `p3o train` alone runs the default job."]
+    lines += ["A page a message names (docs/NAME.md) is printed by `p3o docs NAME`, wherever p3o is installed."]
     return "\n".join(lines)
 
 
