@@ -229,7 +229,7 @@ def test_sync_run_with_four_mini_batches_names_staleness_not_the_engine(tmp_path
     assert main([str(run), "--no-plot"]) == 0  # 4 of 20 steps: too early to judge, low_ess an early sign
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("too early to judge: 4 of the 10 steps the window rules need; early signs:")
-    assert "low_ess" in out.splitlines()[0] and "engine" not in out
+    assert "low_ess" in out.splitlines()[0] and "engine mismatch" not in out and "rollout.precision" not in out
     assert main([str(run), "--no-plot", "--window", "4"]) == 1
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("unhealthy: staleness from mini-batches (low_ess")
