@@ -660,23 +660,21 @@ def _damage(ckpt: Path, share: tuple[int, int] = (0, 1)) -> str | None:
     if not isinstance(files, dict):
         return None if isinstance(meta, dict) else f"{META_FILE} is not a mapping"
     rank, world = share
-    why = None
-    for rel, rec in sorted(files.items())[rank::world]:
-        f = ckpt / rel
-        try:
-            size = f.stat().st_size
-        except OSError:
-            why = f"{rel} missing"
-            break
-        if size != rec.get("size"):
-            why = f"{rel} has {size} bytes, {rec.get('size')} recorded"
-            break
-        if file_digest(f) != rec.get("sha256"):
-            why = f"{rel} does not match its recorded sha256"
-            break
+    whys = (_file_damage(ckpt / rel, rel, rec) for rel, rec in sorted(files.items())[rank::world])
+    why = next((w for w in whys if w is not None), None)
     if world == 1 and key is not None:
         _VERDICTS[key] = why
     return why
+
+
+def _file_damage(f: Path, rel: str, rec: dict[str, Any]) -> str | None:
+    """Why file `f` (`rel` in meta.json, whose record is `rec`) differs from its record, or None."""
+    size = f.stat().st_size if f.is_file() else None
+    if size is None:
+        return f"{rel} missing"
+    if size != rec.get("size"):
+        return f"{rel} has {size} bytes, {rec.get('size')} recorded"
+    return None if file_digest(f) == rec.get("sha256") else f"{rel} does not match its recorded sha256"
 
 
 def _agreed_damage(ckpt: Path) -> str | None:
