@@ -260,3 +260,26 @@ def test_summary_names_the_held_out_count(tmp_path):
     rows = [{"step": 0, "eval_accuracy": 0.5, "eval_problems": 4}, {"step": 1, "reward_mean": 0.2}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert "held-out pass@1 on 4 problems: 0.500 at step 0 (1 evaluation)" in _summary(str(tmp_path), 1.0)
+
+
+def test_model_loads_are_quiet_unless_asked(monkeypatch):
+    """Once per `p3o` process: the libraries' progress bars and advisory lines off (a value the user set is kept),
+    their own FutureWarnings filtered; P3O_VERBOSE=1 changes nothing."""
+    import warnings
+
+    from p3o.cli import QUIET_ENV, quiet_dependencies
+
+    for key in QUIET_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("P3O_VERBOSE", "1")
+    quiet_dependencies()
+    assert not any(key in os.environ for key in QUIET_ENV)
+    monkeypatch.delenv("P3O_VERBOSE")
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")  # the user's own choice stays
+    with warnings.catch_warnings():
+        quiet_dependencies()
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and os.environ["TRANSFORMERS_VERBOSITY"] == "info"
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.warn_explicit("internal", FutureWarning, "x.py", 1, module="transformers.modeling_utils")
+            warnings.warn_explicit("mine", FutureWarning, "x.py", 1, module="p3o.config")
+        assert [str(w.message) for w in seen] == ["mine"]
