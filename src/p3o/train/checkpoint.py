@@ -652,19 +652,24 @@ def _damage(ckpt: Path, share: tuple[int, int] = (0, 1)) -> str | None:
     key = _meta_key(ckpt)
     if key is not None and key in _VERDICTS:
         return _VERDICTS[key]
-    try:
-        meta = json.loads((ckpt / META_FILE).read_text())
-    except (OSError, ValueError) as err:
-        return f"{META_FILE} unreadable ({type(err).__name__})"
-    files = meta.get("files") if isinstance(meta, dict) else None
-    if not isinstance(files, dict):
-        return None if isinstance(meta, dict) else f"{META_FILE} is not a mapping"
-    rank, world = share
-    whys = (_file_damage(ckpt / rel, rel, rec) for rel, rec in sorted(files.items())[rank::world])
-    why = next((w for w in whys if w is not None), None)
-    if world == 1 and key is not None:
+    if share != (0, 1):
+        return _share_damage(ckpt, *share)
+    why = checkpoint_damage(ckpt)  # the whole record, read and checked by models.checkpoints
+    if key is not None:
         _VERDICTS[key] = why
     return why
+
+
+def _share_damage(ckpt: Path, rank: int, world: int) -> str | None:
+    """The first damage among every world-th file of meta.json's record from the rank-th (a meta.json that cannot
+    be read, or is not a mapping, is rank 0's to report)."""
+    try:
+        recorded = json.loads((ckpt / META_FILE).read_text()).get("files")
+        mine = sorted(recorded.items())[rank::world] if isinstance(recorded, dict) else []
+    except (OSError, ValueError, AttributeError) as err:
+        return f"{META_FILE} unreadable or not a mapping ({type(err).__name__})" if rank == 0 else None
+    whys = (_file_damage(ckpt / rel, rel, rec) for rel, rec in mine)
+    return next((w for w in whys if w is not None), None)
 
 
 def _file_damage(f: Path, rel: str, rec: dict[str, Any]) -> str | None:
