@@ -43,6 +43,8 @@ def test_plain_grpo_trainer_logs_offpolicy_metrics(tokenizer, tmp_path):
     assert second["offpolicy/tokens"] > 0 and second["offpolicy/finding_low_ess"] in (0.0, 1.0)
     assert all(math.isfinite(second[f"offpolicy/{k}"]) for k in ("kl_k3", "dlogp_mean", "ratio_max", "m_mean"))
     assert callback.last["step"] == 2
+    # the no-signal rule's input, live: the share of groups whose rewards tie, of the generation trained on
+    assert first["offpolicy/zero_adv_frac"] == first["frac_reward_zero_std"] == second["offpolicy/zero_adv_frac"]
 
 
 def test_p3o_trainer_attaches_it_and_agrees_with_the_objective(tokenizer, tmp_path):

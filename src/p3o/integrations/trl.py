@@ -38,6 +38,7 @@ TRL's ``entropy`` (and ``kl`` when beta != 0).
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -318,6 +319,7 @@ class OffPolicyCallback(TrainerCallback):
         self._in_loss = False
         self._captured: torch.Tensor | None = None
         self._observed = False
+        self._signal: dict[str, float] | None = None
         self._wrap()
 
     def _wrap(self) -> None:
@@ -380,8 +382,14 @@ class OffPolicyCallback(TrainerCallback):
         if not self._observed:
             return control
         self._observed = False
-        self.last = self.monitor.update(step=state.global_step)
         metrics = self.trainer._metrics["train"]
+        # the no-signal rule's input: TRL's share of groups whose rewards tie, of the newest generation (a step that
+        # trains on an earlier generation's batch keeps that generation's)
+        zero, reward = metrics.get("frac_reward_zero_std"), metrics.get("reward")
+        if zero:
+            self._signal = {"zero_adv_groups": float(zero[-1]), "num_groups": 1.0}
+            self._signal["reward_mean"] = float(reward[-1]) if reward else math.nan
+        self.last = self.monitor.update(step=state.global_step, signal=self._signal)
         for key, value in prefixed(self.last).items():
             metrics[key].append(float(value))
         return control
