@@ -93,7 +93,8 @@ def test_claim_verdicts_follow_the_numbers(tmp_path: Path) -> None:
     assert decisions["b"].result.diff == pytest.approx(0.31) and decisions["b"].verdict == "supported"
     assert decisions["c"].verdict == "inconclusive"
     ps = [decisions[k].p_adj for k in "abc"]
-    assert all(0 <= p <= 1 for p in ps) and decisions["c"].p_adj >= decisions["c"].result.p_diff
+    # c's estimate is inside its margin: it enters the family with its TOST p (amendment negligible-holm-tost)
+    assert all(0 <= p <= 1 for p in ps) and decisions["c"].p_adj >= decisions["c"].result.p_equiv
     assert "p3o 0.620 > grpo 0.610 > cispo 0.310" in by_id["d"] and "p3o is the best" in by_id["d"]
     assert "within 2·SE" in by_id["d"]  # p3o vs grpo is not a significant gap
     assert "spans 0.300" in by_id["s"] and "p3o 0.620 is above every setting" in by_id["s"]

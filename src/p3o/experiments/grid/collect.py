@@ -23,6 +23,7 @@ from p3o.experiments.grid.analysis import (
     read_curves,
     smooth,
 )
+from p3o.experiments.grid.peak import read_peak
 from p3o.experiments.grid.runner import is_finished
 from p3o.experiments.grid.spec import Experiment, RunSpec, expand, flatten
 
@@ -34,7 +35,10 @@ METRIC_LABELS = {
     "final_accuracy": "final accuracy",
     "collapsed": "collapse rate",
     "late_eval": "held-out accuracy over the last third",
-    "eval_peak": "peak held-out pass@1 (best in-loop evaluation after step 0)",
+    "eval_peak": "peak held-out pass@1 (best in-loop evaluation after step 0; selection-biased: chosen and scored on "
+    "the same evaluations)",
+    "eval_peak_test": "peak held-out pass@1, unbiased (the step chosen on the in-loop evaluations, its checkpoint "
+    "scored on disjoint test problems)",
     "eval_final": "final held-out pass@1 (last in-loop evaluation)",
 }
 #: The per-step statistics averaged over a run's steps into its summary (with min_/max_/p10_ companions): the ESS
@@ -93,7 +97,7 @@ class RunSummary:
         out: dict[str, Any] = {"regime": self.spec.regime, "objective": self.spec.objective, "seed": self.spec.seed}
         out.update({k: self.done.get(k) for k in RECORD_FIELDS})
         out["evals"] = [[step, value] for step, value in self.evals]
-        for key in ("eval_peak", "eval_peak_step", "eval_final", "pass@1"):
+        for key in ("eval_peak", "eval_peak_step", "eval_peak_test", "eval_peak_test_step", "eval_final", "pass@1"):
             value = self.metrics.get(key)
             out[key] = None if value is None or not math.isfinite(value) else value
         return out
@@ -199,6 +203,9 @@ def summarize_run(spec: RunSpec, exp: Experiment) -> RunSummary:
             if trained:  # the best evaluation of a trained policy (the MinPRO paper reports its best checkpoint)
                 best, at = max(trained, key=lambda x: (x[0], -x[1]))  # the earliest of equal peaks
                 m["eval_peak"], m["eval_peak_step"] = best, float(at)
+            if "eval_problems" in curves and np.isfinite(curves["eval_problems"]).any():
+                m["eval_problems"] = float(np.nanmax(curves["eval_problems"]))
+    m.update(read_peak(spec.run_dir))  # eval_peak_test: the validation-chosen checkpoint on the test problems
     for key in STEP_KEYS:
         if key in curves and np.isfinite(curves[key]).any():
             m[key] = float(np.nanmean(curves[key]))

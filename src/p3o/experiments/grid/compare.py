@@ -29,7 +29,8 @@ import yaml
 from p3o.config import TrainConfig, apply_overrides, config_help, load_config
 from p3o.config import config_field as _f
 from p3o.errors import ConfigError
-from p3o.experiments.grid.collect import collect
+from p3o.experiments.grid.collect import collect, summarize_run
+from p3o.experiments.grid.peak import PEAK_FILE, PEAK_TEST, score_peak
 from p3o.experiments.grid.report import write_report
 from p3o.experiments.grid.runner import DEFAULT_TRAIN_CMD, RunOutcome, run_grid, train_argv
 from p3o.experiments.grid.spec import Experiment, RunSpec, expand, load_experiment
@@ -105,6 +106,32 @@ def _eval_run(spec: RunSpec, exp: Experiment) -> str:
     return f"pass@1 {result.pass_at_k.get(1, float('nan')):.3f}"
 
 
+def _score_peak(spec: RunSpec, exp: Experiment) -> str:
+    """For a study scoring ``eval_peak_test``: the validation-chosen checkpoint of a finished run on test problems
+    disjoint from its in-loop evaluation (:mod:`p3o.experiments.grid.peak`) → run_dir/peak_test.json (skipped if
+    present)."""
+    from p3o.eval.runner import evaluate  # heavy start-up (transformers): only when evaluating
+    from p3o.models import load_policy
+
+    metrics = [exp.primary.metric, *exp.primary.secondary, *(c.metric for c in exp.claims)]
+    if PEAK_TEST not in metrics or (spec.run_dir / PEAK_FILE).is_file() or not (spec.run_dir / "final").is_dir():
+        return ""
+    cfg = load_config(["--config", str(spec.run_dir / "config.yaml")])
+
+    def evaluate_on(model_path: str, problems: list[Any]) -> float:
+        model, tokenizer = load_policy(model_path)
+        task = cfg.task
+        result = evaluate(
+            model, tokenizer, problems, n_samples=1, ks=[1], verifier=task.verifier, template=task.template,
+            system_prompt=task.system_prompt, seed=spec.seed,
+        )  # fmt: skip
+        return float(result.pass_at_k[1])
+
+    n = int(cfg.task.n_eval)
+    record = score_peak(spec.run_dir, cfg, summarize_run(spec, exp).evals, evaluate_on, n)
+    return f"; peak (step {record['step']}) on test {record['test']:.3f}" if record else ""
+
+
 def _evaluate(cfg: TrainConfig, exp: Experiment, model: str, *, seed: int, ks: list[int]) -> Any:
     """pass@k of `model` on the run config's task (its own options and verifier) with the grid's evaluation, on the
     grid's evaluation engine (`eval.engine`, the same for the base and every run, whatever engine a run trained
@@ -154,7 +181,7 @@ def _eval_locked(spec: RunSpec, exp: Experiment, lock: threading.Lock) -> str:
     """One evaluation at a time: transformers' model loading is not thread-safe (meta-device initialisation), and
     evaluations still overlap with the other workers' training subprocesses."""
     with lock:
-        return _eval_run(spec, exp)
+        return _eval_run(spec, exp) + _score_peak(spec, exp)
 
 
 def _path(text: str | None) -> Path | None:

@@ -20,6 +20,7 @@ import numpy as np
 from p3o.experiments.grid.analysis import mean_std
 from p3o.experiments.grid.collect import METRIC_LABELS, GridSummary, RunSummary, load_json
 from p3o.experiments.grid.figures import plot_overview, plot_regime
+from p3o.experiments.grid.peak import expected_best_of_k, expected_max_normal
 from p3o.experiments.grid.spec import DECISIVE_KINDS, Claim, Experiment
 from p3o.experiments.stats.paired import t_ppf
 from p3o.experiments.stats.prereg import Preregistration, verdict_file
@@ -186,7 +187,41 @@ def peak_final_table(summary: GridSummary, regime: str) -> str:
         if start
         else f"In-loop evaluations at steps {', '.join(map(str, steps))}."
     )
+    note += " " + peak_bias_note(summary, cells, start, steps)
+    tested = [r.metrics["eval_peak_test"] for _, cell in cells for r in cell if "eval_peak_test" in r.metrics]
+    if tested:
+        lines = ["", "", "| objective | seeds | peak on validation (in-loop) | its checkpoint on test | step (mean) |"]
+        lines.append("|---|---|---|---|---|")
+        for label, cell in cells:
+            val = mean_std([r.metrics.get("eval_peak_val", math.nan) for r in cell])
+            test = mean_std([r.metrics.get("eval_peak_test", math.nan) for r in cell])
+            at = mean_std([r.metrics.get("eval_peak_test_step", math.nan) for r in cell])[0]
+            step = f"{at:.0f}" if math.isfinite(at) else "–"
+            lines.append(f"| {label} | {len(cell)} | {_fmt(*val)} | {_fmt(*test)} | {step} |")
+        note += "\n".join(lines)
     return "\n".join(rows) + "\n\n" + note
+
+
+def peak_bias_note(summary: GridSummary, cells: list[tuple[str, list[RunSummary]]], start: list[float],
+                   steps: list[int]) -> str:  # fmt: skip
+    """The selection bias of an in-loop peak (:func:`p3o.experiments.grid.peak.expected_best_of_k`): how far the
+    best of the k evaluations after step 0 sits above step 0 in expectation with no learning at all ("" when the
+    step-0 score or the number of problems is unknown)."""
+    k = len([st for st in steps if st > 0])
+    n = [r.metrics["eval_problems"] for _, cell in cells for r in cell if "eval_problems" in r.metrics]
+    if not start or not n or k < 1:
+        return ""
+    p0, n0 = float(np.mean(start)), int(max(n))
+    bias = expected_best_of_k(min(max(p0, 0.0), 1.0), n0, k)
+    return (
+        f"Selection bias: with no learning at all, the best of these {k} evaluations on {n0} problems sits "
+        f"{bias:+.3f} above step 0 in expectation (SE √(p0(1 − p0)/n) = {bias / expected_max_normal(k):.3f} × "
+        f"E[max of {k} normals] = {expected_max_normal(k):.3f}), so the in-loop peak (`eval_peak`) is biased upward "
+        "by about that much; `eval_peak_test` chooses the step on these evaluations and scores its checkpoint on "
+        "disjoint test problems."
+        if k > 1
+        else ""
+    )
 
 
 #: MinPRO's diagnostics in the MinPRO paper's tables 7 (the prefix factor m_t) and 8 (effective weight per decile).
@@ -520,7 +555,8 @@ def _verdict_lines(exp: Experiment, decisions: list[Decision], not_run: list[str
         "*identical* asks for exactly equal per-seed values. Secondary metrics"
         + (f" ({', '.join(pr.secondary)})" if pr.secondary else "")
         + " get their verdicts beside the primary one, labelled secondary (their own Holm family). Computed by "
-        f"`p3o.experiments.stats`; primary verdicts: {verdict_counts(decisions)}.",
+        "`p3o.experiments.stats`; primary verdicts (in-study, this study's Holm family): "
+        f"{verdict_counts(decisions)}.",
         "",
         decisions_table(decisions),
         "",

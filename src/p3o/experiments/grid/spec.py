@@ -31,6 +31,7 @@ import yaml
 from p3o.config import TrainConfig, apply_overrides, from_dict
 from p3o.config import config_field as _f
 from p3o.errors import ConfigError
+from p3o.experiments.grid.peak import check_peak_study
 from p3o.experiments.grid.regimes import OBJECTIVE_PRESETS, REGIMES, Overrides
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -355,6 +356,11 @@ def parse_experiment(raw: Any, source: Path | None = None, *, check_config: bool
                 raise ConfigError(f"{where}: regimes[{i}].objectives: '{label}' is not one of the objectives")
     exp.baselines = _families(raw.get("baselines"), exp, where)
     exp.claims = _claims(raw.get("claims") or [], exp, where)
+    metrics = [exp.primary.metric, *exp.primary.secondary, *(c.metric for c in exp.claims)]
+    try:  # an unbiased peak needs every evaluated step's checkpoint (p3o.experiments.grid.peak)
+        check_peak_study(exp.base, metrics)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
     if check_config:
         _validate_overrides(exp, where)
     return exp

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
-from p3o.experiments.stats.ledger import STATUSES, records_for, study_status, superseded_problems
+from p3o.experiments.stats.bias import peak_bias
+from p3o.experiments.stats.ledger import STATUSES, records_for, study_entry, study_status, superseded_problems
 from p3o.experiments.stats.paired import PairedResult, decide_family, paired
 
 #: Absolute tolerance of a recomputed number (the stored files agree with scipy.stats to ~5e-13).
@@ -229,6 +230,9 @@ def check_status(path: Path, doc: dict[str, Any]) -> tuple[list[str], list[str]]
     if status == "pooled" and not confirmatory and doc.get("verdicts"):
         problems.append("the ledger says pooled, but the file is not confirmatory (exploratory or not registered)")
     notes = [f"status: {STATUSES[status]}" + (f" ({why})" if why and status != "pooled" else "")]
+    bias = peak_bias(doc, study_entry(ledger, name, path))
+    if bias is not None:
+        notes.append(bias["text"])
     known = {str(r.get("id")) for r in ledger.rules} if ledger is not None else None
     for entry in doc.get("relabelled") or []:
         rid = str(entry.get("rule")) if isinstance(entry, dict) else str(entry)

@@ -45,7 +45,10 @@ Record file (``configs/experiments/records/ledger.yaml``)::
     looks:       [{study, look, file, seeds, date, commit, what, why}]
     superseded:  [{study, file, verdicts: [{claim, regime?, a?, b?}], by, by_commit, date, what, why}]
     rules:       [{id, date, commit, what, why}]
-    studies:     [{study, file?, status, why}]   # pooled | failed-bite | exploratory | superseded | replication
+    studies:     [{study, file?, status, why, selection_bias?}]   # status: pooled | failed-bite | exploratory |
+                                                                  # superseded | replication
+                 # selection_bias: {metric, n_problems, why}: a peak metric chosen and scored on the same
+                 # evaluations, no checkpoints to re-decide it (p3o.experiments.stats.bias)
 """
 
 from __future__ import annotations
@@ -388,6 +391,16 @@ def repo_of(path: str | Path) -> Path | None:
     return next((p for p in Path(path).resolve().parents if (p / "configs" / "experiments").is_dir()), None)
 
 
+def study_entry(records: Records | None, study: str, file: str | Path | None = None) -> dict[str, Any] | None:
+    """The record file's ``studies`` entry of ``study``: the one naming ``file`` (relative to the repository) first,
+    else the study's entry without a file (None: not recorded)."""
+    entries = [e for e in (records.studies if records is not None else []) if e["study"] == study]
+    repo = repo_of(file) if file is not None else None
+    here = str(Path(file).resolve().relative_to(repo)) if repo is not None and file is not None else None
+    mine = [e for e in entries if e.get("file") == here] or [e for e in entries if not e.get("file")]
+    return mine[0] if mine else None
+
+
 def study_status(
     records: Records | None, study: str, confirmatory: bool, file: str | Path | None = None
 ) -> tuple[str, str]:
@@ -395,11 +408,8 @@ def study_status(
     (``file:``, relative to the repository) first, else the study's entry without one; outside a repository (no
     record file) or for a study it does not list: ``pooled`` when ``confirmatory``, else ``exploratory`` (the why
     then says it is not recorded)."""
-    entries = [e for e in (records.studies if records is not None else []) if e["study"] == study]
-    repo = repo_of(file) if file is not None else None
-    here = str(Path(file).resolve().relative_to(repo)) if repo is not None and file is not None else None
-    mine = [e for e in entries if e.get("file") == here] or [e for e in entries if not e.get("file")]
-    for entry in mine:
+    entry = study_entry(records, study, file)
+    if entry is not None:
         return str(entry["status"]), " ".join(str(entry.get("why", "")).split())
     return ("pooled" if confirmatory else "exploratory"), "no status recorded in the ledger"
 

@@ -273,6 +273,7 @@ def render_claims(
         regime = row["regime"] + (
             f" — *differs from the claim's regime: {row['differs']}*" if row.get("differs") else ""
         )
+        regime += "".join(f" — *{b}*" for b in _biases(found))
         regime += _caveat(row, caveats or {})
         if found:
             verdict = "<br>".join(verdict_text(f) for f in found)
@@ -300,6 +301,17 @@ def row_counts(found: list[Found]) -> str:
     return ", ".join(f"{verdict}{why} {counts[verdict, why]}" for verdict, why in keys)
 
 
+def _biases(found: list[Found]) -> list[str]:
+    """The selection-bias remark of each study whose peak verdicts a row shows ("peak selection-biased: +0.026
+    expected under no learning")."""
+    out = []
+    for f in found:
+        b = f.study.bias
+        if b and f.record.get("metric") == b["metric"]:
+            out.append(f"peak selection-biased: {b['bias']:+.3f} expected under no learning (best of {b['k']})")
+    return list(dict.fromkeys(out))
+
+
 def row_cell(row: dict[str, Any], found: list[Found], caveats: dict[str, dict[str, str]] | None = None) -> str:
     """One row of ours as the front page shows it: how its verdicts fall (the pooled family's), or "cannot be tested
     here (ESS …)", or its status; then its label and, when its regime is not the claim's, how it differs (≠)."""
@@ -311,6 +323,7 @@ def row_cell(row: dict[str, Any], found: list[Found], caveats: dict[str, dict[st
     else:
         what = str(row.get("status", "not yet run"))
     differs = f"; ≠ {row['differs']}" if row.get("differs") else ""
+    differs += "".join(f"; {b}" for b in _biases(found))
     what = f"{row['substance']}: {what}" if row.get("substance") else what
     return f"{what} ({row_label(row)}{differs}){_caveat(row, caveats or {})}"
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,8 @@ from typing import Any
 import yaml
 
 from p3o.errors import ConfigError
-from p3o.experiments.stats.ledger import STATUSES, ledger, load_records, records_for, study_status
+from p3o.experiments.stats.bias import peak_bias
+from p3o.experiments.stats.ledger import STATUSES, ledger, load_records, records_for, study_entry, study_status
 from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, decision_p, holm, verdict
 from p3o.experiments.summary.blocks import END, START
 
@@ -45,6 +46,15 @@ class Study:
     path: Path
     preregistration: dict[str, Any] | None
     records: list[dict[str, Any]]
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    """The file's run records (``runs``; [] when it has none)."""
+
+    @cached_property
+    def bias(self) -> dict[str, Any] | None:
+        """The selection bias of the study's peak verdicts, when the ledger marks one
+        (:func:`p3o.experiments.stats.bias.peak_bias`)."""
+        entry = study_entry(records_for(self.path), self.name, self.path)
+        return peak_bias({"runs": self.runs}, entry)
 
     @property
     def name(self) -> str:
@@ -99,7 +109,8 @@ def load(paths: list[Path]) -> list[Study]:
         if isinstance(doc, list):  # written before pre-registration was recorded
             out.append(Study(path, None, redecide(doc)))
         elif isinstance(doc, dict) and isinstance(doc.get("verdicts"), list):
-            out.append(Study(path, doc.get("preregistration"), redecide(doc["verdicts"])))
+            runs = doc.get("runs") if isinstance(doc.get("runs"), list) else []
+            out.append(Study(path, doc.get("preregistration"), redecide(doc["verdicts"]), runs))
         else:
             raise ConfigError(f"{path}: expected {{preregistration, verdicts: [...]}}")
     return out
@@ -257,6 +268,7 @@ def render_page(studies: list[Study], command: str) -> str:
             "",
             f"Pre-registration: {_mode(study)}. Status in the ledger: **{STATUSES[study.status]}**{why}.",
             "",
+            *([f"**Selection bias**: {study.bias['text']}.", ""] if study.bias else []),
         ]
         if not study.records:
             lines += ["No verdicts: a descriptive study (its report's tables are the result).", ""]
@@ -324,7 +336,7 @@ def render_index(studies: list[Study], command: str, index: Path, pages: dict[st
         ]
     if "verdicts" in pages:
         lines += [
-            f"- [Every verdict]({rel(pages['verdicts'])}): the confirmatory ones in one Holm family, then "
+            f"- [Every verdict]({rel(pages['verdicts'])}): the pooled ones in one Holm family, then "
             "each study's table.",
             "",
         ]
@@ -346,6 +358,9 @@ def render_index(studies: list[Study], command: str, index: Path, pages: dict[st
         mode = "exploratory (no pre-registration record)" if not pre else "confirmatory"
         mode = "exploratory" if pre.get("exploratory") else mode
         status = STATUSES[study.status] + (f": {study.status_why}" if study.status == "failed-bite" else "")
+        status += (
+            f"; peak selection-biased ({study.bias['bias']:+.3f} expected under no learning)" if study.bias else ""
+        )
         seeds = _seed_text([int(s) for s in pre.get("seeds", [])])
         prim = [r for r in study.records if _primary(r)]
         src = study_file(study.name)
