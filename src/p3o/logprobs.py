@@ -92,7 +92,7 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
         outside = torch.zeros(m, dtype=torch.float32, device=hidden.device)  # 1: y outside the reproduced support
         w = weight.float()
         b = bias.float() if bias is not None else None
-        segs = _kept_segments(kept_counts, kept_ids, m, chunk_size)
+        segs = _kept_segments(kept_counts, kept_ids, m, chunk_size, weight.shape[0])
         if truncation is not None:
             segs = []  # built chunk by chunk below, kept for the backward: the set is a constant of the gradient
         for s in range(0, m, chunk_size):
@@ -103,8 +103,8 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
             if truncation is not None:
                 keep = torch.isfinite(truncate_logits(z, top_k=truncation.top_k, top_p=truncation.top_p))
                 outside[s : s + chunk_size] = (~keep.gather(-1, y)).squeeze(-1).float()
-                nz = keep.scatter_(-1, y, True).nonzero()  # the sampled token always counts (its own set ∪ {y})
-                segs.append((nz[:, 0], nz[:, 1], torch.ones(z.shape[0], dtype=torch.bool, device=z.device)))
+                flat = keep.scatter_(-1, y, True).view(-1).nonzero().squeeze(-1)  # its own set ∪ {y}
+                segs.append((flat.div(z.shape[1], rounding_mode="floor"), flat, torch.ones_like(keep[:, 0])))
                 del keep
             if segs is not None:
                 kept_lse = _kept_lse(z, lse, *segs[s // chunk_size])  # (C,): lse itself on rows without a set
@@ -146,8 +146,9 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
                 # replayed rows: ∂logp/∂z = onehot(y) − p_kept, p_kept = exp(z − kept_lse) on the set and 0 elsewhere
                 # (kept_lse = lse + log kept mass); their −g_logp·p_kept is added sparsely below, so the dense
                 # −g_logp·p term skips them
-                row, ids, has = segs[s // cs]
-                p_kept = (z[row, ids] - (lse.squeeze(-1) + log_mass[s : s + cs])[row]).exp_()  # (K_c,)
+                row, flat, has = segs[s // cs]
+                kept_lse = (lse.squeeze(-1) + log_mass[s : s + cs]).index_select(0, row)  # (K_c,)
+                p_kept = z.view(-1).index_select(0, flat).sub_(kept_lse).exp_()  # (K_c,)
                 g_dense = g_lp.masked_fill(has[:, None], 0.0)
             logq = z.sub_(lse)  # in place: at most two (C, V) buffers
             if use_ent:
@@ -159,7 +160,7 @@ class _ChunkedHeadLogProb(torch.autograd.Function):
                 g = logq.exp_().mul_(-g_dense)  # −g_logp · p, in the same buffer
             g.scatter_add_(-1, targets[s : s + cs, None], g_lp)
             if segs is not None:
-                g.index_put_((row, ids), p_kept.mul_(-g_lp.squeeze(-1)[row]), accumulate=True)
+                g.view(-1).index_add_(0, flat, p_kept.mul_(g_lp.squeeze(-1).index_select(0, row)).neg_())
             g.div_(tau)
             if grad_h is not None:
                 grad_h[s : s + cs] = (g @ w).to(hidden.dtype)
@@ -204,31 +205,34 @@ def truncate_logits(z: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 
 
 KeptSegments = list[tuple[Tensor, Tensor, Tensor]]
-"""Per chunk of C tokens: (row (K_c,) long, the chunk-local token of each kept id; ids (K_c,) long; has (C,) bool,
-whether the token has a recorded set)."""
+"""Per chunk of C tokens: (row (K_c,) long, the chunk-local token of each kept id; flat (K_c,) long, its index
+row · V + id into the chunk's (C, V) logits; has (C,) bool, whether the token has a set)."""
 
 
-def _kept_segments(counts: Tensor | None, ids: Tensor | None, m: int, chunk_size: int) -> KeptSegments | None:
+def _kept_segments(
+    counts: Tensor | None, ids: Tensor | None, m: int, chunk_size: int, vocab: int
+) -> KeptSegments | None:
     """The kept sets of M tokens ((M,) sizes, (K,) ids token by token) cut at the chunk boundaries."""
     if counts is None or ids is None:
         return None
     counts = counts.long()
     offsets = [0, *counts.cumsum(0).tolist()]  # one sync per call, only when sets are replayed
+    token = torch.arange(m, device=counts.device).repeat_interleave(counts)  # (K,) each kept id's token
     out = []
     for s in range(0, m, chunk_size):
-        c = counts[s : s + chunk_size]
-        row = torch.arange(c.shape[0], device=c.device).repeat_interleave(c)
-        out.append((row, ids[offsets[s] : offsets[min(s + chunk_size, m)]].long(), c > 0))
+        a, b = offsets[s], offsets[min(s + chunk_size, m)]
+        row = token[a:b] - s
+        out.append((row, row * vocab + ids[a:b].long(), counts[s : s + chunk_size] > 0))
     return out
 
 
-def _kept_lse(z: Tensor, lse: Tensor, row: Tensor, ids: Tensor, has: Tensor) -> Tensor:
+def _kept_lse(z: Tensor, lse: Tensor, row: Tensor, flat: Tensor, has: Tensor) -> Tensor:
     """(C,) logsumexp of each row of `z` (C, V) over its kept ids (rows without a set: `lse` (C,), the whole
     vocabulary), as a segment reduction over the K_c kept entries: nothing of size (C, V) is allocated."""
-    vals = z[row, ids]  # (K_c,)
+    vals = z.view(-1).index_select(0, flat)  # (K_c,)
     top = torch.full_like(lse, float("-inf")).scatter_reduce_(0, row, vals, "amax")
     top = torch.where(has, top, torch.zeros_like(top))
-    total = torch.zeros_like(lse).index_add_(0, row, (vals - top[row]).exp_())
+    total = torch.zeros_like(lse).index_add_(0, row, vals.sub_(top.index_select(0, row)).exp_())
     return torch.where(has, top + total.log(), lse)
 
 
