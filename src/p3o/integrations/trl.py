@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -74,6 +75,16 @@ TRL_INPUTS = frozenset({"old_logp", "prox_logp", "entropy"})
 ``GRPOConfig.beta`` != 0). ``m2po_threshold`` is the micro-batch's (``_common.PER_MICRO_BATCH_INPUTS``)."""
 
 _log = logging.getLogger(__name__)
+
+# TRL calls transformers' `gradient_checkpointing*` API, which transformers 5 renamed: four FutureWarnings a run that
+# are TRL's business, not the user's (issue 47; P3O_VERBOSE=1 keeps them). Only these, only from transformers.
+if os.environ.get("P3O_VERBOSE", "") in ("", "0"):
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`(is_)?gradient_checkpointing\w*` is deprecated",
+        category=FutureWarning,
+        module=r"transformers\.",
+    )
 
 _TRL_HINTS = {
     "ref_logp": "set GRPOConfig.beta instead of ref_kl_coef (TRL loads the reference model only when beta != 0)",
