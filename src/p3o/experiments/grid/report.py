@@ -551,7 +551,8 @@ def _verdict_lines(exp: Experiment, decisions: list[Decision], not_run: list[str
         f"({METRIC_LABELS.get(pr.metric, pr.metric)}), paired by seed; {1 - pr.alpha:.0%} paired-t intervals; "
         f"Holm's correction over the {tested_count(decisions)} tested primary "
         f"verdicts at family-wise α = {pr.alpha:g}; margin δ = {pr.margin:g}: *tracks* is TOST within ±δ and is "
-        "contradicted only by an interval entirely outside [−δ, δ]; an effect below δ is *negligible*. "
+        "contradicted only by an interval entirely outside [−δ, δ]; an effect is *negligible* when its TOST, "
+        "Holm-adjusted in the same family, shows it inside ±δ. "
         "*identical* asks for exactly equal per-seed values. Secondary metrics"
         + (f" ({', '.join(pr.secondary)})" if pr.secondary else "")
         + " get their verdicts beside the primary one, labelled secondary (their own Holm family). Computed by "
