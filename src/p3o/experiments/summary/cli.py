@@ -58,12 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _mark_reports(studies: list[Study]) -> None:
     """Append to each report whose stored verdicts today's rule decides otherwise a generated block saying so
-    (``<!-- todays-rule:begin -->`` … ``end``; the rest of the report is kept byte for byte)."""
+    (``<!-- todays-rule:begin -->`` … ``end``), and to each whose peak verdicts the ledger marks selection-biased one
+    stating the bias (``selection-bias``); the rest of the report is kept byte for byte."""
     for study in studies:
         lines = redecided_lines(study)
         report = study.path.with_name(study.name + ".md")
         if lines and report.is_file():
             write_block(report, "todays-rule", "\n".join(lines))
+        if study.bias and report.is_file():  # a peak chosen and scored on the same evaluations (the ledger's mark)
+            b = study.bias
+            write_block(
+                report,
+                "selection-bias",
+                "## Selection bias of the peak\n\nWritten by `python -m p3o.experiments.summary` from the ledger's "
+                "mark "
+                f"(configs/experiments/records/ledger.yaml) and this report's run records: {b['text']}. The expected "
+                f"best of {b['k']} under no learning is √(p0(1 − p0)/n) · E[max of {b['k']} standard normals] "
+                "(`p3o.experiments.grid.peak.expected_best_of_k`); compare the peaks above with step 0 plus "
+                f"{b['bias']:+.3f}, not with step 0.",
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
