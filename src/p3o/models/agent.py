@@ -1,19 +1,21 @@
-"""The agent testbed's base, ``tiny-agent``: the built-in tiny architecture taught to call the calculator tool.
+"""The agent testbed's base, ``tiny-agent``: the main tiny base taught to call the calculator tool.
 
-``tiny-agent`` is a 1m Qwen3 (`p3o.models.configs.SIZES`) with the built-in tokenizer plus four tokens
-(``AGENT_TOKENS``, appended at the end of the vocabulary: the main tokenizer's ids are unchanged), warm-started from a
-random init on calc-environment episodes written out (`p3o.envs.builtin.calc_transcript`), built exactly as an RL
-episode is (the environment's prompt, `p3o.envs.render.Renderer.transcript`):
+The main base (``tiny``, the arithmetic warm start) knows the chat template, the ``#### N`` answer format and how to
+restate the numbers of a question, but cannot multiply a 4-digit by a 3-digit number. ``tiny-agent`` is that model
+with four tokens added to its tokenizer (``AGENT_TOKENS``, appended at the end of the vocabulary: the main tokenizer's
+ids are unchanged) and a short supervised warm start on calc-environment episodes written out
+(`p3o.envs.builtin.calc_transcript`), built exactly as an RL episode is (the environment's prompt,
+`p3o.envs.render.Renderer.transcript`):
 
     <|im_start|>user\\nWhat is 4821 * 37?\\nUse <calc>expression</calc> ...<|im_end|>\\n<|im_start|>assistant\\n
     <calc>4821 * 37</calc><result>178377</result>\\n#### 178377<|im_end|>                     (one line)
 
 with the loss on the model's segments only (the ``<result>…</result>`` observation is context, as in RL). A share
 ``AGENT_RECIPE["tool_share"]`` of the transcripts call the tool, the rest answer directly with the worked solution,
-which the model cannot compute: the base calls the tool on some problems, so RL has a behaviour to strengthen. It does
-not depend on the main base (``tiny``), so either builds alone.
+which the model cannot compute: the base calls the tool on some problems, so RL has a behaviour to strengthen. (A
+random init with the same recipe did not learn to copy the operands: the arithmetic warm start is what teaches it.)
 
-    path = ensure_agent_base(ensure_tokenizer())   # built on first use, cached by code version and recipe
+    path = ensure_agent_base()            # built on first use (the main base first), cached by code and recipe
     model, tok = load_policy("tiny-agent")
 """
 
@@ -32,9 +34,8 @@ from transformers import AutoTokenizer, GenerationConfig, Qwen3ForCausalLM
 from p3o.envs.builtin import CalcEnv, calc_transcript
 from p3o.envs.render import Renderer
 from p3o.models.cache import atomic_build, cache_root
-from p3o.models.configs import qwen3_config
 from p3o.models.tiny import BASE_SOURCES, DEFAULT_SIZE, code_version
-from p3o.models.warmstart import collate, lr_factor
+from p3o.models.warmstart import collate, ensure_base, lr_factor
 from p3o.tasks.calc import load_calc
 
 __all__ = ["AGENT_RECIPE", "AGENT_SOURCES", "AGENT_TOKENS", "agent_base_dir", "ensure_agent_base", "warm_start_agent"]
@@ -44,15 +45,15 @@ AGENT_TOKENS = ("<calc>", "</calc>", "<result>", "</result>")
 
 AGENT_RECIPE: dict[str, Any] = {
     "size": DEFAULT_SIZE,
-    "steps": 400,
+    "steps": 300,
     "batch_size": 16,
-    "lr": 5e-3,
-    "warmup_steps": 30,
+    "lr": 2e-3,
+    "warmup_steps": 20,
     "tool_share": 0.5,
     "seed": 0,
 }
-"""The warm start, from a random init of the main architecture (`p3o.models.configs.SIZES`): steps × batch
-transcripts, AdamW lr (linear warm-up, cosine to 10 %), the share of transcripts that call the tool."""
+"""The warm start, from the main base of that size: steps × batch transcripts, AdamW lr (linear warm-up, cosine to
+10 %), the share of transcripts that call the tool."""
 
 # What builds the agent base besides the main base's own sources (its key fingerprints them).
 AGENT_SOURCES: tuple[str, ...] = (
@@ -86,17 +87,22 @@ def _examples(tok: Any, n: int, seed: int, tool_share: float) -> list[tuple[list
     return out
 
 
-def warm_start_agent(tokenizer_dir: str | Path, out_dir: str | Path, log: bool = True) -> dict[str, Any]:
-    """Add `AGENT_TOKENS` to the built-in tokenizer in `tokenizer_dir`, warm-start a random 1m model on calc
-    transcripts (`AGENT_RECIPE`), save it to `out_dir` (safetensors + tokenizer + sft.json); return the statistics."""
+def warm_start_agent(init_dir: str | Path, out_dir: str | Path, log: bool = True) -> dict[str, Any]:
+    """Add `AGENT_TOKENS` to the main base in `init_dir` (its tokenizer and an embedding row each, at the mean of the
+    others), warm-start it on calc transcripts (`AGENT_RECIPE`), save it to `out_dir` (safetensors + tokenizer +
+    sft.json); return the statistics."""
     rc = AGENT_RECIPE
     t0 = time.perf_counter()
     random.seed(rc["seed"])
     torch.manual_seed(rc["seed"])
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = AutoTokenizer.from_pretrained(init_dir)
     tok.add_tokens(list(AGENT_TOKENS), special_tokens=True)  # appended after the main vocabulary: its ids stay
-    config = qwen3_config(rc["size"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
-    model = Qwen3ForCausalLM(config)
+    model = Qwen3ForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+    old_vocab = model.get_input_embeddings().weight.shape[0]
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
+    with torch.no_grad():  # new rows start at the mean of the old ones (deterministic, no sampling)
+        emb = model.get_input_embeddings().weight
+        emb[old_vocab:] = emb[:old_vocab].mean(0, keepdim=True)
     model.train()
     examples = _examples(tok, rc["steps"] * rc["batch_size"], rc["seed"], rc["tool_share"])
     opt = torch.optim.AdamW(model.parameters(), lr=rc["lr"], weight_decay=0.01, betas=(0.9, 0.95))
@@ -126,8 +132,9 @@ def warm_start_agent(tokenizer_dir: str | Path, out_dir: str | Path, log: bool =
     return stats
 
 
-def ensure_agent_base(tokenizer_dir: str | Path, cache_dir: str | Path | None = None, *, force: bool = False) -> Path:
-    """Path of the ``tiny-agent`` base, warm-started on first use from the built-in tokenizer in `tokenizer_dir`
-    (`p3o.models.hub.ensure_tokenizer`) and cached (`p3o.models.cache.atomic_build`)."""
+def ensure_agent_base(cache_dir: str | Path | None = None, *, force: bool = False) -> Path:
+    """Path of the ``tiny-agent`` base, warm-started from the main base (built first if needed,
+    `p3o.models.warmstart.ensure_base`) on first use and cached (`p3o.models.cache.atomic_build`)."""
     target = agent_base_dir(cache_dir)
-    return atomic_build(target, lambda tmp: warm_start_agent(tokenizer_dir, tmp), force=force)
+    init = ensure_base(AGENT_RECIPE["size"], cache_dir)
+    return atomic_build(target, lambda tmp: warm_start_agent(init, tmp), force=force)

@@ -164,7 +164,7 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
     """
     name = str(name_or_path)
     if name == AGENT_NAME and not Path(name).exists():
-        return load_pretrained(ensure_agent_base(ensure_tokenizer(cache_dir), cache_dir))
+        return load_pretrained(ensure_agent_base(cache_dir))
     tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():
         size, rand = tiny

@@ -172,6 +172,7 @@ class PolicyForward(nn.Module):
         chunk_size: int = 256,
         with_entropy: bool = False,
         adapters_off: bool = False,
+        loss_mask: Tensor | None = None,
         kept: SamplingMask | None = None,
     ) -> tuple[Tensor, ...]:
         ctx = self.policy.disable_adapter() if adapters_off else contextlib.nullcontext()
@@ -186,6 +187,7 @@ class PolicyForward(nn.Module):
                 chunk_size=chunk_size,
                 with_entropy=with_entropy,
                 kept=kept,
+                loss_mask=loss_mask,
             )
 
 
@@ -308,11 +310,12 @@ class Placement:
                 mb.prompt_ids,
                 mb.prompt_mask,
                 mb.response_ids,
-                mb.mask,
+                getattr(mb, "reads", mb.mask),  # the attention mask: an episode's observations too
                 temperature,
                 chunk_size,
                 with_entropy,
                 adapters_off,
+                mb.mask if getattr(mb, "attn", None) is not None else None,  # the loss mask, when it differs
                 kept=getattr(mb, "kept", None),
             )
         return logp.float(), (ent.float() if ent is not None else None), *mass

@@ -357,7 +357,9 @@ class UpdateStep:
         if mb.kept is not None:
             kw["kept"] = mb.kept
         with placement.autocast():
-            logp, ent, *mass = token_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.mask, **kw)
+            logp, ent, *mass = token_logprobs(
+                model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.reads, loss_mask=mb.mask, **kw
+            )
         return _kept_mass_to((logp.float(), (ent.float() if ent is not None else None), *mass), kept_mass)
 
     def scope(self, plan: UpdatePlan, k: int, anchors: Anchors, prox_logp: Tensor | None) -> StepScope:
@@ -505,11 +507,17 @@ class MicroBatch:
     prompt_ids: Tensor
     prompt_mask: Tensor
     response_ids: Tensor
-    mask: Tensor
+    mask: Tensor  # the loss mask: model tokens
     rollout_logp: Tensor
     advantages: Tensor
     t_full: int  # response width before trimming (side log-probs are stored at that width)
+    attn: Tensor | None = None  # the response's attention mask (⊇ mask: an episode's observations too); None = mask
     kept: SamplingMask | Truncation | None = None  # the kept sets to replay (n, t); None: the whole vocabulary
+
+    @property
+    def reads(self) -> Tensor:
+        """(n, t) bool, the response tokens the model reads (attention): `attn`, or `mask` for single-turn rows."""
+        return self.mask if self.attn is None else self.attn
 
 
 @dataclass
@@ -545,7 +553,7 @@ def token_budget_micros(batch: Rollouts, minis: list[Tensor], budget: int) -> li
     FSDP): a rank with fewer splits its largest ones in halves. One row longer than `budget` is a ConfigError.
     """
     p_len = batch.prompt_mask.sum(-1).cpu()
-    t_len = batch.mask.sum(-1).clamp(min=1).cpu()
+    t_len = batch.attn.sum(-1).clamp(min=1).cpu()  # type: ignore[union-attr]  # tokens read, observations too
     longest = dist.all_reduce_max(torch.stack([(p_len + t_len).max()]).float())
     if int(longest.item()) > budget:
         raise ConfigError(
@@ -611,8 +619,10 @@ def _micro(batch: Rollouts, adv: Tensor, rows: Tensor) -> MicroBatch:
     """Rows `rows` of `batch`, with all-pad prompt columns (left) and all-pad response columns (right) dropped."""
     pm = batch.prompt_mask[rows]
     m = batch.mask[rows]
+    a = None if batch.attn is batch.mask else batch.attn[rows]  # type: ignore[index]
+    reads = m if a is None else a
     p_keep = int(pm.any(0).nonzero().min()) if pm.any() else pm.shape[1] - 1
-    t_keep = int(m.any(0).nonzero().max()) + 1 if m.any() else 1
+    t_keep = int(reads.any(0).nonzero().max()) + 1 if reads.any() else 1
     return MicroBatch(
         rows=rows,
         prompt_ids=batch.prompt_ids[rows][:, p_keep:],
@@ -622,6 +632,7 @@ def _micro(batch: Rollouts, adv: Tensor, rows: Tensor) -> MicroBatch:
         rollout_logp=batch.rollout_logp[rows][:, :t_keep],
         advantages=adv[rows],
         t_full=batch.mask.shape[1],
+        attn=None if a is None else a[:, :t_keep],
         kept=None if batch.sampling_mask is None else batch.sampling_mask.select(rows).columns(t_keep),
     )
 
