@@ -10,6 +10,7 @@ not an `Environment` (reset / step / close and ``stop_strings``) is a one-line C
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -23,9 +24,13 @@ from p3o.tasks.calc import load_calc
 
 __all__ = ["ENVS", "ENV_NAMES", "env_problems", "make_env"]
 
-ENVS: dict[str, Callable[..., Any]] = {"calc": CalcEnv, "guess": GuessEnv}
+ENVS: dict[str, Callable[..., Any]] = {"calc": CalcEnv, "calc-small": CalcEnv, "guess": GuessEnv}
 ENV_NAMES = tuple(ENVS)
-_PROBLEMS: dict[str, Callable[..., list[Problem]]] = {"calc": load_calc, "guess": guess_problems}
+_PROBLEMS: dict[str, Callable[..., list[Problem]]] = {
+    "calc": load_calc,
+    "calc-small": functools.partial(load_calc, kind="small"),  # the tiny model's agent testbed (2 digit × 1 digit)
+    "guess": guess_problems,
+}
 
 
 def _factory(name: str) -> Callable[..., Any]:

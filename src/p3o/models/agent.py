@@ -79,7 +79,7 @@ def _examples(tok: Any, n: int, seed: int, tool_share: float) -> list[tuple[list
     renderer = Renderer(tok, mode="plain")
     rng = random.Random(seed)
     out = []
-    for p in load_calc("train", seed=seed, n=n):
+    for p in load_calc("train", seed=seed, n=n, kind="small"):
         messages = [*env.reset(p, seed=0), *calc_transcript(p, use_tool=rng.random() < tool_share)]
         prompt, ids, mask = renderer.transcript(messages, stop_strings=env.stop_strings)
         labels = [-100] * len(prompt) + [t if m else -100 for t, m in zip(ids, mask)]

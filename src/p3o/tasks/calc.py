@@ -24,7 +24,7 @@ from p3o.tasks.arithmetic import SPLITS, split_of
 from p3o.tasks.base import Problem
 
 VERIFIER = "exact-int"
-KINDS = ("mul", "add", "mix")
+KINDS = ("mul", "add", "mix", "small")
 
 
 def _draw(rng: random.Random, kind: str) -> tuple[str, int]:
@@ -32,6 +32,10 @@ def _draw(rng: random.Random, kind: str) -> tuple[str, int]:
     if kind == "mul":
         a = rng.randint(100, 9999)
         b = rng.randint(10, 999)
+        return f"{a} * {b}", a * b
+    if kind == "small":  # the tiny model's testbed: it restates 1-2 digit numbers but never learned to multiply
+        a = rng.randint(11, 99)
+        b = rng.randint(3, 9)
         return f"{a} * {b}", a * b
     terms = [rng.randint(1000, 999999) for _ in range(3)]
     return " + ".join(map(str, terms)), sum(terms)
@@ -70,7 +74,8 @@ def load_calc(split: str = "train", *, seed: int = 0, n: int | None = None, kind
     """Problems 0..n-1 (default 1000) of `split`: "train" or "test", never sharing a problem.
 
     Args:
-        kind: "mul" (3–4 digit × 2–3 digit), "add" (three 4–6 digit numbers) or "mix" (each problem one of the two).
+        kind: "mul" (3–4 digit × 2–3 digit), "add" (three 4–6 digit numbers), "mix" (each problem one of the two)
+            or "small" (2 digit × 1 digit: the built-in tiny model's agent testbed, ``calc-small``).
     """
     n = 1000 if n is None else int(n)
     if n < 0:
