@@ -110,7 +110,8 @@ def _score_peak(spec: RunSpec, exp: Experiment) -> str:
     """For a study scoring ``eval_peak_test``: the validation-chosen checkpoint of a finished run on test problems
     disjoint from its in-loop evaluation (:mod:`p3o.experiments.grid.peak`) → run_dir/peak_test.json (skipped if
     present)."""
-    from p3o.eval.runner import evaluate  # heavy start-up (transformers): only when evaluating
+    # heavy: transformers start-up, only when a peak is scored
+    from p3o.eval.runner import evaluate
     from p3o.models import load_policy
 
     metrics = [exp.primary.metric, *exp.primary.secondary, *(c.metric for c in exp.claims)]

@@ -43,7 +43,8 @@ def expected_max_normal(k: int) -> float:
         raise ValueError(f"k must be >= 1, got {k}")
     if k == 1:
         return 0.0
-    from scipy import integrate  # only when computed: p3o.experiments.grid.spec imports this module
+    # heavy: scipy start-up, only when computed (p3o.experiments.grid.spec imports this module)
+    from scipy import integrate
     from scipy.stats import norm
 
     value, _ = integrate.quad(lambda x: x * k * norm.pdf(x) * norm.cdf(x) ** (k - 1), -12.0, 12.0)
@@ -92,8 +93,9 @@ def check_peak_study(base: dict[str, Any], metrics: Sequence[str]) -> None:
 def test_problems(cfg: Any, n: int) -> list[Any]:
     """``n`` held-out problems of the run's task disjoint from its validation (in-loop evaluation) problems: the
     task's test split drawn with seed ``cfg.seed + TEST_SEED_OFFSET``, every validation question removed."""
+    # heavy: the training stack (torch), only when a peak is scored; wiring gives the run's own problems
     from p3o.tasks import load_eval_problems
-    from p3o.train.wiring import _task_problems  # the run's own (training, validation) problems
+    from p3o.train.wiring import _task_problems
 
     _, validation = _task_problems(cfg)
     seen = {str(p.question) for p in validation}
