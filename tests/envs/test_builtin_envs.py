@@ -164,7 +164,7 @@ def test_guess_problems_split_by_secret() -> None:
 
 
 def test_make_env_builds_builtins_and_user_classes() -> None:
-    assert ENV_NAMES == ("calc", "guess")
+    assert ENV_NAMES == ("calc", "calc-small", "guess")
     limits = EnvLimits(tool_timeout_s=0.5)
     calc = make_env("calc", limits=limits, style="qwen")
     assert isinstance(calc, CalcEnv) and calc.limits is limits and calc.style == "qwen"
@@ -180,7 +180,7 @@ def test_make_env_builds_builtins_and_user_classes() -> None:
 @pytest.mark.parametrize(
     ("name", "options", "words"),
     [
-        ("maze", {}, "unknown; known: calc, guess"),
+        ("maze", {}, "unknown; known: calc, calc-small, guess"),
         ("no_such_pkg_xyz:Env", {}, "cannot import no_such_pkg_xyz"),
         ("env_fixtures:Missing", {}, "has no attribute 'Missing'"),
         ("env_fixtures:NOT_A_TOOL", {}, "not a class"),

@@ -161,16 +161,19 @@ def test_system_prompt_goes_through_the_chat_template() -> None:
     assert format_prompt(Q, tok, "short").startswith("<|im_start|>user\n")  # no system turn unless asked
 
 
-def test_docs_worked_example_matches_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The `p3o train` command of docs/tasks.md parses, and its task and reward resolve as documented."""
+def test_docs_worked_example_matches_the_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The `p3o train` command of docs/tasks.md parses, and its task and reward resolve as documented, in a directory
+    where its first line (`p3o examples own-task`) wrote the example's files."""
     import re
     import shlex
 
+    from p3o.cli import examples_main
     from p3o.config import load_config
     from p3o.rewards import get_verifier
 
     root = Path(__file__).resolve().parents[2]
-    monkeypatch.chdir(root)  # the example runs from the repository root
+    monkeypatch.chdir(tmp_path)  # the example runs where `p3o examples own-task` wrote its files
+    assert examples_main(["own-task"]) == 0
     block = re.search(r"```bash\n(.*?)```", (root / "docs" / "tasks.md").read_text(), re.S).group(1)
     train_cmd = re.search(r"^p3o train (.*?)\n\n", block.replace("\\\n", " "), re.S | re.M).group(1)
     cfg = load_config(shlex.split(train_cmd))
