@@ -279,14 +279,34 @@ def evaluate(
         truncated += rollouts.truncated.tolist()
         if progress is not None:
             progress(min(lo + batch_prompts, len(problems)), len(problems))
+    return _result(
+        model, task, split, n_samples, sampling.temperature, sampling.max_new_tokens, ks, correct,
+        (rewards, lengths, truncated), start,
+    )  # fmt: skip
+
+
+def _result(
+    model: Any,
+    task: str,
+    split: str,
+    n_samples: int,
+    temperature: float,
+    max_new_tokens: int,
+    ks: Sequence[int],
+    correct: np.ndarray,
+    samples: tuple[list[float], list[float], list[bool]],
+    start: float,
+) -> EvalResult:
+    """The `EvalResult` of `correct` (per problem) and the samples' (rewards, lengths, truncated), since `start`."""
+    rewards, lengths, truncated = samples
     return EvalResult(
         task=task,
         split=split,
-        n_problems=len(problems),
+        n_problems=len(correct),
         n_samples=n_samples,
-        temperature=sampling.temperature,
-        max_new_tokens=sampling.max_new_tokens,
-        pass_at_k=mean_pass_at_k(np.full(len(problems), n_samples), correct, sorted(set(ks))),
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        pass_at_k=mean_pass_at_k(np.full(len(correct), n_samples), correct, sorted(set(ks))),
         mean_reward=_mean(rewards),
         mean_response_len=_mean(lengths),
         truncation_rate=_mean(truncated),
@@ -364,21 +384,10 @@ def evaluate_episodes(
             stats.setdefault(k, []).extend(v.tolist())
         if progress is not None:
             progress(min(lo + batch_prompts, len(problems)), len(problems))
-    result = EvalResult(
-        task=task,
-        split=split,
-        n_problems=len(problems),
-        n_samples=n_samples,
-        temperature=sampling.temperature,
-        max_new_tokens=limits.max_turn_tokens,
-        pass_at_k=mean_pass_at_k(np.full(len(problems), n_samples), correct, sorted(set(ks))),
-        mean_reward=_mean(rewards),
-        mean_response_len=_mean(lengths),
-        truncation_rate=_mean(truncated),
-        correct=correct.tolist(),
-        seconds=time.perf_counter() - start,
-        num_params=sum(p.numel() for p in model.parameters()),
-    )
+    result = _result(
+        model, task, split, n_samples, sampling.temperature, limits.max_turn_tokens, ks, correct,
+        (rewards, lengths, truncated), start,
+    )  # fmt: skip
     result.extra["episode"] = {k: _mean(v) for k, v in stats.items()}
     return result
 
