@@ -4,7 +4,8 @@ token-in / token-out check of an episode row."""
 
 from __future__ import annotations
 
-from p3o.envs.base import Step
+from p3o.envs.base import EnvLimits, Step
+from p3o.envs.runner import run_episodes
 from p3o.tasks.base import Problem
 
 OBS = [7, 8, 9]  # the ids the scripted environment's observation renders to
@@ -84,3 +85,21 @@ def check_token_in_token_out(ro, recorded_calls) -> None:
         obs = ro.attn[i] & ~ro.mask[i]
         assert (ro.rollout_logp[i][obs] == 0).all() and (ro.policy_version[i][obs] == -1).all()
         assert int(obs.sum()) == int(ro.extras["obs_tokens"][i])
+
+
+def scripted_episodes(engine, on_tick=None, n=2, max_turn_tokens=6):
+    """`n` scripted episodes of two short problems on `engine` (seed 3; `on_tick` e.g. pushes weights)."""
+    problems = [Problem(prompt="abc", answer="1"), Problem(prompt="de", answer="2")]
+    limits = EnvLimits(max_turns=3, max_turn_tokens=max_turn_tokens, max_total_tokens=64, max_obs_tokens=8)
+    return run_episodes(
+        engine,
+        ScriptedEnv,
+        problems,
+        n,
+        renderer=IdsRenderer(),
+        limits=limits,
+        seed=3,
+        eos_ids=[2],
+        stop_ids=STOPS,
+        on_tick=on_tick,
+    )

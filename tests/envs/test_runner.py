@@ -5,11 +5,11 @@ episode that spans a weight push."""
 from __future__ import annotations
 
 import torch
-from episode_fakes import STOPS, IdsRenderer, Recording, ScriptedEnv, check_token_in_token_out
+from episode_fakes import STOPS, IdsRenderer, Recording, ScriptedEnv, check_token_in_token_out, scripted_episodes
 from tiny_lm import make_tiny_lm
 
 from p3o.envs.base import EnvLimits
-from p3o.envs.runner import EPISODE_STATS, EpisodeEngine, run_episodes
+from p3o.envs.runner import EPISODE_STATS, EpisodeEngine
 from p3o.logprobs import token_logprobs
 from p3o.metrics.monitor import OffPolicyMonitor
 from p3o.objectives import ObjectiveInputs, get_objective
@@ -17,29 +17,12 @@ from p3o.rollout import HFEngine
 from p3o.tasks.base import Problem
 
 
-def _episodes(engine, on_tick=None, n=2, max_turn_tokens=6):
-    problems = [Problem(prompt="abc", answer="1"), Problem(prompt="de", answer="2")]
-    limits = EnvLimits(max_turns=3, max_turn_tokens=max_turn_tokens, max_total_tokens=64, max_obs_tokens=8)
-    return run_episodes(
-        engine,
-        ScriptedEnv,
-        problems,
-        n,
-        renderer=IdsRenderer(),
-        limits=limits,
-        seed=3,
-        eos_ids=[2],
-        stop_ids=STOPS,
-        on_tick=on_tick,
-    )
-
-
 def test_token_in_token_out_and_masks() -> None:
     """The row is exactly turn 1 | OBS | turn 2 | OBS | turn 3 of the engine's own ids; mask = model tokens only; the
     recorded log-probs equal the trainer's (fp32) at every model token, with observations read as context."""
     model = make_tiny_lm()
     rec = Recording(HFEngine(model, None, max_new_tokens=6, seed=0))
-    ro = _episodes(rec)
+    ro = scripted_episodes(rec)
     assert len(ro) == 4 and ro.multi_turn
     check_token_in_token_out(ro, rec.calls)
     assert ro.rewards.tolist() == [1.0] * 4 or (ro.extras["turns"] < 3).any()
@@ -53,7 +36,7 @@ def test_observation_tokens_get_no_gradient_and_stay_out_of_ess_and_monitor() ->
     """Perturbing what sits at observation positions (their log-probs, their recorded log-probs) changes neither the
     loss, its gradient, P3O's ESS nor the monitor; the loss's gradient at observation positions is exactly 0."""
     model = make_tiny_lm()
-    ro = _episodes(HFEngine(model, None, max_new_tokens=6, seed=0))
+    ro = scripted_episodes(HFEngine(model, None, max_new_tokens=6, seed=0))
     obs = ro.attn & ~ro.mask
     assert obs.any()
     torch.manual_seed(0)
@@ -89,7 +72,7 @@ def test_weight_push_mid_episode_two_versions_in_one_row() -> None:
         if tick == 1:
             engine.load_weights(newer.state_dict(), version=1)
 
-    ro = _episodes(engine, on_tick=push)
+    ro = scripted_episodes(engine, on_tick=push)
     versions = [set(ro.policy_version[i][ro.mask[i]].tolist()) for i in range(len(ro))]
     assert any(v == {0, 1} for v in versions), versions
     assert ro.extras["versions"].max() == 2

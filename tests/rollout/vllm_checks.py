@@ -290,10 +290,7 @@ def agent_episodes_are_token_in_token_out() -> None:
     observation ids, nothing re-tokenised; observations carry mask 0; the recorded log-probs equal the trainer's
     (fp32) at every model token with the observations read as context; a weight push between two turns stamps the
     later turns with the new version."""
-    from episode_fakes import STOPS, IdsRenderer, Recording, ScriptedEnv, check_token_in_token_out
-
-    from p3o.envs import EnvLimits, run_episodes
-    from p3o.tasks.base import Problem
+    from episode_fakes import STOPS, Recording, check_token_in_token_out, scripted_episodes
 
     torch.set_num_threads(1)
     old, new = lm(seed=0), lm(seed=3)
@@ -304,20 +301,7 @@ def agent_episodes_are_token_in_token_out() -> None:
         if tick == 1:
             eng.load_weights(new.state_dict(), version=1)
 
-    problems = [Problem(prompt="abc", answer="1"), Problem(prompt="de", answer="2")]
-    limits = EnvLimits(max_turns=3, max_turn_tokens=6, max_total_tokens=64, max_obs_tokens=8)
-    ro = run_episodes(
-        rec,
-        ScriptedEnv,
-        problems,
-        2,
-        renderer=IdsRenderer(),
-        limits=limits,
-        seed=3,
-        eos_ids=[2],
-        stop_ids=STOPS,
-        on_tick=push,
-    )
+    ro = scripted_episodes(rec, on_tick=push)
     check_token_in_token_out(ro, rec.calls)
     v, m = ro.policy_version, ro.mask
     assert any(set(v[i][m[i]].tolist()) == {0, 1} for i in range(len(ro))), "no episode spans the push"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import functools
 import hashlib
 import inspect
 import time
@@ -44,7 +45,7 @@ from p3o.rollout.base import RolloutEngine, left_pad
 from p3o.tasks.base import Problem
 from p3o.types import Rollouts
 
-__all__ = ["EPISODE_STATS", "STOP_REASONS", "Episode", "EpisodeEngine", "model_token_share", "run_episodes"]
+__all__ = ["EPISODE_STATS", "STOP_REASONS", "Episode", "EpisodeEngine", "run_episodes"]
 
 STOP_REASONS = ("done", "max_turns", "length", "turn_length", "env_error")
 """Why an episode ended: the environment said done; the turn limit; the episode's token budget; a model turn hit
@@ -158,11 +159,12 @@ def run_episodes(
         for ep in episodes:
             with contextlib.suppress(Exception):  # a user env's close must not lose the batch
                 ep.env.close()
-    return _rows(episodes, engine, renderer)
+    return _rows(episodes, engine)
 
 
 def _tick_loop(engine, episodes, renderer, limits, seed, eos, ends, overlap, pool, on_tick) -> None:
     pending: dict[cf.Future, tuple[Episode, float]] = {}
+    order = {id(ep): i for i, ep in enumerate(episodes)}  # an episode's row: ticks keep the rows' order
     ready = list(episodes)
     tick = 0
     while ready or pending:
@@ -179,11 +181,11 @@ def _tick_loop(engine, episodes, renderer, limits, seed, eos, ends, overlap, poo
         if not pending:
             continue
         done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED if overlap else cf.ALL_COMPLETED)
-        for fut in sorted(done, key=lambda f: episodes.index(pending[f][0])):
+        for fut in sorted(done, key=lambda f: order[id(pending[f][0])]):
             ep, _t0 = pending.pop(fut)
             if _after_step(ep, fut.result(), renderer, limits):
                 ready.append(ep)
-        ready.sort(key=episodes.index)
+        ready.sort(key=lambda ep: order[id(ep)])
 
 
 def _mix(*ints: int) -> int:
@@ -204,7 +206,7 @@ def _generate_turn(engine, ready: list[Episode], limits: EnvLimits, seed: int, e
     budgets = [min(limits.max_turn_tokens, limits.max_total_tokens - len(ep.ids)) for ep in ready]
     histories = [ep.prompt + ep.ids for ep in ready]
     kw = {"seed": seed}
-    if _takes_max_new_tokens(engine):
+    if _takes_max_new_tokens(type(engine)):
         kw["max_new_tokens"] = max(budgets)
     ro = engine.generate(histories, 1, **kw)
     tok = getattr(engine, "tokenizer", None)
@@ -231,10 +233,12 @@ def _generate_turn(engine, ready: list[Episode], limits: EnvLimits, seed: int, e
     return out
 
 
-def _takes_max_new_tokens(engine) -> bool:
+@functools.cache
+def _takes_max_new_tokens(engine_cls: type) -> bool:
+    """Whether an engine class's ``generate`` takes ``max_new_tokens`` (read once per class)."""
     try:
-        return "max_new_tokens" in inspect.signature(engine.generate).parameters
-    except (TypeError, ValueError):
+        return "max_new_tokens" in inspect.signature(engine_cls.generate).parameters
+    except (TypeError, ValueError, AttributeError):
         return False
 
 
@@ -273,7 +277,7 @@ def _after_step(ep: Episode, result: Step | BaseException, renderer, limits: Env
     return True
 
 
-def _rows(episodes: list[Episode], engine, renderer) -> Rollouts:
+def _rows(episodes: list[Episode], engine) -> Rollouts:
     """The episodes as one `Rollouts` (see `run_episodes`' Returns)."""
     pad = int(getattr(engine, "pad_token_id", 0) or 0)
     num = len(episodes)
@@ -307,7 +311,6 @@ def _rows(episodes: list[Episode], engine, renderer) -> Rollouts:
     tok = getattr(engine, "tokenizer", None)
     texts = [tok.decode(ep.ids, skip_special_tokens=False) for ep in episodes] if tok is not None else []
     dev = getattr(engine, "device", torch.device("cpu"))
-    del renderer
     return Rollouts(
         prompt_ids=p_ids,
         prompt_mask=p_mask,
@@ -323,17 +326,6 @@ def _rows(episodes: list[Episode], engine, renderer) -> Rollouts:
         attn=attn,
         extras={k: torch.tensor(v, dtype=torch.float32) for k, v in extras.items()},
     ).to(dev)
-
-
-def stop_reason_counts(reasons: Sequence[str]) -> dict[str, int]:
-    """How many episodes ended for each of `STOP_REASONS`."""
-    return {r: sum(1 for x in reasons if x == r) for r in STOP_REASONS}
-
-
-def model_token_share(rollouts: Rollouts) -> Tensor:
-    """0-d: the share of response tokens the model sampled (1 for single-turn rollouts)."""
-    attn = rollouts.attn if rollouts.attn is not None else rollouts.mask
-    return rollouts.mask.sum().float() / attn.sum().clamp(min=1).float()
 
 
 class EpisodeEngine:
