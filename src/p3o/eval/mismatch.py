@@ -36,28 +36,28 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from torch import nn
-
+# Only light modules at the top: `p3o mismatch --help` and its option errors answer before torch or transformers
+# load (issue 47; benchmarks/cli_startup.py). The heavy ones are imported in the functions that measure.
 from p3o.errors import ConfigError
-from p3o.logprobs import Truncation, token_logprobs
-from p3o.metrics.monitor import N_POSITION_BUCKETS, Finding, OffPolicyMonitor, find
-from p3o.models import load_policy
-from p3o.objectives import effective_sample_size
+from p3o.metrics.rules import N_POSITION_BUCKETS
 from p3o.options import command_help, parse_command, wants_help
 from p3o.options import config_field as _f
-from p3o.rollout import HFEngine
-from p3o.rollout.factory import make_engine
-from p3o.rollout.settings import EngineSettings
 from p3o.tasks import Problem, format_prompt, load_task
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from p3o.metrics.monitor import Finding
 
 __all__ = ["MismatchResult", "encode_prompts", "greedy_reference", "main", "measure", "render"]
 
 ENGINE_NAMES = {"hf": "HFEngine", "vllm": "vLLM"}
-MISMATCH_ENGINE = EngineSettings(precision="bf16", max_new_tokens=32)
-"""The configuration `measure` starts from: HFEngine bf16, temperature 1, processed log-probs, 32 new tokens."""
+MISMATCH_ENGINE: dict[str, Any] = {"precision": "bf16", "max_new_tokens": 32}
+"""The configuration `measure` starts from, laid over `EngineSettings()`: HFEngine bf16, temperature 1, processed
+log-probs, 32 new tokens."""
 
 
 @dataclass
@@ -103,6 +103,8 @@ def _split_precision(entry: str, kv_cache_dtype: str) -> tuple[str, str]:
 
 def greedy_reference(model: nn.Module, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int) -> torch.Tensor:
     """The fp32 trainer's own greedy responses (HFEngine fp32, temperature 0): (P, T') token ids."""
+    from p3o.rollout import HFEngine  # heavy: torch
+
     return (
         HFEngine(model, tokenizer, temperature=0.0, max_new_tokens=max_new_tokens).generate(prompts, n=1).response_ids
     )
@@ -114,6 +116,10 @@ def _close(engine: Any) -> None:
 
 
 def _positions(lr: torch.Tensor, mask: torch.Tensor, max_len: int) -> list[dict[str, float]]:
+    import torch  # heavy
+
+    from p3o.objectives import effective_sample_size
+
     n, t = lr.shape
     dec = (torch.arange(t) * N_POSITION_BUCKETS // max_len).clamp(max=N_POSITION_BUCKETS - 1).expand(n, t)
     out = []
@@ -156,7 +162,14 @@ def measure(
     configuration). A ConfigError while building the engine (a precision or KV cache this machine cannot run) is
     returned in ``error``, not raised.
     """
-    want = {**dataclasses.asdict(MISMATCH_ENGINE), **fields}
+    import torch  # heavy: torch and the model libraries, imported where a measurement runs
+
+    from p3o.logprobs import Truncation, token_logprobs
+    from p3o.metrics.monitor import OffPolicyMonitor, find
+    from p3o.rollout.factory import make_engine
+    from p3o.rollout.settings import EngineSettings
+
+    want = {**dataclasses.asdict(EngineSettings(**MISMATCH_ENGINE)), **fields}
     want["precision"], want["kv_cache_dtype"] = _split_precision(want["precision"], want["kv_cache_dtype"])
     res = MismatchResult(want["engine"], want["precision"], want["kv_cache_dtype"])
     try:
@@ -404,6 +417,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(command_help(MismatchOptions, USAGE, __doc__.splitlines()[0].split(": ", 1)[1]))
         return 0
     args = parse_command(argv, MismatchOptions)
+    import torch  # heavy: only once the options are valid
+
+    from p3o.models import load_policy
+    from p3o.rollout.settings import EngineSettings
+
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_policy(args.model)
