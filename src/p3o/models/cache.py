@@ -81,7 +81,7 @@ def atomic_build(
         if say:
             print(
                 f"p3o: building {entry} in {target.parent.parent} (first use of this key in this environment, once; "
-                "the warm-started tiny base takes about 3 min on a CPU: docs/scaling.md)",
+                "the warm-started tiny base takes about 3 min on a CPU: p3o docs scaling)",
                 file=sys.stderr,
                 flush=True,
             )
