@@ -59,7 +59,7 @@ def check_worker_python(python: str | None, *, engine: str, driver_ray: str) -> 
         if engine == "vllm" and importlib.util.find_spec("vllm") is None:
             raise ConfigError(
                 "rollout.engine: vllm workers need vLLM in their interpreter; run p3o from .venv-vllm, or set "
-                "ray.worker_python to a Python that has it (docs/scaling.md)"
+                "ray.worker_python to a Python that has it (p3o docs scaling)"
             )
         return
     if not Path(python).is_file():
