@@ -70,9 +70,9 @@ CAPTIONS: dict[str, str] = {
     "Effective sample size": "ESS of ratios π_θ/π_rollout: 1 = on-policy, falling = off-policy",
     "Policy lag": "policy updates between sampling and training (0 = on-policy)",
     "Response length": "mean tokens per response (capped at rollout.max_new_tokens)",
-    "Agent episodes": "agent runs: model turns, tool calls and errors per episode (docs/agents.md)",
+    "Agent episodes": "agent runs: model turns, tool calls and errors per episode (p3o docs agents)",
     "Episode tokens": "observation share of tokens (never trained), episodes spanning versions, cut by a limit",
-    "Tasks": "task mixture: training accuracy and held-out pass@1 of each task (docs/tasks.md)",
+    "Tasks": "task mixture: training accuracy and held-out pass@1 of each task (p3o docs tasks)",
 }
 
 
