@@ -22,20 +22,37 @@ import subprocess
 import sys
 import time
 
+# `p3o --help`, `--version`, then every command's `--help` and an option error of each (for train: a misspelt key, and
+# the objective keywords' errors: one the objective does not take, a misspelt one, a value of the wrong type)
 CASES: list[list[str]] = [
     ["--help"],
     ["--version"],
     ["train", "--help"],
     ["train", "--step", "3"],
     ["train", "--optim.lrr", "1e-3"],
+    ["train", "--objective.name", "p3o", "--objective.clip_eps", "0.2"],
+    ["train", "--objective.name", "p3o", "--objective.clip_epz", "0.2"],
+    ["train", "--objective.name", "grpo", "--objective.clip_eps", "x"],
     ["eval", "--help"],
     ["eval", "--n_samples", "x"],
-    ["mismatch", "--help"],
-    ["doctor", "--help"],
     ["compare", "--help"],
+    ["compare", "study.yaml", "--jobz", "2"],
+    ["probe", "--help"],
+    ["probe", "--pointz", "3"],
+    ["synthetic", "--help"],
+    ["synthetic", "--seedz", "3"],
     ["plot", "--help"],
+    ["plot", "--windoww", "3"],
     ["sft", "--help"],
+    ["sft", "--stepz", "3"],
+    ["mismatch", "--help"],
+    ["mismatch", "--top-p", "2"],
+    ["doctor", "--help"],
+    ["doctor", "--windoww", "3"],
+    ["convert-smollm2", "--help"],
+    ["convert-smollm2", "--forse"],
     ["docs"],
+    ["examples"],
 ]
 
 # run the command, then say which heavy modules it imported (on stderr's last line)

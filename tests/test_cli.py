@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+import warnings
+from typing import Any
 
 import pytest
 
@@ -154,7 +158,7 @@ def test_documented_options_of_every_command_exist():
     from pathlib import Path
 
     from p3o.eval.cli import EvalOptions
-    from p3o.eval.mismatch import MismatchOptions
+    from p3o.eval.mismatch_cli import MismatchOptions
     from p3o.experiments.probe.cli import ProbeOptions
     from p3o.metrics.doctor import DoctorOptions
     from p3o.metrics.plot import PlotOptions
@@ -193,19 +197,69 @@ print(codes, heavy)
 """
 
 
+#: An option error of each command (a misspelt option, or a bad value), answered without torch (exit 2).
+OPTION_ERRORS: dict[str, list[list[str]]] = {
+    "train": [
+        ["--step", "3"], ["--optim.lrr", "1"], ["--objective.name", "grpoo"], ["--clip_eps", "0.2"],
+        ["--objective.name", "p3o", "--objective.clip_epz", "0.2"],
+        ["--objective.name", "p3o", "--objective.clip_eps", "0.2"],
+        ["--objective.name", "grpo", "--objective.clip_eps", "x"],
+        ["--objective.name", "cispo", "--objective.clip_eps_low", "0.1", "--objective.trunc_eps_low", "0.2"],
+    ],
+    "eval": [["--model", "x", "--n_samples", "y"]],
+    "compare": [["study.yaml", "--jobz", "2"]],
+    "probe": [["--pointz", "3"]],
+    "synthetic": [["--seedz", "3"]],
+    "plot": [["--windoww", "3"]],
+    "sft": [["--stepz", "3"]],
+    "mismatch": [["--top-p", "2"], ["--precison", "bf16"]],
+    "doctor": [["--windoww", "3"]],
+    "convert-smollm2": [["--forse"]],
+    "docs": [["no-such-page"]],
+    "examples": [["no-such-example"]],
+}  # fmt: skip
+
+
 def test_help_version_and_option_errors_answer_before_torch_loads():
-    """`p3o --help`, `--version`, a command's `--help` and its option errors import neither torch nor transformers
-    (they took 6-9 s; benchmarks/cli_startup.py measures the start-up, docs/benchmarks.md has the figures)."""
-    argvs = [
-        ["--help"], ["--version"], ["train", "--help"], ["train", "--step", "3"], ["train", "--optim.lrr", "1"],
-        ["train", "--objective.name", "grpoo"], ["eval", "--help"], ["eval", "--model", "x", "--n_samples", "y"],
-        ["doctor", "--help"], ["docs", "metrics"], ["examples"],
-    ]  # fmt: skip
+    """`p3o --help`, `--version`, every command's `--help` and its option errors import neither torch nor
+    transformers (they took 2-16 s; benchmarks/cli_startup.py measures the start-up, docs/benchmarks.md has the
+    figures)."""
+    from p3o.cli import COMMANDS
+
+    assert set(OPTION_ERRORS) == set(COMMANDS), "give the new command an option error here"
+    helps = [[name, "--help"] for name in COMMANDS]
+    errors = [[name, *args] for name, cases in OPTION_ERRORS.items() for args in cases]
+    argvs = [["--help"], ["--version"], *helps, ["docs", "metrics"], ["examples"], *errors]
     out = subprocess.run(
-        [sys.executable, "-c", _NO_TORCH.format(argvs=argvs)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _NO_TORCH.format(argvs=argvs)], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == f"{[0, 0, 0, 2, 2, 2, 0, 2, 0, 0, 0]} []", out.stdout
+    codes = [0] * (4 + len(helps)) + [2] * len(errors)
+    assert out.stdout.strip() == f"{codes} []", (argvs, out.stdout)
+
+
+def test_the_commands_help_snapshot_is_the_commands():
+    """The `--help` text and option names that p3o.cli answers without importing a `HELP_SNAPSHOT` command's module
+    are that command's own; a misspelt option gets the command's own message."""
+    import importlib
+
+    from p3o.cli import COMMANDS, HELP_SNAPSHOT, _snapshot_answer, command_snapshot
+    from p3o.errors import ConfigError
+
+    snap = command_snapshot()
+    assert snap == command_snapshot(fresh=True), (
+        "regenerate: python -m p3o.cli --help-snapshot > src/p3o/configs/commands-help.json"
+    )
+    assert set(snap) == set(HELP_SNAPSHOT)
+    for name, entry in snap.items():
+        bad = entry["options"][0] + "zz"
+        with pytest.raises(ConfigError) as err:
+            importlib.import_module(COMMANDS[name][0]).main([f"--{bad}", "1"])
+        with contextlib.redirect_stderr(io.StringIO()) as fast:
+            assert _snapshot_answer(name, [f"--{bad}", "1"]) == 2
+        assert fast.getvalue().strip() == f"p3o {name}: error: {err.value}", name
+        for key in entry["options"][:3]:  # a known option is left to the command
+            assert _snapshot_answer(name, [f"--{key}", "1"]) is None
 
 
 def test_version_docs_and_examples(capsys, tmp_path, monkeypatch):
@@ -236,6 +290,106 @@ def test_the_objectives_help_snapshot_is_the_registrys():
     assert objective_rows() == objective_rows(fresh=True), (
         "regenerate: python -m p3o.config --objectives > src/p3o/configs/objectives-help.json"
     )
+
+
+def test_objective_keyword_errors_are_the_registrys_before_torch_loads():
+    """The objective keywords `p3o train` checks before torch loads (p3o/configs/objectives-keys.json) are the
+    registry's, and every error they give is the registry's own line: an unknown or misspelt keyword, one that
+    belongs to another objective, both spellings of one, a value of the wrong type."""
+    from p3o import options
+    from p3o.config import ObjectiveConfig, _check_objective_keys, objective_keys, parse_type, type_text
+    from p3o.errors import ConfigError
+    from p3o.objectives import OBJECTIVES
+
+    assert objective_keys() == objective_keys(fresh=True), (
+        "regenerate: python -m p3o.config --objective-keys > src/p3o/configs/objectives-keys.json"
+    )
+    for rec in OBJECTIVES.values():
+        for h in rec.hypers.values():
+            assert parse_type(type_text(h.type)) == h.type, (rec.name, h.name)
+
+    def message(fn: Any, *args: Any, **kwargs: Any) -> str | None:
+        try:
+            fn(*args, **kwargs)
+        except ConfigError as err:
+            return str(err)
+        return None
+
+    others = {k for rec in OBJECTIVES.values() for k in rec.hypers}
+    checked = 0
+    for name, rec in OBJECTIVES.items():
+        first = next(iter(rec.hypers))
+        cases = [{"zz": 1}, {first + "x": 1}, {first: rec.hypers[first].default}]
+        cases += [{k: 1} for k in sorted(others - set(rec.hypers))[:3]]
+        cases += [{k: "not-a-value"} for k in rec.hypers]
+        cases += [{old: 0.1, new: 0.1} for old, new in rec.aliases.items()]
+        cases += [{old: "x"} for old in rec.aliases]
+        for hyper in cases:
+            fast = message(_check_objective_keys, ObjectiveConfig(name=name, hyper=dict(hyper)))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                slow = message(rec.resolve, hyper, key_prefix="objective.", check=options.check_value, given_only=True)
+            assert fast == slow, (name, hyper)
+            checked += slow is not None
+    assert checked > 100
+
+
+#: Strings of src/p3o that may name a repository page: (file, page) -> why it is not a message to an installed user.
+REPO_PAGES_ALLOWED: dict[tuple[str, str], str] = {
+    ("p3o/cli.py", "docs/NAME.md"): "`p3o docs` says which page it prints",
+    **{
+        ("p3o/experiments/summary/cli.py", page): "the maintainers' summary tool: the repository page it writes"
+        for page in ("docs/results/verdicts.md", "docs/results/README.md", "docs/paper-claims.md")
+    },
+}
+
+
+def _strings_of(path: Any) -> list[tuple[int, str]]:
+    """(line, text) of every string constant of a module that is not a docstring (f-strings' literal parts too)."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_no_message_names_a_page_an_installed_user_does_not_have(capsys):
+    """A message (any string of src/p3o but a docstring) names a page as `p3o docs NAME`, which prints it wherever
+    p3o is installed, never as docs/NAME.md (a checkout's file); and every `p3o docs NAME` that src/p3o, the
+    packaged examples and presets name is a page `p3o docs` has."""
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    found = []
+    for path in sorted((src / "p3o").rglob("*.py")):
+        rel = str(path.relative_to(src))
+        for line, text in _strings_of(path):
+            found += [f"{rel}:{line}: {m}" for m in re.findall(r"docs/[\w./-]+\.md", text)
+                      if (rel, m) not in REPO_PAGES_ALLOWED]  # fmt: skip
+    assert found == [], "name the page as `p3o docs NAME` (or give its text):\n" + "\n".join(found)
+    shipped = [
+        *(src / "p3o").rglob("*.py"),
+        *(src / "p3o" / "examples").iterdir(),
+        *(src / "p3o" / "configs").iterdir(),
+    ]
+    named = {m for path in shipped for m in re.findall(r"p3o docs ([\w.#/-]+)", path.read_text(encoding="utf-8"))}
+    named -= {"NAME", "docs/NAME.md"}
+    assert len(named) >= 8, named
+    for name in sorted(named):
+        assert p3o_main(["docs", name.rstrip(".,;:)")]) == 0, f"p3o docs {name}: no such page"
+    capsys.readouterr()
 
 
 def test_readme_and_integrations_show_one_trl_snippet():

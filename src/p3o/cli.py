@@ -13,9 +13,12 @@ and its option errors answer before torch or transformers load (benchmarks/cli_s
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.metadata
+import io
+import json
 import os
 import sys
 import warnings
@@ -36,12 +39,72 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "synthetic": ("p3o.experiments.synthetic.cli", "paired multi-seed runs on a tabular toy policy (exact J)"),
     "plot": ("p3o.metrics.plot", "draw reward / ESS / lag curves of a run directory to PNG"),
     "sft": ("p3o.train.sft", "supervised warm start of the built-in tiny model"),
-    "mismatch": ("p3o.eval.mismatch", "how far a rollout engine's log-probs are from the fp32 trainer's"),
+    "mismatch": ("p3o.eval.mismatch_cli", "how far a rollout engine's log-probs are from the fp32 trainer's"),
     "doctor": ("p3o.metrics.doctor", "off-policy findings from a run's metrics (exit 0 healthy, 1 finding)"),
     "convert-smollm2": ("p3o.models.smollm2", "convert the SmolLM2-135M-Instruct GGUF to a safetensors checkpoint"),
     "docs": ("p3o.cli", "print a page of the documentation shipped with the package (p3o docs NAME)"),
     "examples": ("p3o.cli", "write an example's files here: own-task (data + reward of p3o docs tasks), study"),
 }
+
+
+#: Commands whose module imports torch, transformers or scipy at its top, with the option class it parses into
+#: (module:class) and the options its `main` takes besides that class's keys. Their option classes live on floors
+#: below the commands, beside the code that runs them; so that `p3o <command> --help` and a misspelt option answer
+#: before those libraries load, both are read from a snapshot: the `--help` text and the option names, packaged as
+#: p3o/configs/commands-help.json. A test keeps it equal to the commands'; regenerate it with
+#: `python -m p3o.cli --help-snapshot > src/p3o/configs/commands-help.json`.
+HELP_SNAPSHOT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "compare": ("p3o.experiments.grid.compare:CompareOptions", ()),
+    "probe": ("p3o.experiments.probe.cli:ProbeOptions", ()),
+    "synthetic": ("p3o.experiments.synthetic.cli:SyntheticOptions", ()),
+    "sft": ("p3o.models.warmstart:SFTConfig", ("out", "force")),
+    "convert-smollm2": ("p3o.models.smollm2:ConvertOptions", ()),
+}
+HELP_SNAPSHOT_FILE = "commands-help.json"
+
+
+def command_snapshot(*, fresh: bool = False) -> dict[str, dict[str, Any]]:
+    """{command: {"help": its `--help` text, "options": its option class's keys, "also": the other names its
+    command line takes}} for the commands of `HELP_SNAPSHOT`: from the packaged snapshot, or (``fresh``, or no
+    snapshot) from the commands themselves (which imports torch)."""
+    snap = files("p3o") / "configs" / HELP_SNAPSHOT_FILE
+    if not fresh and snap.is_file():
+        return dict(json.loads(snap.read_text(encoding="utf-8")))
+    from p3o.options import leaf_fields  # heavy: pydantic and yaml (~0.2 s), not for `p3o --version`
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, (target, extra) in HELP_SNAPSHOT.items():
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            importlib.import_module(COMMANDS[name][0]).main(["--help"])
+        module, _, cls_name = target.partition(":")
+        cls = getattr(importlib.import_module(module), cls_name)
+        keys = [key for key, _, _ in leaf_fields(cls)]
+        out[name] = {"help": text.getvalue(), "options": keys, "also": [*getattr(cls, "cli_aliases", {}), *extra]}
+    return out
+
+
+def _snapshot_answer(name: str, argv: list[str]) -> int | None:
+    """`p3o <command> --help` and an unknown option of a `HELP_SNAPSHOT` command, answered from the snapshot (the
+    command's own message: `unknown key 'stepz' (did you mean 'steps'?)`); None: the command itself runs."""
+    if name not in HELP_SNAPSHOT or (name == "compare" and argv[:1] == ["--check"]):
+        return None
+    snap = command_snapshot().get(name)
+    if snap is None:
+        return None
+    if any(a in {"-h", "--help"} for a in argv):
+        print(snap["help"], end="")
+        return 0
+    for tok in argv:
+        key = tok[2:].partition("=")[0].replace("-", "_")
+        if tok.startswith("--") and len(tok) > 2 and key not in {*snap["options"], *snap["also"], "config"}:
+            from p3o.options import nearest  # heavy: pydantic and yaml (~0.2 s), not for `p3o --version`
+
+            near = nearest(key, list(snap["options"]))
+            hint = f" (did you mean '{near}'?)" if near else ""
+            print(f"p3o {name}: error: unknown key '{key}'{hint}", file=sys.stderr)
+            return 2
+    return None
 
 
 class _LazyRaySource:
@@ -207,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     if name == "examples":
         return examples_main(rest)
     try:
+        answer = _snapshot_answer(name, rest)
+        if answer is not None:
+            return answer
         module = importlib.import_module(COMMANDS[name][0])
         if name == "train":  # the one command that needs the floor above train/: the Ray workers' batch source
             return int(module.main(rest, remote_source=_LazyRaySource()) or 0)
@@ -220,4 +286,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--help-snapshot"]:
+        print(json.dumps(command_snapshot(fresh=True), indent=1, ensure_ascii=False))
+        sys.exit(0)
     sys.exit(main())

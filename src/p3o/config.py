@@ -13,9 +13,12 @@ the objective's registry record (``p3o.objectives.OBJECTIVES[name]``), whose ``r
 
 from __future__ import annotations
 
+import ast
 import difflib
 import json
 import math
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +92,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = _f(
         "float32",
         "trainer parameter dtype, the stored master weights (also gradients and AdamW states); compute precision is "
-        "train.mixed_precision (docs/gpu.md)",
+        "train.mixed_precision (p3o docs gpu)",
     )
     device: str = _f("auto", "trainer and HF rollout device: 'auto' (cuda if available), 'cpu', 'cuda'")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapters (r = 0: off)"})
@@ -171,7 +174,7 @@ class TaskConfig:
     verifier: str | None = _f(
         None, "exact-int | gsm8k | math | format [+format], or your own 'package.module:function' (None: the task's)"
     )
-    template: str = _f("default", "prompt template: default | plain | hash | boxed | short (docs/tasks.md)")
+    template: str = _f("default", "prompt template: default | plain | hash | boxed | short (p3o docs tasks)")
     system_prompt: str | None = _f(None, "system prompt of every prompt (chat template's system turn, else prefixed)")
     question_key: str | None = _f(None, "data field holding the question (None: the preset's or auto-detected)")
     answer_key: str | None = _f(None, "data field holding the reference answer (None: the preset's or auto-detected)")
@@ -188,7 +191,7 @@ class TaskConfig:
     mixture: TaskMixture | None = _f(  # noqa: RUF009 - the default, None, is immutable
         None,
         "several tasks in one run with sampling weights, 'arithmetic:0.7,calc:0.3' (name:weight; a name as task.name "
-        "takes, or calc); per-task metrics task/<name>/... (docs/tasks.md, Task mixtures); None: task.name alone",
+        "takes, or calc); per-task metrics task/<name>/... (p3o docs tasks, Task mixtures); None: task.name alone",
     )
 
 
@@ -197,7 +200,7 @@ class RolloutConfig:
     """Sampling: how many completions per step and how the rollout engine generates and records log-probs."""
 
     engine: Literal["hf", "vllm"] = _f(
-        "hf", "rollout engine: 'hf' (p3o's own sampling loop) or 'vllm' (vLLM; extra p3o[vllm], docs/vllm.md)"
+        "hf", "rollout engine: 'hf' (p3o's own sampling loop) or 'vllm' (vLLM; extra p3o[vllm], p3o docs vllm)"
     )
     prompts_per_step: int = _f(16, "prompts sampled per training step", ge=1)
     group_size: int = _f(4, "completions per prompt (G); advantages are relative within the group", ge=1)
@@ -218,7 +221,7 @@ class RolloutConfig:
         "auto",
         "record the set each token was sampled from (its top-k / top-p support) and take the trainer's log-probs over "
         "it, renormalised, so ratios stay importance weights; auto = true = when top_p < 1 or top_k > 0 (nothing "
-        "to replay otherwise); false: the whole vocabulary (docs/rollout.md)",
+        "to replay otherwise); false: the whole vocabulary (p3o docs rollout)",
     )
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = _f(
         "auto", "vLLM only: the KV-cache dtype (fp8*: an FP8 KV cache)"
@@ -237,7 +240,7 @@ class RolloutConfig:
     weight_sync: Literal["object_store", "collective"] = _f(
         "object_store",
         "how a new version reaches Ray workers: one object-store put, or a broadcast over a process group of its own "
-        "(gloo on CPU, nccl on GPU; docs/scaling.md)",
+        "(gloo on CPU, nccl on GPU; p3o docs scaling)",
     )
 
 
@@ -252,7 +255,7 @@ class TrainerConfig:
     strategy: Literal["auto", "ddp", "fsdp"] = _f(
         "auto",
         "data parallelism under torchrun: ddp (torch DDP, replicated), fsdp (FSDP2: parameters, gradients and AdamW "
-        "states sharded); auto = ddp at world size > 1 (docs/scaling.md)",
+        "states sharded); auto = ddp at world size > 1 (p3o docs scaling)",
     )
     mixed_precision: Literal["no", "bf16", "fp16"] = _f(
         "no", "compute precision over model.dtype master weights (bf16/fp16 forward and backward; fp16 adds a scaler)"
@@ -479,10 +482,9 @@ class TrainConfig:
         _check_objective(self.objective)
 
     def _extra_keys(self) -> list[str]:
-        """The chosen objective's ``objective.<hyper>`` keys (nearest-name hints for a mistyped key)."""
-        from p3o.objectives import OBJECTIVES  # heavy: torch, not needed by --help
-
-        return [f"objective.{h}" for h in getattr(OBJECTIVES.get(self.objective.name), "hypers", {})]
+        """The chosen objective's ``objective.<hyper>`` keys (nearest-name hints for a mistyped key; from the
+        registry's snapshot, `objective_keys`: no torch)."""
+        return [f"objective.{h}" for h in objective_keys().get(self.objective.name, {}).get("hypers", {})]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -503,15 +505,90 @@ def _check_objective(cfg: ObjectiveConfig) -> None:
     The record's ``resolve`` is the one resolver: unknown keywords (one line with the nearest one and the objectives
     it belongs to), deprecated spellings (renamed with a warning) and both spellings at once (refused).
     """
-    names = [r.split(":")[0].removeprefix("objective.name ") for r in objective_rows() if isinstance(r, str)][:-1]
-    if names and cfg.name not in names:  # the registry's own message, before its torch import (a fast typo)
-        near = difflib.get_close_matches(str(cfg.name), names, n=1)
-        hint = f" (did you mean '{near[0]}'?)" if near else ""
-        raise ConfigError(f"objective.name: unknown objective '{cfg.name}'{hint}; known: {', '.join(names)}")
+    _check_objective_keys(cfg)  # an option error answers before the registry's torch import
     from p3o.objectives import get_objective  # heavy: torch, not needed by --help
 
     rec = get_objective(cfg.name)
     cfg.hyper = rec.resolve(cfg.hyper, key_prefix="objective.", check=options.check_value, given_only=True)
+
+
+#: The objectives' keywords, snapshot from the registry: {name: {"hypers": {keyword: its type, written as
+#: `type_text` writes it}, "aliases": {deprecated spelling: keyword}}} (package data: reading it imports no torch).
+OBJECTIVE_KEYS = "objectives-keys.json"
+_TYPE_NAMES: dict[str, Any] = {"Any": Any, "None": type(None), "bool": bool, "int": int, "float": float, "str": str}
+
+
+def type_text(tp: Any) -> str:
+    """A keyword's type as text that `parse_type` reads back: ``float | None``, ``Literal['k3', 'k2']``."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is Literal:
+        text = f"Literal[{', '.join(repr(a) for a in args)}]"
+    elif typing.get_origin(tp) in (typing.Union, types.UnionType):
+        text = " | ".join(type_text(a) for a in args)
+    else:
+        text = next((name for name, known in _TYPE_NAMES.items() if known is tp), repr(tp))
+    if parse_type(text) != tp:
+        raise TypeError(f"objective keyword type {tp!r}: not one p3o.config.parse_type reads back")
+    return text
+
+
+def parse_type(text: str) -> Any:
+    """The type `type_text` wrote: names of `_TYPE_NAMES`, ``Literal[...]`` of Python literals, joined by ``|``."""
+    out: Any = None
+    for part in text.split(" | "):
+        if part.startswith("Literal[") and part.endswith("]"):
+            tp: Any = Literal[ast.literal_eval(f"({part[len('Literal[') : -1]},)")]
+        elif part in _TYPE_NAMES:
+            tp = _TYPE_NAMES[part]
+        else:
+            return None  # not a type type_text writes
+        out = tp if out is None else out | tp
+    return out
+
+
+def objective_keys(*, fresh: bool = False) -> dict[str, dict[str, dict[str, str]]]:
+    """Each objective's keywords and deprecated spellings (`OBJECTIVE_KEYS`), from the packaged snapshot
+    p3o/configs/objectives-keys.json or (``fresh``, or no snapshot) from the registry, which imports torch. A test
+    keeps the snapshot equal to the registry; regenerate it with
+    ``python -m p3o.config --objective-keys > src/p3o/configs/objectives-keys.json``."""
+    if not fresh:
+        snap = Path(__file__).with_name("configs") / OBJECTIVE_KEYS
+        if snap.is_file():
+            return dict(json.loads(snap.read_text(encoding="utf-8")))
+    from p3o.objectives import OBJECTIVES  # heavy: torch
+
+    return {
+        name: {"hypers": {h.name: type_text(h.type) for h in rec.hypers.values()}, "aliases": dict(rec.aliases)}
+        for name, rec in OBJECTIVES.items()
+    }
+
+
+def _check_objective_keys(cfg: ObjectiveConfig) -> None:
+    """The registry's errors for the objective's name and keywords (`Objective.resolve`: an unknown name or
+    keyword, both spellings of one, a value of the wrong type), read from the `objective_keys` snapshot: one line
+    before torch loads. A test holds each message equal to the registry's."""
+    table = objective_keys()
+    if cfg.name not in table:
+        near = difflib.get_close_matches(str(cfg.name), list(table), n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        raise ConfigError(f"objective.name: unknown objective '{cfg.name}'{hint}; known: {', '.join(table)}")
+    hypers, aliases = table[cfg.name]["hypers"], table[cfg.name]["aliases"]
+    for key, value in cfg.hyper.items():
+        new = aliases.get(key)
+        if new is not None:
+            if new in cfg.hyper:
+                raise ConfigError(f"objective.{key}: old spelling of objective.{new}, which is also set; keep one")
+            key = new
+        if key not in hypers:
+            near = difflib.get_close_matches(key, list(hypers), n=1, cutoff=0.6)
+            others = [name for name, rec in table.items() if key in rec["hypers"]]
+            belongs = f"; '{key}' belongs to {', '.join(others)}" if others else ""
+            hint = f" (did you mean 'objective.{near[0]}'?)" if near else ""
+            raise ConfigError(
+                f"unknown key 'objective.{key}' for objective '{cfg.name}'{hint}{belongs}; its hyper-parameters: "
+                + (", ".join(hypers) or "none")
+            )
+        options.check_value(f"objective.{key}", value, parse_type(hypers[key]))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -636,5 +713,7 @@ if __name__ == "__main__":
 
     if sys.argv[1:] == ["--objectives"]:
         print(json.dumps(objective_rows(fresh=True), indent=1, ensure_ascii=False))
+    elif sys.argv[1:] == ["--objective-keys"]:
+        print(json.dumps(objective_keys(fresh=True), indent=1, ensure_ascii=False))
     else:
         print(default_preset_text(), end="")

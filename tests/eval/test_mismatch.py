@@ -12,7 +12,8 @@ import torch
 import p3o.rollout
 from p3o.cli import main as p3o_main
 from p3o.errors import ConfigError
-from p3o.eval.mismatch import encode_prompts, main, measure
+from p3o.eval.mismatch import encode_prompts, measure
+from p3o.eval.mismatch_cli import main
 from p3o.models import load_policy
 
 ARGS = ["--model", "tiny-random", "--num-prompts", "3", "--group", "2", "--max-new-tokens", "10", "--threads", "1"]

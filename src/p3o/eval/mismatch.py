@@ -32,32 +32,29 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-# Only light modules at the top: `p3o mismatch --help` and its option errors answer before torch or transformers
-# load (issue 47; benchmarks/cli_startup.py). The heavy ones are imported in the functions that measure.
+import torch
+from torch import nn
+
 from p3o.errors import ConfigError
-from p3o.metrics.rules import N_POSITION_BUCKETS
-from p3o.options import command_help, parse_command, wants_help
-from p3o.options import config_field as _f
+from p3o.logprobs import Truncation, token_logprobs
+from p3o.metrics.monitor import N_POSITION_BUCKETS, Finding, OffPolicyMonitor, find
+from p3o.models import load_policy
+from p3o.objectives import effective_sample_size
+from p3o.rollout import HFEngine
+from p3o.rollout.factory import make_engine
+from p3o.rollout.settings import EngineSettings
 from p3o.tasks import Problem, format_prompt, load_task
 
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
-    from p3o.metrics.monitor import Finding
-
-__all__ = ["MismatchResult", "encode_prompts", "greedy_reference", "main", "measure", "render"]
+__all__ = ["MismatchResult", "encode_prompts", "greedy_reference", "measure", "render", "run"]
 
 ENGINE_NAMES = {"hf": "HFEngine", "vllm": "vLLM"}
-MISMATCH_ENGINE: dict[str, Any] = {"precision": "bf16", "max_new_tokens": 32}
-"""The configuration `measure` starts from, laid over `EngineSettings()`: HFEngine bf16, temperature 1, processed
-log-probs, 32 new tokens."""
+MISMATCH_ENGINE = EngineSettings(precision="bf16", max_new_tokens=32)
+"""The configuration `measure` starts from: HFEngine bf16, temperature 1, processed log-probs, 32 new tokens."""
 
 
 @dataclass
@@ -103,8 +100,6 @@ def _split_precision(entry: str, kv_cache_dtype: str) -> tuple[str, str]:
 
 def greedy_reference(model: nn.Module, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int) -> torch.Tensor:
     """The fp32 trainer's own greedy responses (HFEngine fp32, temperature 0): (P, T') token ids."""
-    from p3o.rollout import HFEngine  # heavy: torch
-
     return (
         HFEngine(model, tokenizer, temperature=0.0, max_new_tokens=max_new_tokens).generate(prompts, n=1).response_ids
     )
@@ -116,10 +111,6 @@ def _close(engine: Any) -> None:
 
 
 def _positions(lr: torch.Tensor, mask: torch.Tensor, max_len: int) -> list[dict[str, float]]:
-    import torch  # heavy
-
-    from p3o.objectives import effective_sample_size
-
     n, t = lr.shape
     dec = (torch.arange(t) * N_POSITION_BUCKETS // max_len).clamp(max=N_POSITION_BUCKETS - 1).expand(n, t)
     out = []
@@ -162,14 +153,7 @@ def measure(
     configuration). A ConfigError while building the engine (a precision or KV cache this machine cannot run) is
     returned in ``error``, not raised.
     """
-    import torch  # heavy: torch and the model libraries, imported where a measurement runs
-
-    from p3o.logprobs import Truncation, token_logprobs
-    from p3o.metrics.monitor import OffPolicyMonitor, find
-    from p3o.rollout.factory import make_engine
-    from p3o.rollout.settings import EngineSettings
-
-    want = {**dataclasses.asdict(EngineSettings(**MISMATCH_ENGINE)), **fields}
+    want = {**dataclasses.asdict(MISMATCH_ENGINE), **fields}
     want["precision"], want["kv_cache_dtype"] = _split_precision(want["precision"], want["kv_cache_dtype"])
     res = MismatchResult(want["engine"], want["precision"], want["kv_cache_dtype"])
     try:
@@ -357,37 +341,6 @@ def _no_nan(x: Any) -> Any:
     return x
 
 
-@dataclass
-class MismatchOptions:
-    """Options of ``p3o mismatch`` (parsed, typed and documented by the same mechanism as ``p3o train``)."""
-
-    model: str = _f("tiny", "tiny | tiny-random | smollm2 | an HF model dir | a Hub id")
-    engine: Literal["hf", "vllm"] = _f("hf", "rollout engine measured against the fp32 trainer")
-    precision: str = _f("bf16", "comma list of fp32, bf16, fp16, fp8, int8[, bf16+kv-fp8]")
-    kv_cache_dtype: str = _f("auto", "vLLM: auto | fp8 | fp8_e4m3 | fp8_e5m2")
-    temperature: float = _f(1.0, "sampling temperature", ge=0.0)
-    top_p: float = _f(1.0, "nucleus sampling mass (1: off); < 1 adds the sampling-mask replay table", gt=0, le=1)
-    top_k: int = _f(0, "top-k sampling (0: off); > 0 adds the sampling-mask replay table", ge=0)
-    replay_sampling_mask: bool | Literal["auto"] = _f(
-        "auto", "replay each token's kept set in the trainer, as rollout.replay_sampling_mask (auto: on a truncation)"
-    )
-    logprob_mode: Literal["processed", "raw"] = _f("processed", "log-probs the engine records")
-    prompts: str | None = _f(
-        None, "a file of prompts (one per line, or .jsonl with 'prompt'; null: the built-in task)"
-    )
-    num_prompts: int = _f(16, "prompts measured", ge=1)
-    group: int = _f(4, "completions per prompt", ge=1)
-    max_new_tokens: int = _f(32, "new tokens per completion", ge=1)
-    seed: int = _f(0, "sampling seed")
-    threads: int = _f(0, "torch threads (0: leave as is)", ge=0)
-    no_greedy: bool = _f(False, "skip the greedy-agreement runs")
-    out: str | None = _f(None, "directory for mismatch.json, mismatch.md and mismatch.png")
-    plot: str | None = _f(None, "the per-position plot's path (null: OUT/mismatch.png)")
-
-
-USAGE = "usage: p3o mismatch [--model M] [--engine hf|vllm] [--precision bf16,fp8] [--out DIR] [--key value ...]"
-
-
 def write_outputs(results: Sequence[MismatchResult], text: str, out: Path) -> None:
     """`out`/mismatch.md (the table `text`) and `out`/mismatch.json (every result: stats, positions, findings)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -410,18 +363,9 @@ def write_outputs(results: Sequence[MismatchResult], text: str, out: Path) -> No
     (out / "mismatch.json").write_text(json.dumps(_no_nan(payload), indent=1) + "\n", encoding="utf-8")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``p3o mismatch --model M [...]``; exit 0 when no finding fired, 1 when one did, 2 on bad options."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if wants_help(argv):
-        print(command_help(MismatchOptions, USAGE, __doc__.splitlines()[0].split(": ", 1)[1]))
-        return 0
-    args = parse_command(argv, MismatchOptions)
-    import torch  # heavy: only once the options are valid
-
-    from p3o.models import load_policy
-    from p3o.rollout.settings import EngineSettings
-
+def run(args: Any) -> int:
+    """Measure what `args` (`p3o.eval.mismatch_cli.MismatchOptions`, parsed by ``p3o mismatch``) asks for, print the
+    report and write --out / --plot; exit 0 when no finding fired, 1 when one did, 2 when no configuration ran."""
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_policy(args.model)
@@ -451,7 +395,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if all(r.error for r in results):
         return 2
     return 1 if any(r.findings for r in results) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
