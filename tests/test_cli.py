@@ -207,14 +207,14 @@ OPTION_ERRORS: dict[str, list[list[str]]] = {
         ["--objective.name", "cispo", "--objective.clip_eps_low", "0.1", "--objective.trunc_eps_low", "0.2"],
     ],
     "eval": [["--model", "x", "--n_samples", "y"]],
-    "compare": [["study.yaml", "--jobz", "2"]],
-    "probe": [["--pointz", "3"]],
-    "synthetic": [["--seedz", "3"]],
+    "compare": [["study.yaml", "--jobz", "2"], ["study.yaml", "--jobs", "0"]],
+    "probe": [["--pointz", "3"], ["--points", "x"]],
+    "synthetic": [["--seedz", "3"], ["--optimizer", "adamw"]],
     "plot": [["--windoww", "3"]],
-    "sft": [["--stepz", "3"]],
+    "sft": [["--stepz", "3"], ["--out", "d", "--lr", "0"]],
     "mismatch": [["--top-p", "2"], ["--precison", "bf16"]],
     "doctor": [["--windoww", "3"]],
-    "convert-smollm2": [["--forse"]],
+    "convert-smollm2": [["--forse"], ["--force", "maybe"]],
     "docs": [["no-such-page"]],
     "examples": [["no-such-example"]],
 }  # fmt: skip
@@ -239,8 +239,9 @@ def test_help_version_and_option_errors_answer_before_torch_loads():
 
 
 def test_the_commands_help_snapshot_is_the_commands():
-    """The `--help` text and option names that p3o.cli answers without importing a `HELP_SNAPSHOT` command's module
-    are that command's own; a misspelt option gets the command's own message."""
+    """The `--help` text and option schema that p3o.cli answers from, without importing a `HELP_SNAPSHOT` command's
+    module, are that command's own; each option error it gives is the command's own line (a misspelt option, a
+    value of the wrong type or out of bounds, beside the options the command parses itself or a positional)."""
     import importlib
 
     from p3o.cli import COMMANDS, HELP_SNAPSHOT, _snapshot_answer, command_snapshot
@@ -251,15 +252,27 @@ def test_the_commands_help_snapshot_is_the_commands():
         "regenerate: python -m p3o.cli --help-snapshot > src/p3o/configs/commands-help.json"
     )
     assert set(snap) == set(HELP_SNAPSHOT)
+    checked = 0
     for name, entry in snap.items():
-        bad = entry["options"][0] + "zz"
-        with pytest.raises(ConfigError) as err:
-            importlib.import_module(COMMANDS[name][0]).main([f"--{bad}", "1"])
-        with contextlib.redirect_stderr(io.StringIO()) as fast:
-            assert _snapshot_answer(name, [f"--{bad}", "1"]) == 2
-        assert fast.getvalue().strip() == f"p3o {name}: error: {err.value}", name
-        for key in entry["options"][:3]:  # a known option is left to the command
-            assert _snapshot_answer(name, [f"--{key}", "1"]) is None
+        module = importlib.import_module(COMMANDS[name][0])
+        first = entry["fields"][0][0]
+        cases = [[f"--{first}zz", "1"], [f"--{first.replace('_', '-')}", "1", "--nozz"]]
+        for key, tp, _, bounds in entry["fields"]:
+            if "str" not in tp:  # a word is not a number, a boolean or one of a set
+                cases.append([f"--{key}", "zz"])
+            off = {"ge": -1, "gt": 0, "le": 1, "lt": 0}
+            cases += [[f"--{key}={value + off[b]}"] for b, value in bounds.items()]
+        cases += {"sft": [["--out", "x", "--stepz", "1"], ["--force", "--lr", "0"]],
+                  "compare": [["study.yaml", "--jobz", "2"]]}.get(name, [])  # fmt: skip
+        for argv in cases:
+            with pytest.raises(ConfigError) as err:
+                module.main(list(argv))
+            with contextlib.redirect_stderr(io.StringIO()) as fast:
+                assert _snapshot_answer(name, list(argv)) == 2, (name, argv)
+            assert fast.getvalue().strip() == f"p3o {name}: error: {err.value}", (name, argv)
+            checked += 1
+        assert _snapshot_answer(name, [f"--{first}={entry['fields'][0][2]}"]) is None  # valid: the command runs
+    assert checked > 60
 
 
 def test_version_docs_and_examples(capsys, tmp_path, monkeypatch):

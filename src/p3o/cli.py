@@ -8,12 +8,14 @@ importing the module lazily so `p3o --help` stays fast. `train` is also handed t
 
 `p3o` alone prints the command list and exits with status 2 (it names no command; `p3o --help` exits 0);
 `p3o --version` prints the version. This module imports nothing heavy: `--help`, `--version`, a command's `--help`
-and its option errors answer before torch or transformers load (benchmarks/cli_startup.py, docs/benchmarks.md).
+and its option errors answer before torch or transformers load (benchmarks/cli_startup.py, docs/benchmarks.md); for
+the commands whose option classes live beside torch (`HELP_SNAPSHOT`) it answers them from a packaged snapshot.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import importlib
 import importlib.metadata
@@ -26,7 +28,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from p3o.errors import P3OError
+from p3o.errors import ConfigError, P3OError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("p3o.train.cli", "train a policy (no arguments: the embedded default, P3O on the built-in task)"),
@@ -47,46 +49,68 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-#: Commands whose module imports torch, transformers or scipy at its top, with the option class it parses into
-#: (module:class) and the options its `main` takes besides that class's keys. Their option classes live on floors
-#: below the commands, beside the code that runs them; so that `p3o <command> --help` and a misspelt option answer
-#: before those libraries load, both are read from a snapshot: the `--help` text and the option names, packaged as
-#: p3o/configs/commands-help.json. A test keeps it equal to the commands'; regenerate it with
-#: `python -m p3o.cli --help-snapshot > src/p3o/configs/commands-help.json`.
-HELP_SNAPSHOT: dict[str, tuple[str, tuple[str, ...]]] = {
-    "compare": ("p3o.experiments.grid.compare:CompareOptions", ()),
-    "probe": ("p3o.experiments.probe.cli:ProbeOptions", ()),
-    "synthetic": ("p3o.experiments.synthetic.cli:SyntheticOptions", ()),
-    "sft": ("p3o.models.warmstart:SFTConfig", ("out", "force")),
-    "convert-smollm2": ("p3o.models.smollm2:ConvertOptions", ()),
+#: Commands whose module imports torch, transformers or scipy at its top: the option class their `main` parses into
+#: (module:class), how it parses (`p3o.options.parse_command` or `load_config`), the argument a leading positional
+#: fills, and the options `main` takes itself (name -> whether it takes a value). Their option classes live on floors
+#: below the commands, beside the code that runs them; so that `p3o <command> --help` and an option error answer
+#: before those libraries load, p3o.cli reads both from a snapshot, packaged as p3o/configs/commands-help.json: the
+#: `--help` text and the option class's schema (keys, types, defaults, bounds), which it rebuilds as a dataclass and
+#: parses the command line into, with the command's own parser. A test keeps the snapshot equal to the commands;
+#: regenerate it with `python -m p3o.cli --help-snapshot > src/p3o/configs/commands-help.json`.
+HELP_SNAPSHOT: dict[str, tuple[str, str, str | None, dict[str, bool]]] = {
+    "compare": ("p3o.experiments.grid.compare:CompareOptions", "load_config", "experiment", {}),
+    "probe": ("p3o.experiments.probe.cli:ProbeOptions", "parse_command", None, {}),
+    "synthetic": ("p3o.experiments.synthetic.cli:SyntheticOptions", "load_config", None, {}),
+    "sft": ("p3o.models.warmstart:SFTConfig", "load_config", None, {"out": True, "force": False}),
+    "convert-smollm2": ("p3o.models.smollm2:ConvertOptions", "parse_command", None, {}),
 }
 HELP_SNAPSHOT_FILE = "commands-help.json"
 
 
 def command_snapshot(*, fresh: bool = False) -> dict[str, dict[str, Any]]:
-    """{command: {"help": its `--help` text, "options": its option class's keys, "also": the other names its
-    command line takes}} for the commands of `HELP_SNAPSHOT`: from the packaged snapshot, or (``fresh``, or no
-    snapshot) from the commands themselves (which imports torch)."""
+    """{command: {"help": its `--help` text, "fields": [[key, type (`p3o.config.type_text`), default, {bound:
+    value}], ...] of its option class, "aliases": the class's `cli_aliases`}} for the commands of `HELP_SNAPSHOT`:
+    from the packaged snapshot, or (``fresh``, or no snapshot) from the commands themselves (which imports torch)."""
     snap = files("p3o") / "configs" / HELP_SNAPSHOT_FILE
     if not fresh and snap.is_file():
         return dict(json.loads(snap.read_text(encoding="utf-8")))
-    from p3o.options import leaf_fields  # heavy: pydantic and yaml (~0.2 s), not for `p3o --version`
+    from p3o import config, options  # heavy: pydantic and yaml (~0.2 s), not for `p3o --version`
 
     out: dict[str, dict[str, Any]] = {}
-    for name, (target, extra) in HELP_SNAPSHOT.items():
+    for name, (target, *_) in HELP_SNAPSHOT.items():
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
             importlib.import_module(COMMANDS[name][0]).main(["--help"])
         module, _, cls_name = target.partition(":")
         cls = getattr(importlib.import_module(module), cls_name)
-        keys = [key for key, _, _ in leaf_fields(cls)]
-        out[name] = {"help": text.getvalue(), "options": keys, "also": [*getattr(cls, "cli_aliases", {}), *extra]}
+        fields = [
+            [
+                key,
+                config.type_text(tp),
+                f.default,
+                {b: f.metadata[b] for b in ("gt", "ge", "lt", "le") if b in f.metadata},
+            ]
+            for key, f, tp in options.leaf_fields(cls)
+        ]
+        out[name] = {"help": text.getvalue(), "fields": fields, "aliases": dict(getattr(cls, "cli_aliases", {}))}
     return out
 
 
+def snapshot_options(name: str, entry: dict[str, Any]) -> type:
+    """The option class of command `name` rebuilt from its snapshot `entry`: the same keys, types, defaults and
+    bounds, so the same parser gives the same one-line errors (the class's own `_cross_check` is not in it)."""
+    from p3o import config, options  # heavy: pydantic and yaml (~0.2 s), not for `p3o --version`
+
+    spec = [(key, config.parse_type(tp), options.config_field(default, "(snapshot)", **bounds))
+            for key, tp, default, bounds in entry["fields"]]  # fmt: skip
+    cls = dataclasses.make_dataclass(f"{name.replace('-', '_')}_snapshot_options", spec)
+    cls.cli_aliases = dict(entry["aliases"])  # type: ignore[attr-defined]
+    return cls
+
+
 def _snapshot_answer(name: str, argv: list[str]) -> int | None:
-    """`p3o <command> --help` and an unknown option of a `HELP_SNAPSHOT` command, answered from the snapshot (the
-    command's own message: `unknown key 'stepz' (did you mean 'steps'?)`); None: the command itself runs."""
+    """`p3o <command> --help` and an option error of a `HELP_SNAPSHOT` command, answered from the snapshot (the
+    command's own message, e.g. `unknown key 'stepz' (did you mean 'steps'?)`); None: the command itself runs."""
     if name not in HELP_SNAPSHOT or (name == "compare" and argv[:1] == ["--check"]):
         return None
     snap = command_snapshot().get(name)
@@ -95,15 +119,27 @@ def _snapshot_answer(name: str, argv: list[str]) -> int | None:
     if any(a in {"-h", "--help"} for a in argv):
         print(snap["help"], end="")
         return 0
-    for tok in argv:
-        key = tok[2:].partition("=")[0].replace("-", "_")
-        if tok.startswith("--") and len(tok) > 2 and key not in {*snap["options"], *snap["also"], "config"}:
-            from p3o.options import nearest  # heavy: pydantic and yaml (~0.2 s), not for `p3o --version`
+    _, parser, positional, own = HELP_SNAPSHOT[name]
+    args, i = [], 0
+    while i < len(argv):  # the options `main` takes itself are not the option class's
+        key, eq, _ = argv[i].partition("=")
+        if key.startswith("--") and key[2:] in own:
+            if own[key[2:]] and not eq:
+                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                    return None  # the command says what is missing
+                i += 1
+        else:
+            args.append(argv[i])
+        i += 1
+    if positional and args and not args[0].startswith("--"):
+        args = [f"--{positional}", *args]
+    from p3o import options  # heavy: pydantic and yaml (~0.2 s), not for `p3o --version`
 
-            near = nearest(key, list(snap["options"]))
-            hint = f" (did you mean '{near}'?)" if near else ""
-            print(f"p3o {name}: error: unknown key '{key}'{hint}", file=sys.stderr)
-            return 2
+    try:
+        getattr(options, parser)(args, snapshot_options(name, snap))
+    except ConfigError as err:
+        print(f"p3o {name}: error: {err}", file=sys.stderr)
+        return 2
     return None
 
 
