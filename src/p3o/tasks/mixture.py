@@ -1,7 +1,7 @@
 """Task mixtures (``task.mixture``): several single-turn tasks in one run, each drawn with its sampling weight, scored
 by its own verifier and reported under its own name.
 
-    mix = load_mixture(cfg)                             # every task's problems, verifier and label; the weighted pool
+    mix = load_mixture(cfg.task, seed=cfg.seed)         # every task's problems, verifier and label; the weighted pool
     prompts = [encoded[k][j] for k, j in mix.pool]      # the run's prompt list: task k fills a share w_k of it
     reward_fn = mix.reward_fn(timeout_s=1.0)            # row i scored by the verifier of task extras["task"][i]
     info |= task_metrics(mix.names, tasks, rewards, score_tasks, scores)   # task/<name>/reward_mean, accuracy, share
@@ -68,12 +68,11 @@ def task_labels(names: Sequence[str]) -> list[str]:
     return out
 
 
-def check_mixture(cfg: Any) -> None:
+def check_mixture(task: Any, env: str | None = None) -> None:
     """Refuse (one-line ConfigError naming ``task.mixture``) the settings a mixture cannot honour: an agent
-    environment (episodes are not mixed with single-turn rows yet), a ``task.name`` other than the default (the
-    mixture names the tasks), one ``task.verifier`` or ``task.eval_name`` for all tasks (each has its own)."""
-    task = cfg.task
-    env = getattr(getattr(cfg, "agent", None), "env", None)
+    environment `env` (``agent.env``: episodes are not mixed with single-turn rows yet), a ``task.name`` other than
+    the default (the mixture names the tasks), one ``task.verifier`` or ``task.eval_name`` for all tasks (each has
+    its own)."""
     if env:
         raise ConfigError(
             f"task.mixture: mixes single-turn tasks only; agent.env {env!r} episodes cannot be mixed yet "
@@ -221,15 +220,16 @@ class Mixture:
         )
 
 
-def load_mixture(cfg: Any) -> Mixture:
-    """The mixture of ``cfg.task.mixture`` (a TrainConfig): conflicts refused (`check_mixture`), then every task's
-    problems (``task.n_train`` / ``task.n_eval`` per task; the other task settings apply to each where they mean
-    something) and verifier, before any model loads. Errors are one line naming ``task.mixture``."""
-    check_mixture(cfg)
-    entries = mixture_entries(cfg.task.mixture)
+def load_mixture(task: Any, *, seed: int, env: str | None = None) -> Mixture:
+    """The mixture of ``task.mixture`` (a TrainConfig's task section; `seed` the run's, `env` its ``agent.env``):
+    conflicts refused (`check_mixture`), then every task's problems (``task.n_train`` / ``task.n_eval`` per task; the
+    other task settings apply to each where they mean something) and verifier, before any model loads. Errors are one
+    line naming ``task.mixture``."""
+    check_mixture(task, env)
+    entries = mixture_entries(task.mixture)
     problems, held_out, verifiers = [], [], []
     for name, _ in entries:
-        train, test, verifier = _entry_problems(cfg.task, name, cfg.seed)
+        train, test, verifier = _entry_problems(task, name, seed)
         problems.append(train)
         held_out.append(test)
         verifiers.append(verifier)

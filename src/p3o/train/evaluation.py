@@ -7,7 +7,7 @@ row.update(evaluate(version, weights=lambda: sync_weights(policy), model=lambda:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -51,7 +51,7 @@ class Evaluator:
         self.engine: Any = None
 
     def __call__(
-        self, version: int, weights: Callable[[], dict[str, Tensor]], model: Callable[[], Any]
+        self, version: int, weights: Callable[[], Mapping[str, Tensor]], model: Callable[[], Any]
     ) -> dict[str, float]:
         """{"eval_accuracy": fraction with score > 0.5, "eval_score": mean score, "eval_problems": how many} of the
         policy at `version` ({} without eval prompts), and with a task mixture ``task/<name>/eval_accuracy`` per task

@@ -52,21 +52,12 @@ from p3o.metrics import MetricsLogger, ProgressBar, plot_run
 from p3o.metrics.monitor import OffPolicyMonitor
 from p3o.models.lora import AdaptersOff, apply_lora, is_lora
 from p3o.objectives import get_objective
-from p3o.train import checkpoint  # called through the module: tests patch its functions
 from p3o.train.evaluation import Evaluator
-from p3o.train.placement import Placement, PlacementSettings, check_placement
+from p3o.train.placement import EvaluationWeights, Placement, PlacementSettings, check_placement
 from p3o.train.run_dir import clear_run_outputs, earlier_run, run_outputs
 from p3o.train.sources import BatchSource, Producer, PromptStream, RemoteSource, make_source, stream_seed, token_lag
 from p3o.train.step import ObjectiveCall, UpdateSettings, UpdateStep
-from p3o.train.wiring import (
-    Components,
-    build_components,
-    build_optimizer,
-    check_run_dir,
-    describe_placement,
-    resolve_device,
-    save_loop_checkpoint,
-)
+from p3o.train.wiring import Components, build_components, build_optimizer, check_run_dir, resolve_device
 from p3o.types import Rollouts
 
 
@@ -147,7 +138,7 @@ class Trainer:
         self.source: BatchSource | None = None
         self.logger: Any = None
         self.bar: Any = None
-        self._eval_weights: dict[str, Any] = {}
+        self._eval_view: EvaluationWeights | None = None  # the weights of the evaluation under way
 
     # -- setup ---------------------------------------------------------------------------------------
     def setup(self) -> int:
@@ -164,9 +155,7 @@ class Trainer:
         # 2. resume (model, optimizer, scheduler, this rank's own RNG states, the monitor's window, the batch source)
         start, loop_state = 0, {}
         if cfg.ckpt.resume:
-            found = checkpoint.load_checkpoint(
-                run_dir, model=self.comps.policy, optimizer=self.optimizer, scheduler=self.scheduler
-            )
+            found = self.placement.load_checkpoint(run_dir, self.optimizer, self.scheduler)
             if found is not None:
                 start, loop_state = found["step"], found["loop_state"] or {}
                 rng = (loop_state.get("rank_rng") or {}).get(dist.rank())  # a checkpoint of the previous format
@@ -174,7 +163,7 @@ class Trainer:
                     torch.set_rng_state(rng)
         if dist.is_main():
             if self.placement.strategy != "single" or self.placement.precision != "no":  # one process, no cast: quiet
-                print(f"p3o train: {describe_placement(self.placement)}", file=sys.stderr)
+                print(f"p3o train: {self.placement.summary()}", file=sys.stderr)
             run_dir.mkdir(parents=True, exist_ok=True)  # only now: what a start can refuse was checked or built above
             if start == 0 and run_outputs(run_dir):
                 # --overwrite, or --resume with no checkpoint yet: the earlier outputs would mix with this run's (and
@@ -188,9 +177,10 @@ class Trainer:
         self.monitor.load_state(loop_state.get("monitor"))  # its window, so resumed metrics equal uninterrupted ones
         # 3. logs
         main = dist.is_main()
+        record = to_dict(cfg)  # the run's config as a plain dict: the logs' record, the findings' advice
         self.logger = MetricsLogger(
             run_dir,
-            to_dict(cfg) if main else None,
+            record if main else None,
             enabled=main,
             tensorboard=cfg.log.tensorboard,
             wandb=cfg.log.wandb,
@@ -204,7 +194,7 @@ class Trainer:
             enabled=cfg.log.progress and main,
             description=cfg.objective.name,
             start=start,
-            config=to_dict(cfg),
+            config=record,
         )
         self.evaluator = self.bar.wrap_evaluation(self.evaluator)  # the bar shows the evaluation phase
         self.t_run = time.perf_counter()
@@ -254,28 +244,33 @@ class Trainer:
         if start > 0:
             engine.load_weights(placement.weights(), start)  # type: ignore[arg-type]
         evaluator = Evaluator(side, cfg.seed)
-        if placement.sharded:  # every rank gathers; rank 0 evaluates from its full copy (`evaluation_weights`)
-            self.evaluator = lambda version: evaluator(
-                version, lambda: self._eval_weights, lambda: placement.materialize(self._eval_weights)
-            )
-        else:
-            self.evaluator = lambda version: evaluator(
-                version, lambda: placement.weights(), lambda: placement.engine_model()
-            )
+
+        def in_process(version: int) -> dict[str, float]:
+            view = self._eval_view  # set by `_evaluate` (under FSDP rank 0's gathered weights)
+            assert view is not None
+            return evaluator(version, view.weights, view.model)
+
+        self.evaluator = in_process
         return make_source(lp, produce, engine, start=start, state=state)
 
     def _push_weights(self) -> Any:
-        """What a weight push sends: in-process engines read the placement's weights (under FSDP each full tensor is
-        gathered when the engine reads it); Ray workers get rank 0's full CPU state dict (every rank gathers, rank 0
-        keeps it; the others send nothing)."""
-        if self.cfg.rollout.workers and self.placement.sharded:
-            return self.placement.full_state_dict()
-        return self.placement.weights()
+        """What a weight push sends (`Placement.push_weights`: Ray workers under FSDP get rank 0's full state)."""
+        return self.placement.push_weights(remote=bool(self.cfg.rollout.workers))
 
-    def _gather_for_evaluation(self, step: int) -> None:
-        """Under FSDP the evaluation's weights are gathered by every rank (a collective) before rank 0 evaluates."""
-        if self.placement.sharded and not self.cfg.rollout.workers and self._eval_due(step):
-            self._eval_weights = self.placement.full_state_dict()
+    def _evaluate(self, version: int) -> tuple[dict[str, float], float] | None:
+        """The held-out evaluation of the policy at `version`: (its row, seconds) on rank 0, None elsewhere. Every
+        rank calls it: an in-process evaluation's weights come from `Placement.for_evaluation` (under FSDP gathered
+        by every rank, a collective); Ray workers evaluate with the weights they were pushed."""
+        if not self.cfg.rollout.workers:
+            self._eval_view = self.placement.for_evaluation()
+        try:
+            if not dist.is_main():
+                return None
+            t_eval = time.perf_counter()
+            row = dict(self.evaluator(version))
+            return row, time.perf_counter() - t_eval
+        finally:
+            self._eval_view = None
 
     def _eval_due(self, step: int) -> bool:
         every = self.cfg.log.eval_every
@@ -319,12 +314,9 @@ class Trainer:
         if not source.overlaps_generation:  # sync-style sources generate inside get(); async overlaps it
             row["time_gen_s"] = t_wait
         # every `log.eval_every` steps and at the end (the starting policy is the step-0 row: `evaluate_start`)
-        self._gather_for_evaluation(step)
-        if dist.is_main() and self._eval_due(step):
-            t_eval = time.perf_counter()
-            row.update(self.evaluator(step + 1))
-            row["time_eval_s"] = time.perf_counter() - t_eval
-        self._eval_weights = {}
+        evaluated = self._evaluate(step + 1) if self._eval_due(step) else None
+        if evaluated is not None:
+            row.update(evaluated[0], time_eval_s=evaluated[1])
         return row
 
     def evaluate_start(self) -> None:
@@ -334,15 +326,9 @@ class Trainer:
         same with or without it."""
         if not self.cfg.log.eval_every:
             return
-        if self.placement.sharded and not self.cfg.rollout.workers:
-            self._eval_weights = self.placement.full_state_dict()
-        if not dist.is_main():
-            return
-        t_eval = time.perf_counter()
-        row = dict(self.evaluator(0))
-        if row:
-            row["time_eval_s"] = time.perf_counter() - t_eval
-            self.logger.log(0, row)
+        evaluated = self._evaluate(0)
+        if evaluated is not None and evaluated[0]:
+            self.logger.log(0, {**evaluated[0], "time_eval_s": evaluated[1]})
 
     def log(self, step: int, row: dict[str, float]) -> None:
         """Progress bar and metrics.jsonl (`step` there = completed steps, 1-based, as in checkpoints)."""
@@ -358,16 +344,15 @@ class Trainer:
     def save(self, completed: int) -> None:
         """A checkpoint after `completed` steps (policy, optimizer, scheduler, RNG, the batch source's state)."""
         assert self.comps is not None and self.source is not None
-        save_loop_checkpoint(
+        self.placement.save_checkpoint(
             self.run_dir,
             completed,
-            self.comps,
-            self.optimizer,
-            self.scheduler,
-            self.source,
-            self.cfg.ckpt.keep_last,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            source_state=self.source.state(),
+            keep_last=self.cfg.ckpt.keep_last,
+            tokenizer=self.comps.tokenizer,
             extra={"monitor": self.monitor.state()},
-            placement=self.placement,
         )
 
     # -- the end -------------------------------------------------------------------------------------
@@ -380,15 +365,10 @@ class Trainer:
     def finish(self) -> None:
         """final/ (LoRA: merged, plain HF) and plot.png on rank 0, then a barrier."""
         assert self.comps is not None
-        placement = self.placement
-        full = placement.full_state_dict() if placement.sharded else {}  # a collective; rank 0 gets the tensors
-        final = placement.materialize(full) if placement.sharded and dist.is_main() else None
-        if dist.is_main():
-            model = final if final is not None else placement.engine_model()
-            checkpoint.save_policy(self.run_dir / "final", model, self.comps.tokenizer)
-            if self.cfg.log.plot:
-                with contextlib.suppress(Exception):  # a plot must never fail a finished run
-                    plot_run(self.run_dir)
+        self.placement.save_final(self.run_dir / "final", self.comps.tokenizer)  # every rank: FSDP gathers
+        if dist.is_main() and self.cfg.log.plot:
+            with contextlib.suppress(Exception):  # a plot must never fail a finished run
+                plot_run(self.run_dir)
         dist.barrier()
 
 

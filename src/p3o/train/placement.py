@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -51,7 +52,7 @@ from p3o.errors import ConfigError
 from p3o.logprobs import token_logprobs
 from p3o.models.lora import AdaptersOff, is_lora, merged_copy, merged_weights
 from p3o.models.lora import _adapted_layers as adapted_layers
-from p3o.types import SamplingMask
+from p3o.train import checkpoint  # called through the module: tests patch its functions
 
 try:  # FSDP2's public API (torch >= 2.6): only train.strategy fsdp needs it, one process and DDP import without it
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -154,8 +155,10 @@ class PolicyForward(nn.Module):
     """The policy as one module whose forward is `token_logprobs`: the unit DDP and FSDP's root wrap, so their
     hooks (DDP's reducer, FSDP's all-gathers of the root's embedding, norm and head) run on every trainer forward.
 
-    forward(prompt_ids (n, p), prompt_mask, response_ids (n, t), mask, …) -> (logp (n, t), entropy (n, t) or None).
-    `adapters_off`: a LoRA policy's base alone (the frozen reference of `ref_kl_coef`), through the same wrapper.
+    forward(prompt_ids (n, p), prompt_mask, response_ids (n, t), mask, adapters_off, **options) -> (logp (n, t),
+    entropy (n, t) or None, …): `options` are `token_logprobs`' keywords (temperature, chunk_size, with_entropy,
+    loss_mask, kept). `adapters_off`: a LoRA policy's base alone (the frozen reference of `ref_kl_coef`), through the
+    same wrapper.
     """
 
     def __init__(self, policy: nn.Module) -> None:
@@ -168,27 +171,12 @@ class PolicyForward(nn.Module):
         prompt_mask: Tensor,
         response_ids: Tensor,
         mask: Tensor,
-        temperature: float = 1.0,
-        chunk_size: int = 256,
-        with_entropy: bool = False,
         adapters_off: bool = False,
-        loss_mask: Tensor | None = None,
-        kept: SamplingMask | None = None,
+        **options: Any,
     ) -> tuple[Tensor, ...]:
         ctx = self.policy.disable_adapter() if adapters_off else contextlib.nullcontext()
         with ctx:
-            return token_logprobs(
-                self.policy,
-                prompt_ids,
-                prompt_mask,
-                response_ids,
-                mask,
-                temperature=temperature,
-                chunk_size=chunk_size,
-                with_entropy=with_entropy,
-                kept=kept,
-                loss_mask=loss_mask,
-            )
+            return token_logprobs(self.policy, prompt_ids, prompt_mask, response_ids, mask, **options)
 
 
 def _sum_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects any annotation but dist.GradBucket
@@ -283,6 +271,12 @@ class Placement:
         compute = {"no": pdtype, "bf16": "bfloat16", "fp16": "float16"}[self.precision]
         return {"strategy": self.strategy, "world_size": dist.world_size(), "param_dtype": pdtype, "compute": compute}
 
+    def summary(self) -> str:
+        """One line on how the trainer runs: strategy, world size, compute precision over the master weights' dtype."""
+        d = self.describe()
+        where = "one process" if d["strategy"] == "single" else f"{d['strategy']} over {d['world_size']} rank(s)"
+        return f"trainer {where}; compute {d['compute']}, parameters and AdamW states {d['param_dtype']}"
+
     # -- forward / backward / step -----------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """torch.autocast in the compute dtype (one process and DDP); FSDP casts through its policy instead."""
@@ -311,11 +305,13 @@ class Placement:
                 mb.prompt_mask,
                 mb.response_ids,
                 getattr(mb, "reads", mb.mask),  # the attention mask: an episode's observations too
-                temperature,
-                chunk_size,
-                with_entropy,
                 adapters_off,
-                mb.mask if getattr(mb, "attn", None) is not None else None,  # the loss mask, when it differs
+                temperature=temperature,
+                chunk_size=chunk_size,
+                with_entropy=with_entropy,
+                loss_mask=mb.mask
+                if getattr(mb, "attn", None) is not None
+                else None,  # the loss mask, where it differs
                 kept=getattr(mb, "kept", None),
             )
         return logp.float(), (ent.float() if ent is not None else None), *mass
@@ -382,8 +378,23 @@ class Placement:
         """What an engine sync sends: the state dict (LoRA: the merged adapted layers only); under FSDP a mapping
         that gathers each full tensor when read (a collective: every rank reads it in the same order)."""
         if not self.sharded:
-            return merged_weights(self.policy) if is_lora(self.policy) else self.policy.state_dict()
+            return self._unsharded(whole=False)
         return GatheredWeights(self.policy)
+
+    def push_weights(self, remote: bool) -> Mapping[str, Tensor]:
+        """What a weight push sends: in-process engines read `weights` (under FSDP each full tensor is gathered when
+        the engine reads it); `remote` (Ray workers) under FSDP: rank 0's `full_state_dict` (every rank gathers, the
+        others send nothing)."""
+        return self.full_state_dict() if remote and self.sharded else self.weights()
+
+    def for_evaluation(self) -> EvaluationWeights:
+        """The weights of an in-loop evaluation; every rank calls it. Under FSDP every rank gathers now (a collective)
+        and rank 0 keeps the full CPU state dict, from which the evaluation's model is built; otherwise the view reads
+        the policy when the evaluation asks (`weights`, `engine_model`)."""
+        if not self.sharded:
+            return EvaluationWeights(self.weights, self.engine_model)
+        full = self.full_state_dict()
+        return EvaluationWeights(lambda: full, lambda: self.materialize(full))
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """Every rank calls it; rank 0 gets the full CPU state dict of the plain model (LoRA merged), gathered one
@@ -398,17 +409,23 @@ class Placement:
     def plain_weights(self) -> Mapping[str, Tensor]:
         """Every tensor of the plain (LoRA merged) model by its plain key, full (gathered on read under FSDP)."""
         if not self.sharded:
-            if is_lora(self.policy):
-                return merged_copy(self.policy).state_dict()
-            return self.policy.state_dict()
+            return self._unsharded(whole=True).state_dict()
         return GatheredWeights(self.policy, whole=True)
 
     def engine_model(self) -> nn.Module:
         """A plain full model for a new engine to copy (LoRA merged). Under FSDP it is built from the meta skeleton
         with the gathered weights (every rank calls it)."""
         if not self.sharded:
-            return merged_copy(self.policy) if is_lora(self.policy) else self.policy
+            return self._unsharded(whole=True)
         return self.materialize(self.plain_weights())
+
+    def _unsharded(self, whole: bool) -> Any:
+        """The unsharded policy's plain view, the one place the LoRA merge is asked for: `whole` the plain model (the
+        policy itself, or a merged copy), else the tensors an engine sync sends (the state dict, or the merged
+        adapted layers only)."""
+        if not is_lora(self.policy):
+            return self.policy if whole else self.policy.state_dict()
+        return merged_copy(self.policy) if whole else merged_weights(self.policy)
 
     def materialize(self, weights: Mapping[str, Tensor]) -> nn.Module:
         """The plain model of the skeleton filled with `weights` (full tensors by plain key), on the CPU: beside a
@@ -430,6 +447,58 @@ class Placement:
         if hasattr(model, "tie_weights"):
             model.tie_weights()
         return model.requires_grad_(False).eval()
+
+    # -- checkpoints and final/ ---------------------------------------------------------------------------------------
+    def save_checkpoint(
+        self,
+        run_dir: Path,
+        step: int,
+        *,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        source_state: Any,
+        keep_last: int,
+        tokenizer: Any = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """A checkpoint after `step` steps; every rank calls it. Under FSDP every rank writes its shard
+        (torch.distributed.checkpoint); otherwise rank 0 writes the policy and the others wait at a barrier.
+
+        loop_state = {"rank_source": {rank: source_state}} (every rank's batch source, gathered) plus `extra` (rank
+        0's, e.g. the off-policy monitor's window); every rank's own RNG states go to the checkpoint's per-rank RNG,
+        which `load_checkpoint` restores on each rank.
+        """
+        sources = dist.all_gather_object(source_state)
+        rng = checkpoint.gather_rng_states()  # every rank's own Python / NumPy / torch / CUDA generators (collective)
+        loop_state = {"rank_source": dict(enumerate(sources)), **(extra or {})}
+        saved = dict(optimizer=optimizer, scheduler=scheduler, loop_state=loop_state, keep_last=keep_last, rng=rng)
+        if self.sharded:
+            checkpoint.save_sharded_checkpoint(run_dir, step, model=self.policy, placement=self.describe(), **saved)
+            return
+        if dist.is_main():
+            checkpoint.save_checkpoint(run_dir, step, model=self.policy, tokenizer=tokenizer, **saved)
+        dist.barrier()
+
+    def load_checkpoint(self, run_dir: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> Any:
+        """The newest intact checkpoint of `run_dir` into the policy (its shards under FSDP, resharded from any world
+        size), the optimizer and the schedule (`p3o.train.checkpoint.load_checkpoint`); None when there is none."""
+        return checkpoint.load_checkpoint(run_dir, model=self.policy, optimizer=optimizer, scheduler=scheduler)
+
+    def save_final(self, out_dir: Path, tokenizer: Any) -> None:
+        """final/: the plain HF model (LoRA merged) on rank 0; every rank calls it (under FSDP the full weights are
+        gathered, a collective, and rank 0 builds the plain model from them on the CPU)."""
+        full = self.full_state_dict() if self.sharded else {}
+        if dist.is_main():
+            checkpoint.save_policy(out_dir, self.materialize(full) if self.sharded else self.engine_model(), tokenizer)
+
+
+@dataclass(frozen=True)
+class EvaluationWeights:
+    """What an in-loop evaluation reads, each when it needs it (`p3o.train.evaluation.Evaluator`): `weights()` the
+    tensors a loaded engine takes, `model()` a plain model a new engine copies."""
+
+    weights: Callable[[], Mapping[str, Tensor]]
+    model: Callable[[], nn.Module]
 
 
 def _fully_shard(forward: PolicyForward, kw: dict[str, Any]) -> None:
@@ -529,6 +598,7 @@ __all__ = [
     "FSDP_TORCH",
     "PRECISIONS",
     "STRATEGIES",
+    "EvaluationWeights",
     "GatheredWeights",
     "Placement",
     "PlacementSettings",

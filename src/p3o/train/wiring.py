@@ -24,20 +24,15 @@ from torch import Tensor, nn
 
 from p3o import dist, models  # models.load_policy looked up at call time: tests replace it
 from p3o.dist import resolve_device
-from p3o.envs import EnvLimits, Renderer, env_problems, make_env, stop_ids
-from p3o.envs.render import default_mode
-from p3o.envs.runner import EpisodeEngine
+from p3o.envs import EnvLimits, EpisodeEngine, Renderer, default_mode, env_problems, make_env, stop_ids
 from p3o.errors import ConfigError
 from p3o.models.lora import is_lora, merged_copy, merged_weights
 from p3o.rewards import make_reward_fn
 from p3o.rollout.factory import make_engine as _make
 from p3o.rollout.settings import EngineSettings
-from p3o.tasks import format_prompt, load_eval_problems, load_train_problems, task_verifier
-from p3o.tasks.mixture import Mixture, load_mixture
+from p3o.tasks import Mixture, format_prompt, load_eval_problems, load_mixture, load_train_problems, task_verifier
 from p3o.train import checkpoint  # called through the module: tests patch its functions
-from p3o.train.placement import Placement
 from p3o.train.run_dir import earlier_run, run_outputs
-from p3o.train.sources import BatchSource
 from p3o.train.step import make_optimizer, make_scheduler
 from p3o.types import Rollouts
 
@@ -147,7 +142,8 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     slots (task k fills a share w_k of them), each row scored by its own task's verifier.
     """
     task = cfg.task
-    mix = load_mixture(cfg) if getattr(task, "mixture", None) else None
+    env = getattr(getattr(cfg, "agent", None), "env", None)
+    mix = load_mixture(task, seed=cfg.seed, env=env) if getattr(task, "mixture", None) else None
     if mix is not None:
         problems = [p for ps in mix.problems for p in ps]
         eval_problems = [p for ps in mix.eval_problems for p in ps]
@@ -343,13 +339,6 @@ def build_optimizer(
     return optimizer, scheduler
 
 
-def describe_placement(placement: Placement) -> str:
-    """One line on how the trainer runs: strategy, world size, compute precision over the master weights' dtype."""
-    d = placement.describe()
-    where = "one process" if d["strategy"] == "single" else f"{d['strategy']} over {d['world_size']} rank(s)"
-    return f"trainer {where}; compute {d['compute']}, parameters and AdamW states {d['param_dtype']}"
-
-
 def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse (ConfigError, on every rank together) a run_dir this run must not write into. It does not create it:
     the run does, once everything it can refuse (data, verifier, model, base building) has been built.
@@ -407,55 +396,6 @@ def resume_problem(run_dir: str | Path) -> str | None:
     return None
 
 
-def save_loop_checkpoint(
-    run_dir: Path,
-    step: int,
-    comps: Components,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    source: BatchSource,
-    keep_last: int,
-    extra: dict[str, Any] | None = None,
-    placement: Placement | None = None,
-) -> None:
-    """Rank 0 writes the checkpoint: every rank's batch source and its own RNG states (gathered), plus `extra`
-    (rank 0's, e.g. the off-policy monitor's window) in loop_state.
-
-    loop_state = {"rank_source": {rank: source.state()}}: all `run` reads back (the data stream needs no cursor; the
-    engine version is the step); the RNG states go to the checkpoint's per-rank RNG, which `load_checkpoint` restores
-    on each rank.
-    """
-    sources = dist.all_gather_object(source.state())
-    rng = checkpoint.gather_rng_states()  # every rank's own Python / NumPy / torch / CUDA generators (a collective)
-    if placement is not None and placement.sharded:  # every rank writes its shard (torch.distributed.checkpoint)
-        checkpoint.save_sharded_checkpoint(
-            run_dir,
-            step,
-            model=comps.policy,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            loop_state={"rank_source": dict(enumerate(sources)), **(extra or {})},
-            keep_last=keep_last,
-            rng=rng,
-            placement=placement.describe(),
-        )
-        return
-    if dist.is_main():
-        loop_state = {"rank_source": dict(enumerate(sources)), **(extra or {})}
-        checkpoint.save_checkpoint(
-            run_dir,
-            step,
-            model=comps.policy,
-            tokenizer=comps.tokenizer,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            loop_state=loop_state,
-            keep_last=keep_last,
-            rng=rng,
-        )
-    dist.barrier()
-
-
 __all__ = [
     "Components",
     "RolloutSide",
@@ -465,10 +405,8 @@ __all__ = [
     "load_tokenizer",
     "build_optimizer",
     "check_run_dir",
-    "describe_placement",
     "engine_model",
     "resume_problem",
     "resolve_device",
-    "save_loop_checkpoint",
     "sync_weights",
 ]
