@@ -11,6 +11,7 @@ import p3o.models.tiny as tiny
 import p3o.models.warmstart as sft
 from p3o.errors import ConfigError
 from p3o.models import load_policy
+from p3o.models.bases import shipped_dir
 from p3o.models.tiny import BASE_SOURCES, TOKENIZER_SOURCES, base_dir, code_version, source_fingerprint
 
 
@@ -71,9 +72,10 @@ def test_a_base_built_by_older_code_is_rebuilt_not_reused(tmp_path: Path, monkey
     monkeypatch.setattr(tiny, "code_version", lambda *a, **k: "newc0de000")  # the code that builds it changed
     new = sft.ensure_base("1m", tmp_path)  # the old base is there, but it is not this code's: built again
     assert new != old and new.name.endswith("-cnewc0de000") and built == [built[0], "newc0de000"]
-    assert sft.resolve_model_name("tiny-1m", tmp_path) == str(new)
+    assert sft.resolve_model_name("tiny-1m", tmp_path) == str(shipped_dir("tiny"))  # the shipped base, whatever
+    assert sft.resolve_model_name("tiny-5m", tmp_path).endswith("-cnewc0de000") and len(built) == 3  # is cached
     assert sft.resolve_model_name("tiny-random", tmp_path) == "tiny-random"
-    assert sft.resolve_model_name("runs/x/final", tmp_path) == "runs/x/final" and len(built) == 2
+    assert sft.resolve_model_name("runs/x/final", tmp_path) == "runs/x/final" and len(built) == 3
     assert sft.resolve_model_name("tiny-7b", tmp_path) == "tiny-7b"  # load_policy's own error names the sizes
     with pytest.raises(ConfigError, match="unknown tiny size or testbed in 'tiny-7b'; known: 1m, 5m, 30m, pad"):
         load_policy("tiny-7b", cache_dir=tmp_path)

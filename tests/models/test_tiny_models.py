@@ -10,6 +10,7 @@ import torch
 
 from p3o.errors import ConfigError
 from p3o.models import SIZES, load_policy, qwen3_config
+from p3o.models.bases import file_sha256
 from p3o.models.tiny import base_key
 from p3o.models.tokenizer import EOS, train_tokenizer
 from p3o.models.warmstart import SFTConfig, ensure_base
@@ -70,10 +71,10 @@ def test_warm_start_trains_saves_loads_and_caches(tmp_path: Path, monkeypatch: p
     assert ensure_base("1m", tmp_path, sft=QUICK) == path  # cache hit
     model, tok = load_policy(str(path))
     assert type(model).__name__ == "Qwen3ForCausalLM" and tok.chat_template and not model.training
-    # "tiny-1m" resolves to the default-recipe key in the cache: plant the quick base there, it is used as is
-    default_dir = tmp_path / "models" / base_key("1m", "arithmetic", 2, 0)
+    # "tiny-5m" (not shipped) resolves to the default-recipe key in the cache: a base planted there is used as is
+    default_dir = tmp_path / "models" / base_key("5m", "arithmetic", 2, 0)
     default_dir.symlink_to(path, target_is_directory=True)
-    model2, _ = load_policy("tiny-1m", cache_dir=tmp_path)
+    model2, _ = load_policy("tiny-5m", cache_dir=tmp_path)
     ref = dict(model.named_parameters())
     assert all(torch.equal(p, ref[k]) for k, p in model2.named_parameters())
     ids = tok(format_prompt(Problem("What is 3 + 4?", "7"), tok), return_tensors="pt", add_special_tokens=False)
@@ -91,8 +92,10 @@ def test_cli_sft_and_tiny_random(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert main([*argv, "--out", str(out)]) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stats["path"] == str(out) and (out / "config.json").is_file() and 0.0 <= stats["pass_at_1"] <= 1.0
-    model, tok = load_policy("tiny-random")  # random init, cached built-in tokenizer
-    assert model.config.vocab_size == len(tok) and (tmp_path / "cache" / "tokenizers").is_dir()
+    assert stats["sha256"] == file_sha256(out / "model.safetensors") and stats["shipped"] is None  # another recipe
+    model, tok = load_policy("tiny-random")  # random init, the shipped base's tokenizer: nothing cached
+    assert model.config.vocab_size == len(tok) and not (tmp_path / "cache" / "tokenizers").exists()
+    assert not hasattr(model.config, "p3o_base")  # not the shipped base's weights
     assert main(["sft", "--size", "7b"]) == 2
     assert "size: expected one of 1m, 5m, 30m, got '7b'" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="gpt-17"):

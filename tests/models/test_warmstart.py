@@ -1,4 +1,4 @@
-"""The warm start on the models floor: every command that takes `--model tiny` builds the base on an empty cache."""
+"""The warm start on the models floor: `ensure_base` builds into the cache; `--model tiny` loads the shipped base."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 import p3o.models.warmstart as ws
 from p3o.cli import main as p3o_main
 from p3o.models import load_policy
+from p3o.models.bases import WEIGHTS, file_sha256, shipped_dir, stamp
 from p3o.models.tiny import BASE_SOURCES, TESTBED_SOURCES, TESTBEDS, base_dir, base_key, code_version
 from p3o.train.step import lr_factor as trainer_lr_factor
 
@@ -28,31 +29,30 @@ def quick_recipes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path / "cache"
 
 
-def test_mismatch_and_eval_build_the_base_on_an_empty_cache(quick_recipes: Path, capsys) -> None:
-    assert not (quick_recipes / "models").exists()
+def test_mismatch_and_eval_use_the_shipped_base_and_build_nothing(quick_recipes: Path, capsys) -> None:
     small = ["--num-prompts", "2", "--group", "2", "--max-new-tokens", "4", "--no-greedy", "--threads", "1"]
     assert p3o_main(["mismatch", "--model", "tiny", "--precision", "fp32", *small]) == 0
     assert "HFEngine fp32" in capsys.readouterr().out
-    built = base_dir(cache_dir=quick_recipes)
-    info = json.loads((built / "sft.json").read_text())
-    assert info["stats"]["steps"] == QUICK["steps"]  # built by the warm start, default key
     out = quick_recipes.parent / "eval.json"
     argv = ["eval", "--model", "tiny", "--n-problems", "2", "--n-samples", "1", "--k", "1", "--max-new-tokens", "4"]
     assert p3o_main([*argv, "--out", str(out), "--quiet"]) == 0
     assert json.loads(out.read_text())["n_problems"] == 2
-    assert [p.name for p in (quick_recipes / "models").iterdir() if not p.name.startswith(".")] == [built.name]
+    assert not (quick_recipes / "models").exists()  # the shipped base (p3o.models.bases): no cache entry
 
 
-def test_load_policy_builds_tiny_and_a_testbed_base(quick_recipes: Path) -> None:
+def test_ensure_base_builds_tiny_and_a_testbed_base_load_policy_does_not(quick_recipes: Path) -> None:
     model, tok = load_policy("tiny")
     assert type(model).__name__ == "Qwen3ForCausalLM" and tok.eos_token == "<|im_end|>"
-    model, _ = load_policy("tiny-pad")
+    assert model.config.p3o_base == stamp("tiny") and not (quick_recipes / "models").exists()
     bed = TESTBEDS["pad"]
+    built = ws.ensure_base(bed["size"], task=bed["task"], difficulty=bed["difficulty"])
     path = base_dir(bed["size"], quick_recipes, task=bed["task"], difficulty=bed["difficulty"])
-    assert path.name.startswith("tiny-1m-arithmetic-dpad-s0-c") and (path / "model.safetensors").is_file()
-    cfg = json.loads((path / "sft.json").read_text())["config"]
-    assert cfg["train_levels"] == "pad-1,pad" and cfg["difficulty"] == "pad" and cfg["init"] == ""  # from scratch
-    assert ws.resolve_model_name("tiny-pad") == str(path)
+    assert built == path and path.name.startswith("tiny-1m-arithmetic-dpad-s0-c") and (path / WEIGHTS).is_file()
+    info = json.loads((path / "sft.json").read_text())
+    assert info["config"]["train_levels"] == "pad-1,pad" and info["config"]["difficulty"] == "pad"
+    assert info["config"]["init"] == ""  # from scratch
+    assert info["stats"]["sha256"] == file_sha256(path / WEIGHTS) and info["stats"]["shipped"] is None  # 3 steps
+    assert ws.resolve_model_name("tiny-pad") == str(shipped_dir("tiny-pad"))  # the cached build is not used
     assert ws.resolve_model_name("tiny-random") == "tiny-random" and ws.resolve_tiny("smollm2") is None
 
 
@@ -88,7 +88,7 @@ def test_sft_out_with_init_tiny_starts_from_the_cached_main_base(quick_recipes: 
     out = tmp_path / "one-off"
     argv = ["sft", "--out", str(out), "--init", "tiny", "--steps", "1", "--batch_size", "2", "--warmup_steps", "1"]
     assert p3o_main([*argv, "--lr", "1e-9", "--max_new_tokens", "4", "--eval_n", "0"]) == 0
-    main, _ = load_policy(str(ws.ensure_base("1m")))
+    main, _ = load_policy(str(ws.ensure_base("1m")))  # the cached main base (3 steps here), not the shipped one
     got, _ = load_policy(str(out))
     assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(main.parameters(), got.parameters()))  # lr ~ 0
 

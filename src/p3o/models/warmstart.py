@@ -1,15 +1,18 @@
-"""The supervised warm start of the built-in tiny model, built on first use by whoever asks for "tiny".
+"""The supervised warm start of the built-in tiny model: what built the shipped bases, and builds any other.
 
 A short run of next-token cross-entropy on `prompt + solution + <|im_end|>` (loss on the solution tokens only),
 stopped early on purpose: the base policy should solve some but not most problems so that RL has signal and room.
-It lives on the models floor so that `p3o.models.load_policy("tiny")`, `p3o eval`, `p3o mismatch` and `p3o train`
-all build the base on an empty cache (``p3o sft`` in `p3o.train.sft` is the command that also reports pass@1).
+The bases the presets use (``tiny``, ``tiny-pad``; ``tiny-agent`` starts from ``tiny``) ship inside the package
+(`p3o.models.bases`): `resolve_tiny` returns their shipped directory and builds nothing. Other sizes (``tiny-5m``,
+``tiny-30m``) are built on first use and cached; ``p3o sft`` (`p3o.train.sft`) rebuilds any of them into the cache,
+reports pass@1 and says whether the rebuild has the shipped weights (`warm_start`'s ``shipped`` statistic).
 
-    path = ensure_base("1m")                  # trained and cached on first use; the second call returns at once
-    path = resolve_tiny("tiny-pad")           # a named testbed's base (p3o.models.tiny.TESTBEDS), built once
+    path = ensure_base("1m")                  # built into the cache on first use; the second call returns at once
+    path = resolve_tiny("tiny-pad")           # the shipped scratchpad testbed's base (p3o.models.tiny.TESTBEDS)
+    path = resolve_tiny("tiny-5m")            # not shipped: built once, cached
     name = resolve_model_name("tiny")         # the base's directory for tiny names, any other name as is
 
-Where a base is cached and under which key is `p3o.models.tiny` (the key holds the recipe and a fingerprint of
+Where a built base is cached and under which key is `p3o.models.tiny` (the key holds the recipe and a fingerprint of
 this module's code, `p3o.models.tiny.BASE_SOURCES`): a base built by other code is never reused.
 """
 
@@ -19,6 +22,7 @@ import hashlib
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -27,6 +31,7 @@ from typing import Any, Literal
 import torch
 
 from p3o.errors import ConfigError
+from p3o.models.bases import SHIPPED, WEIGHTS, compare, file_sha256, shipped_dir
 from p3o.models.cache import atomic_build
 from p3o.models.configs import SIZES, qwen3_config
 from p3o.models.tiny import DEFAULT_SIZE, TESTBEDS, base_dir, code_version, parse_tiny
@@ -45,6 +50,7 @@ __all__ = [
     "recipe_hash",
     "resolve_model_name",
     "resolve_tiny",
+    "sft_recipe",
     "testbed_recipe",
     "warm_start",
 ]
@@ -201,9 +207,34 @@ def warm_start(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    stats["sha256"] = file_sha256(out / WEIGHTS)
+    stats["shipped"] = _compare_shipped(cfg, out, log)
     info = {"config": asdict(cfg), "stats": stats, "code_version": code_version()}
     (out / "sft.json").write_text(json.dumps(info, indent=2))
     return stats
+
+
+def sft_recipe(cfg: SFTConfig) -> dict[str, Any]:
+    """A warm-start config as a recipe: its fields, the pass@1 report's (`REPORT_FIELDS`) at their defaults."""
+    return asdict(replace(cfg, **{f: getattr(SFTConfig(), f) for f in REPORT_FIELDS}))
+
+
+def _compare_shipped(cfg: SFTConfig, out: Path, log: bool) -> dict[str, Any] | None:
+    """`p3o.models.bases.compare` of a fresh build in `out` with the shipped base of the same recipe (None: none
+    is), said on stderr when they differ."""
+    found = None
+    for name in SHIPPED:
+        found = found or compare(name, out / WEIGHTS, sft_recipe(cfg))
+    if log and found is not None and not found["equal"]:
+        print(
+            f"p3o sft: this build differs from the shipped base {found['shipped']}, which every run loads (a build is "
+            "bit-exact only on the CPU kind it was made on, and the shipped bases were built on an AVX2-only CPU: "
+            "docs/main-job.md says how to force AVX2 code paths); train from this build with --model.name and "
+            "the path p3o sft prints, or re-ship it with python -m p3o.models.ship",
+            file=sys.stderr,
+            flush=True,
+        )
+    return found
 
 
 def recipe_hash(cfg: SFTConfig) -> str | None:
@@ -257,11 +288,15 @@ def ensure_base(
 
 
 def resolve_tiny(name: str, cache_dir: str | Path | None = None) -> Path | None:
-    """The base directory for a warm-started tiny name ("tiny", "tiny-5m", a testbed such as "tiny-pad"), built
-    on first use; None for names that are not one (other models, "tiny-random", an unknown size)."""
+    """The base directory for a warm-started tiny name: the shipped base for "tiny", "tiny-1m" and a testbed such as
+    "tiny-pad" (`p3o.models.bases`: nothing is built or written), the cached build for another size ("tiny-5m", built
+    on first use); None for names that are not one (other models, "tiny-random", an unknown size)."""
     tiny = parse_tiny(name)
     if tiny is None or tiny[1]:
         return None
+    shipped = shipped_dir(name)
+    if shipped is not None:
+        return shipped
     size, _ = tiny
     bed = TESTBEDS.get(size)
     if bed is not None:

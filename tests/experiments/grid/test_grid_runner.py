@@ -244,14 +244,18 @@ def test_done_records_when_and_where_a_run_ran(tmp_path: Path, monkeypatch: pyte
     assert start.utcoffset() is not None and start.utcoffset().total_seconds() == 0 and start <= end
     assert 0 < done["wall_s"] <= (end - start).total_seconds() + 0.01
     assert done["cpu"] == cpu_kind() and "(" in done["cpu"]
-    # the fake's final/config.json names no directory: the tiny base's cache key when that entry exists (none in this
-    # test's empty cache: P3O_CACHE), else the configured name
-    assert done["base_key"] == "tiny"
+    # the fake's final/config.json names no base: the shipped base's id (name @ its weights' sha256) for a shipped
+    # name, the cache key of a built base when that entry exists, else the configured name
+    from p3o.models.bases import base_id, stamp
     from p3o.models.tiny import base_dir
 
-    base_dir("1m").mkdir(parents=True)
-    assert base_key(spec.run_dir, "tiny") == base_dir("1m").name and base_dir("1m").name.startswith("tiny-1m-")
+    assert done["base_key"] == base_id(stamp("tiny")) and done["base_key"].startswith("tiny@")
+    base_dir("5m").mkdir(parents=True)
+    assert base_key(spec.run_dir, "tiny-5m") == base_dir("5m").name and base_dir("5m").name.startswith("tiny-5m-")
     assert base_key(spec.run_dir, "tiny-random") == "tiny-random"
     (spec.run_dir / "final" / "config.json").write_text(json.dumps({"_name_or_path": "/c/models/tiny-1m-abc"}))
     assert base_key(spec.run_dir, "tiny") == "tiny-1m-abc"
+    saved = {"_name_or_path": "/site/p3o/models/shipped/tiny", "p3o_base": stamp("tiny")}  # what a run saves
+    (spec.run_dir / "final" / "config.json").write_text(json.dumps(saved))
+    assert base_key(spec.run_dir, "tiny") == base_id(stamp("tiny"))
     assert base_key(tmp_path / "nowhere", None) is None

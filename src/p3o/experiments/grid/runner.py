@@ -100,17 +100,25 @@ def cpu_kind() -> str:
 
 
 def base_key(run_dir: Path, model_name: str | None) -> str | None:
-    """The key of the policy a run started from: the directory a checkpoint says it was loaded from
-    (``final/config.json``'s ``_name_or_path``); else, for the built-in tiny model (``tiny``, ``tiny-<size>``), the
-    cache key of its warm-started base when that entry exists (``p3o.models.tiny.base_key``: size, task, seed and
-    the code version, so an AVX2 and an AVX-512 build of one code version share it); else the configured
-    ``model.name``; None when neither is known. Never builds anything."""
+    """The key of the policy a run started from: the shipped base its checkpoint records (``final/config.json``'s
+    ``p3o_base``: ``"tiny@<sha256 of the weights, 12 hex>"``, `p3o.models.bases.base_id`), else the directory it says
+    it was loaded from (``_name_or_path``); else, for a built-in tiny name, the shipped base's id (``tiny``,
+    ``tiny-pad``, ``tiny-agent``) or the cache key of its warm-started base when that entry exists
+    (``p3o.models.tiny.base_key``: size, task, seed and the code version); else the configured ``model.name``; None
+    when neither is known. Never builds anything."""
+    from p3o.models.bases import base_id, shipped_dir, stamp  # call-time: a tiny model's base (no torch)
+
     try:
-        loaded = json.loads((run_dir / "final" / "config.json").read_text()).get("_name_or_path")
+        saved = json.loads((run_dir / "final" / "config.json").read_text())
+        loaded, shipped = saved.get("_name_or_path"), base_id(saved.get("p3o_base"))
     except (OSError, json.JSONDecodeError, AttributeError):
-        loaded = None
+        loaded = shipped = None
+    if shipped is not None:
+        return shipped
     if isinstance(loaded, str) and loaded:
         return Path(loaded).name if os.sep in loaded else loaded
+    if model_name is not None and shipped_dir(model_name) is not None:
+        return base_id(stamp(model_name))
     if model_name is not None:
         from p3o.models.tiny import base_dir, parse_tiny  # call-time: only for a tiny model's base key (no torch)
 

@@ -1,0 +1,123 @@
+"""The shipped bases (`p3o.models.bases`): intact, current, loaded without building anything, recorded by runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from p3o.cli import main as p3o_main
+from p3o.models import load_policy
+from p3o.models.bases import (
+    SHIPPED,
+    SHIPPED_ROOT,
+    WEIGHTS,
+    base_id,
+    compare,
+    file_sha256,
+    manifest,
+    shipped_dir,
+    shipped_name,
+    stamp,
+    verify,
+)
+from p3o.models.hub import ensure_tokenizer
+from p3o.models.ship import drift, recipe, ship, sources
+
+
+@pytest.fixture
+def no_builds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """An empty cache in which any build fails the test."""
+
+    def refuse(target: Path, *args, **kwargs) -> Path:
+        raise AssertionError(f"built {target.name}: a shipped base must be loaded, not built")
+
+    for module in ("p3o.models.cache", "p3o.models.warmstart", "p3o.models.agent", "p3o.models.hub"):
+        monkeypatch.setattr(f"{module}.atomic_build", refuse)
+    monkeypatch.setenv("P3O_CACHE", str(tmp_path / "cache"))
+    torch.set_num_threads(1)
+    return tmp_path / "cache"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_base_is_intact_and_says_what_built_it(name: str) -> None:
+    info = manifest(name)
+    assert verify(name) == () and info["name"] == name and info["sha256"] == file_sha256(SHIPPED_ROOT / name / WEIGHTS)
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "sft.json"} <= set(info["files"])
+    assert info["sources"]["specs"] == list(sources(name)) and info["recipe"] == recipe(name)
+    libraries = {"torch", "transformers", "tokenizers"}
+    assert info["key"].startswith("tiny-") and info["built_on"] and set(info["libraries"]) == libraries
+    assert sum(p.stat().st_size for p in (SHIPPED_ROOT / name).iterdir()) < 4_000_000  # a few MB in all
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_shipped_bases_are_what_the_current_sources_build(name: str) -> None:
+    """The shipped base is the one every run loads, whatever the sources: when the code or recipe that builds it
+    changes, re-ship (a rebuild with unchanged arithmetic has the same bytes on the CPU kind that built it)."""
+    why = drift(name)
+    assert not why, (
+        f"the shipped base {name} is not what the current code builds: {'; '.join(why)}. Run "
+        f"`python -m p3o.models.ship {name}` (rebuilds it, says whether the weights changed, re-ships it; new weights "
+        "mean new figures: docs/main-job.md), or revert the change"
+    )
+
+
+def test_names_resolve_to_the_shipped_bases() -> None:
+    names = ("tiny", "tiny-1m", "tiny-pad", "tiny-agent")
+    assert [shipped_name(n) for n in names] == ["tiny", "tiny", "tiny-pad", "tiny-agent"]
+    assert [shipped_name(n) for n in ("tiny-5m", "tiny-random", "tiny-1m-random", "smollm2", "runs/x")] == [None] * 5
+    assert shipped_dir("tiny-1m") == SHIPPED_ROOT / "tiny" and shipped_dir("tiny-30m") is None
+    assert base_id(stamp("tiny")) == f"tiny@{manifest('tiny')['sha256'][:12]}" and base_id({"name": "x"}) is None
+
+
+def test_load_policy_loads_the_shipped_bases_and_builds_nothing(no_builds: Path) -> None:
+    for name in ("tiny", "tiny-1m", "tiny-pad", "tiny-agent"):
+        model, tok = load_policy(name, cache_dir=no_builds)
+        assert model.config.p3o_base == stamp(name) and model.config.name_or_path == str(shipped_dir(name))
+        assert tok.eos_token == "<|im_end|>"
+    model, tok = load_policy("tiny-random")  # the shipped main base's tokenizer, random weights
+    assert len(tok) == model.config.vocab_size and not hasattr(model.config, "p3o_base")
+    assert ensure_tokenizer() == shipped_dir("tiny")
+    assert not no_builds.exists() or not any(no_builds.iterdir())  # nothing written to the cache
+
+
+def test_a_run_records_its_base(no_builds: Path, tmp_path: Path) -> None:
+    """A run's checkpoints name the shipped base and its weights' sha256 (config.json's ``p3o_base``); the grid
+    runner's DONE record reads it (``base_key``)."""
+    from p3o.experiments.grid.runner import base_key
+
+    run_dir = tmp_path / "run"
+    argv = ["train", "--run_dir", str(run_dir), "--model.name", "tiny", "--steps", "1", "--log.progress", "false"]
+    small = ["--rollout.prompts_per_step", "2", "--rollout.group_size", "2", "--rollout.max_new_tokens", "8"]
+    assert p3o_main([*argv, *small, "--task.n_eval", "2", "--log.plot", "false"]) == 0
+    saved = json.loads((run_dir / "final" / "config.json").read_text())
+    assert saved["p3o_base"] == stamp("tiny") and saved["p3o_base"]["sha256"] == manifest("tiny")["sha256"]
+    assert base_key(run_dir, "tiny") == base_id(stamp("tiny")) == f"tiny@{manifest('tiny')['sha256'][:12]}"
+    assert base_key(tmp_path / "nowhere", "tiny-agent") == base_id(stamp("tiny-agent"))  # no checkpoint yet
+
+
+def test_ship_writes_a_manifest_that_verify_checks(tmp_path: Path) -> None:
+    built = tmp_path / "cache" / "tiny-1m-arithmetic-d2-s0-c0123456789"
+    shutil.copytree(SHIPPED_ROOT / "tiny", built, ignore=shutil.ignore_patterns("manifest.json"))
+    info = ship("tiny", built, tmp_path / "shipped")
+    assert info["key"] == built.name and info["sha256"] == manifest("tiny")["sha256"]
+    assert json.loads((tmp_path / "shipped" / "tiny" / "manifest.json").read_text()) == info
+    assert verify("tiny", str(tmp_path / "shipped")) == ()
+    (tmp_path / "shipped" / "tiny" / "tokenizer.json").write_text("{}")
+    verify.cache_clear()
+    assert verify("tiny", str(tmp_path / "shipped")) == ("tokenizer.json",)
+    assert drift("tiny", tmp_path / "shipped") == drift("tiny")  # the same sources and recipe
+
+
+def test_a_rebuild_is_compared_with_the_shipped_weights(tmp_path: Path) -> None:
+    weights = SHIPPED_ROOT / "tiny" / WEIGHTS
+    got = compare("tiny", weights, recipe("tiny"))
+    assert got == {"name": "tiny", "shipped": base_id(stamp("tiny")), "equal": True}
+    other = tmp_path / WEIGHTS
+    other.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    assert compare("tiny-1m", other, recipe("tiny"))["equal"] is False
+    assert compare("tiny", weights, {**recipe("tiny"), "steps": 3}) is None  # another recipe: no shipped one
+    assert compare("tiny-5m", weights) is None
