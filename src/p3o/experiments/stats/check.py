@@ -42,7 +42,15 @@ from typing import Any
 
 from p3o.errors import ConfigError
 from p3o.experiments.stats.bias import peak_bias
-from p3o.experiments.stats.ledger import STATUSES, records_for, study_entry, study_status, superseded_problems
+from p3o.experiments.stats.ledger import (
+    STATUSES,
+    base_label,
+    records_for,
+    study_entry,
+    study_instrument,
+    study_status,
+    superseded_problems,
+)
 from p3o.experiments.stats.paired import PairedResult, decide_family, paired
 
 #: Absolute tolerance of a recomputed number (the stored files agree with scipy.stats to ~5e-13).
@@ -233,6 +241,9 @@ def check_status(path: Path, doc: dict[str, Any]) -> tuple[list[str], list[str]]
     bias = peak_bias(doc, study_entry(ledger, name, path))
     if bias is not None:
         notes.append(bias["text"])
+    label = base_label(doc, study_instrument(path))
+    if label is not None:
+        notes.append(label)
     known = {str(r.get("id")) for r in ledger.rules} if ledger is not None else None
     for entry in doc.get("relabelled") or []:
         rid = str(entry.get("rule")) if isinstance(entry, dict) else str(entry)

@@ -27,6 +27,11 @@ superseding study. The verdicts stay in their file, each marked ``"superseded": 
 Holm family of the summary; ``p3o compare --check`` refuses a marking the record file does not hold, and the reverse
 (:func:`superseded_problems`).
 
+An LM verdict file whose runs started from a base each machine built for itself (every study before the base
+shipped in the package, `p3o.models.bases`) is labelled **summary statistics only** (:func:`base_label`, from its run
+records: a run since then records ``base_key`` ``<name>@<sha256>``): its recorded statistics stand under its status
+(pooled ones stay pooled) and it is not rerun; ``p3o compare --check`` says so.
+
 Each study's **status** is recorded too (``studies:``): ``pooled`` (a confirmatory study whose primary verdicts join
 the one pooled Holm family of the summary), ``failed-bite`` (a confirmatory study that failed its pre-registered bite
 condition: reported, never pooled), ``exploratory``, ``superseded`` (a whole study re-decided by a later one) or
@@ -399,6 +404,36 @@ def study_entry(records: Records | None, study: str, file: str | Path | None = N
     here = str(Path(file).resolve().relative_to(repo)) if repo is not None and file is not None else None
     mine = [e for e in entries if e.get("file") == here] or [e for e in entries if not e.get("file")]
     return mine[0] if mine else None
+
+
+#: The label of an LM verdict file whose runs did not start from a shipped base (`base_label`).
+PER_CPU_BASE = (
+    "summary statistics only: its runs started from a base each machine built for itself before the base shipped in "
+    "the package (p3o.models.bases; AVX2 and AVX-512 CPUs built different ones): the statistics it recorded stand "
+    "under its status as they are (pooled ones stay pooled) and it is not rerun; new studies start from the shipped "
+    "base"
+)
+
+
+def study_instrument(path: str | Path) -> str:
+    """The ``instrument`` of a verdict file's study file (``configs/experiments/**/<study>.yaml`` of its repository):
+    "lm" when the file says none, or when no study file is found."""
+    repo, name = repo_of(path), Path(path).name.removesuffix(".verdicts.json")
+    found = sorted((repo / "configs" / "experiments").rglob(f"{name}.yaml")) if repo is not None else []
+    try:
+        raw = yaml.safe_load(found[0].read_text()) if found else None
+    except (OSError, yaml.YAMLError):
+        raw = None
+    return str(raw.get("instrument", "lm")) if isinstance(raw, dict) else "lm"
+
+
+def base_label(doc: dict[str, Any], instrument: str) -> str | None:
+    """`PER_CPU_BASE` for an LM verdict file unless every run it records names a shipped base (``base_key``
+    ``<name>@<sha256 of the weights>``, `p3o.models.bases.base_id`: runs since the base shipped); None otherwise."""
+    if instrument != "lm":
+        return None
+    keys = [str(run.get("base_key") or "") for run in doc.get("runs") or [] if isinstance(run, dict)]
+    return None if keys and all("@" in key for key in keys) else PER_CPU_BASE
 
 
 def study_status(
