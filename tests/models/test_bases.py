@@ -105,6 +105,8 @@ def test_ship_writes_a_manifest_that_verify_checks(tmp_path: Path) -> None:
     info = ship("tiny", built, tmp_path / "shipped")
     assert info["key"] == built.name and info["sha256"] == manifest("tiny")["sha256"]
     assert json.loads((tmp_path / "shipped" / "tiny" / "manifest.json").read_text()) == info
+    noted = json.loads((built / "sft.json").read_text())["stats"]  # what p3o sft prints when it finds the entry
+    assert noted["shipped"] == {"name": "tiny", "shipped": base_id(info), "equal": True}
     assert verify("tiny", str(tmp_path / "shipped")) == ()
     (tmp_path / "shipped" / "tiny" / "tokenizer.json").write_text("{}")
     verify.cache_clear()

@@ -41,7 +41,7 @@ from p3o.models.bases import (
 from p3o.models.tiny import BASE_SOURCES, LIBRARIES, TESTBED_SOURCES, TESTBEDS, code_version
 from p3o.models.warmstart import ensure_base, sft_recipe, testbed_recipe
 
-__all__ = ["build", "cpu_name", "drift", "fingerprints", "main", "recipe", "ship", "sources"]
+__all__ = ["build", "cpu_name", "drift", "fingerprints", "main", "note_shipped", "recipe", "ship", "sources"]
 
 
 def sources(name: str) -> tuple[str, ...]:
@@ -142,7 +142,22 @@ def ship(
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    note_shipped(built, info)
     return info
+
+
+def note_shipped(built: str | Path, info: dict[str, Any]) -> None:
+    """The cache entry's sft.json now says that it is the shipped base (``stats.sha256``, ``stats.shipped``): what
+    ``p3o sft`` prints when it finds the entry, which the build recorded before the base shipped."""
+    path = Path(built) / "sft.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(doc, dict) and isinstance(doc.get("stats"), dict):
+        doc["stats"]["sha256"] = info["sha256"]
+        doc["stats"]["shipped"] = {"name": info["name"], "shipped": base_id(info), "equal": True}
+        path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
 
 
 def drift(name: str, root: str | Path | None = None) -> list[str]:
