@@ -63,7 +63,7 @@ class RolloutWorker:
         torch.set_num_threads(max(1, int(threads)))
         cfg = from_dict(cfg_dict)
         self.cfg, self.worker_id = cfg, worker_id
-        # a tiny base name is built on first use by load_policy itself (p3o.models.warmstart.ensure_base)
+        # a built-in base name loads the shipped base (p3o/models/shipped/) inside load_policy itself
         model, tokenizer = load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)
         self.model = model.to(device=resolve_device(cfg.model.device), dtype=getattr(torch, cfg.model.dtype)).eval()
         side = build_rollout_side(cfg, lambda: tokenizer)
