@@ -267,3 +267,54 @@ def test_the_materialized_plain_model_is_built_on_the_cpu():
     plain = placement.materialize(model.state_dict())
     assert {p.device.type for p in plain.parameters()} == {"cpu"}  # before: meta (the trainer's device)
     assert all(torch.equal(plain.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def _read_on_rank0(rank: int, tmp: Path) -> dict:
+    """build_trainer_side under fsdp at 2 ranks, then the placement: who read the weights, what each rank held
+    before sharding, and whether the shards, the buffers and the log-probs are the one-process model's."""
+    from p3o import models
+    from p3o.config import load_config
+    from p3o.logprobs import token_logprobs
+    from p3o.train import wiring
+    from p3o.train.placement import Placement, PlacementSettings
+
+    real, calls = models.load_policy, []
+    models.load_policy = lambda *a, **k: calls.append(a) or real(*a, **k)
+    cfg = load_config(["--model.name", "tiny-random", "--train.strategy", "fsdp", "--model.device", "cpu"])
+    try:
+        policy, tokenizer, _ = wiring.build_trainer_side(cfg)
+    finally:
+        models.load_policy = real
+    held = sum(p.numel() for p in policy.parameters() if not p.is_meta)  # materialised before sharding
+    training = policy.training  # rank 0's mode on every rank (checkpointing and dropout follow it)
+    placement = Placement(policy, PlacementSettings("fsdp"))
+    local = sum(p.to_local().numel() for p in policy.parameters())
+    full = placement.full_state_dict()  # rank 0: every tensor, gathered from the shards
+    want, _ = real("tiny-random")  # the one-process model (tiny-random is seeded)
+    sd, buffers = want.state_dict(), dict(want.named_buffers())
+    batch = random_batch(want, seed=1)
+    ours = placement.logprobs(batch, grad=False)[0]
+    theirs = token_logprobs(want, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)[0].detach()
+    return {
+        "calls": len(calls),
+        "held": held,
+        "local": local,
+        "whole": sum(p.numel() for p in want.parameters()),
+        "same": rank != 0 or (full.keys() == sd.keys() and all(torch.equal(full[k], sd[k]) for k in sd)),
+        "buffers": all(torch.equal(b, buffers[n]) for n, b in policy.named_buffers()),
+        "logprobs": float((ours - theirs).abs().max()),
+        "pad": tokenizer.pad_token_id == want.config.pad_token_id,
+        "training": training,
+    }
+
+
+def test_under_fsdp_only_rank_0_reads_the_weights_and_its_tensors_fill_every_shard(tmp_path):
+    r0, r1 = _spawn(_read_on_rank0, tmp_path)
+    assert r0["calls"] == 1 and r1["calls"] == 0  # rank 1 never loads the model
+    assert r0["held"] == r0["whole"] and r1["held"] == 0  # rank 1 holds its structure on the meta device only
+    assert r1["local"] < r1["whole"] and r0["local"] + r1["local"] >= r0["whole"]  # each rank its shard
+    assert r0["same"], "the gathered shards are not the one-process model's weights"
+    assert r0["training"] == r1["training"]  # else the ranks' backward passes differ (gradient checkpointing)
+    for r in (r0, r1):
+        assert r["buffers"] and r["pad"], r  # rotary tables broadcast whole; rank 0's tokenizer
+        assert r["logprobs"] < 1e-5, r

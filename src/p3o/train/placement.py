@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM
 
@@ -99,6 +100,9 @@ class PlacementSettings:
         return "ddp" if dist.world_size() > 1 else "single"
 
 
+# A model attribute: only rank 0 read the model's weights (`p3o.train.wiring.read_on_rank0`); its value is the device
+# the shards go to (the model is on rank 0's CPU and on the meta device elsewhere until it is sharded)
+FROM_RANK0 = "p3o_weights_on_rank0"
 FSDP_TORCH = "2.8"  # the first torch with every FSDP2 call below (plain-sum reductions: set_force_sum_reduction_…)
 
 
@@ -210,7 +214,8 @@ class Placement:
         self.policy = policy
         self.strategy = self.settings.resolved()
         self.precision = self.settings.mixed_precision
-        self.device = next(policy.parameters()).device
+        target = _from_rank0(policy)  # where a model only rank 0 read is to run
+        self.device = target if target is not None else next(policy.parameters()).device
         self.compute_dtype = _DTYPES.get(self.precision)
         self.skeleton: nn.Module | None = None
         self._references: dict[int, PolicyForward] = {}
@@ -228,7 +233,7 @@ class Placement:
     # -- wrapping ----------------------------------------------------------------------------------------------------
     def _shard(self, forward: PolicyForward) -> nn.Module:
         self.skeleton = _meta_skeleton(self.policy)
-        _fully_shard(forward, self._shard_kw())
+        _fully_shard(forward, self._shard_kw(), self.device)
         return forward
 
     def _shard_kw(self) -> dict[str, Any]:
@@ -250,7 +255,7 @@ class Placement:
         placed = self._references.get(id(ref))  # placed once: every later update step gets the same wrapper
         if placed is None:
             placed = self._references[id(ref)] = PolicyForward(ref.requires_grad_(False).eval())
-            _fully_shard(placed, self._shard_kw())
+            _fully_shard(placed, self._shard_kw(), self.device)
         return placed
 
     def _scaler(self) -> Any:
@@ -501,16 +506,42 @@ class EvaluationWeights:
     model: Callable[[], nn.Module]
 
 
-def _fully_shard(forward: PolicyForward, kw: dict[str, Any]) -> None:
+def _fully_shard(forward: PolicyForward, kw: dict[str, Any], device: torch.device) -> None:
     """FSDP2 on every decoder layer of `forward.policy` and on `forward` (the root: embedding, norm, head); every
-    unit reduces gradients as a plain sum over ranks (module docstring)."""
-    for layer in decoder_layers(forward.policy):
+    unit reduces gradients as a plain sum over ranks (module docstring).
+
+    A model only rank 0 read (`FROM_RANK0`: the others hold its structure on the meta device) is sharded as it is,
+    given storage on `device` (`to_empty`) and filled from rank 0's tensors, broadcast one at a time into every
+    rank's shard (`set_model_state_dict(..., broadcast_from_rank0=True)`, torchtune's way), its buffers (not
+    sharded; rotary tables are in no state dict) broadcast whole: no other rank ever holds the whole model."""
+    model = forward.policy
+    from_rank0 = _from_rank0(model) is not None
+    main = dist.is_main()
+    full = dict(model.state_dict()) if from_rank0 and main else {}  # rank 0's CPU tensors, until broadcast
+    buffers = [b for _, b in model.named_buffers()] if from_rank0 and main else []
+    for layer in decoder_layers(model):
         fully_shard(layer, **kw)
     fully_shard(forward, **kw)
     for unit in forward.modules():  # every FSDP unit (the setting does not recurse)
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(1.0)  # Σ over ranks, not the mean (module docstring)
             unit.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no PREMUL_SUM)
+    if not from_rank0:
+        return
+    forward.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+    set_model_state_dict(model, full, options=options)
+    with torch.no_grad():
+        for i, (_, b) in enumerate(model.named_buffers()):
+            if main:
+                b.copy_(buffers[i])
+            torch.distributed.broadcast(b, src=0)
+
+
+def _from_rank0(model: nn.Module) -> torch.device | None:
+    """The device a model only rank 0 read is to run on (`FROM_RANK0`), None for a model every rank holds."""
+    base = model.get_base_model() if is_lora(model) else model
+    return getattr(base, FROM_RANK0, None)
 
 
 def _meta_skeleton(policy: nn.Module) -> nn.Module:
@@ -595,6 +626,7 @@ def _plain_key(key: str) -> str:
 
 
 __all__ = [
+    "FROM_RANK0",
     "FSDP_TORCH",
     "PRECISIONS",
     "STRATEGIES",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from transformers import AutoModelForCausalLM
 
 from p3o import dist, models  # models.load_policy looked up at call time: tests replace it
 from p3o.dist import resolve_device
@@ -32,6 +33,7 @@ from p3o.rollout.factory import make_engine as _make
 from p3o.rollout.settings import EngineSettings
 from p3o.tasks import Mixture, format_prompt, load_eval_problems, load_mixture, load_train_problems, task_verifier
 from p3o.train import checkpoint  # called through the module: tests patch its functions
+from p3o.train.placement import FROM_RANK0
 from p3o.train.run_dir import earlier_run, run_outputs
 from p3o.train.step import make_optimizer, make_scheduler
 from p3o.types import Rollouts
@@ -110,10 +112,17 @@ class Components:
 
 def build_trainer_side(cfg: Any) -> tuple[nn.Module, Any, nn.Module | None]:
     """(policy, tokenizer, frozen reference or None): the model named by `cfg.model`, on its device and dtype
-    ("tiny": the warm-started base, built on first use by `load_policy`)."""
-    device = resolve_device(cfg.model.device)
-    policy, tokenizer = models.load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)
-    policy = policy.to(device=device, dtype=getattr(torch, cfg.model.dtype))
+    ("tiny": the warm-started base, built on first use by `load_policy`).
+
+    Under `train.strategy fsdp` at world size > 1 only rank 0 reads the weights (`read_on_rank0`): the model stays
+    on its CPU, the other ranks build its structure on the meta device, and `p3o.train.placement.Placement`
+    broadcasts rank 0's tensors into every rank's shards once the model is sharded."""
+    dtype = getattr(torch, cfg.model.dtype)
+    if cfg.train.strategy == "fsdp" and dist.world_size() > 1:
+        policy, tokenizer = read_on_rank0(cfg.model.name, cfg.model.cache_dir, dtype, resolve_device(cfg.model.device))
+    else:
+        policy, tokenizer = models.load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)
+        policy = policy.to(device=resolve_device(cfg.model.device), dtype=dtype)
     if cfg.train.gradient_checkpointing and hasattr(policy, "gradient_checkpointing_enable"):
         # non-reentrant: the form DDP and FSDP2 support (hooks fire once per parameter)
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -121,6 +130,33 @@ def build_trainer_side(cfg: Any) -> tuple[nn.Module, Any, nn.Module | None]:
     if cfg.train.ref_model and not cfg.model.lora.r:  # with LoRA, `run` uses the base with adapters disabled
         ref = copy.deepcopy(policy).eval().requires_grad_(False)
     return policy, tokenizer, ref
+
+
+def read_on_rank0(name: str, cache_dir: str | None, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, Any]:
+    """(model, tokenizer) of `name` where rank 0 alone reads the weights (to its CPU, in `dtype`) and every other
+    rank gets the model's structure on the meta device (no memory) and rank 0's tokenizer; the model is marked with
+    `device` (`p3o.train.placement.FROM_RANK0`) so that sharding fills every rank's shards there from rank 0's
+    tensors. A load that fails on rank 0 fails on every rank with its message."""
+    model, shared, failure = None, None, None
+    if dist.is_main():
+        try:
+            model, tokenizer = models.load_policy(name, cache_dir=cache_dir)
+            model = model.to(dtype=dtype)
+            shared = (model.config, tokenizer, model.training)
+        except Exception as err:  # every rank stops with rank 0's message (the others wait in the broadcast)
+            failure = err
+    message, shared = dist.broadcast_object((None if failure is None else str(failure), shared))
+    if failure is not None:
+        raise failure
+    if message is not None:
+        raise ConfigError(f"model.name {name!r}: rank 0 could not load it: {message}")
+    config, tokenizer, training = shared
+    if model is None:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+        model.train(training)  # rank 0's mode (a loaded model is in eval mode: no dropout, no checkpointing)
+    setattr(model, FROM_RANK0, device)
+    return model, tokenizer
 
 
 def load_tokenizer(cfg: Any) -> Any:
@@ -402,6 +438,7 @@ __all__ = [
     "build_components",
     "build_rollout_side",
     "build_trainer_side",
+    "read_on_rank0",
     "load_tokenizer",
     "build_optimizer",
     "check_run_dir",
