@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import runpy
 import subprocess
 import sys
 import warnings
@@ -172,10 +173,15 @@ def test_documented_options_of_every_command_exist():
     pattern = re.compile(
         r"\bp3o (eval|doctor|mismatch|plot|probe|convert-smollm2)\b(?!:)([^`#|]*)"
     )  # not "p3o eval: error"
+    # the option errors benchmarks/cli_startup.py times (docs/benchmarks.md shows them) are misspelt on purpose
+    bench = runpy.run_path(str(root / "benchmarks" / "cli_startup.py"))
+    deliberate = {" ".join(["p3o", *case]) for case in bench["CASES"]}
     checked = 0
     for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for m in pattern.finditer(line):
+                if m.group(0).strip() in deliberate:
+                    continue
                 keys = {f.name for f in dataclasses.fields(schemas[m.group(1)])} | {"config", "help"}
                 for opt in re.findall(r"(?<![\w-])--([A-Za-z][\w-]*)", m.group(2)):
                     assert opt.replace("-", "_") in keys, f"{path.name}:{n}: p3o {m.group(1)} has no option --{opt}"
