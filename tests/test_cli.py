@@ -363,6 +363,13 @@ REPO_PAGES_ALLOWED: dict[tuple[str, str], str] = {
 }
 
 
+#: Messages naming docs/NAME.md that remain in files owned by other work (each one line to change to `p3o docs NAME`
+#: there); the test fails once one is gone, so the entry goes with it.
+REPO_PAGES_KNOWN: dict[tuple[str, str], str] = {
+    ("p3o/models/warmstart.py", "docs/main-job.md"): "p3o sft's shipped-base message (models/, issue 46 item 6)",
+}
+
+
 def _strings_of(path: Any) -> list[tuple[int, str]]:
     """(line, text) of every string constant of a module that is not a docstring (f-strings' literal parts too)."""
     import ast
@@ -395,15 +402,20 @@ def test_no_message_names_a_page_an_installed_user_does_not_have(capsys):
     for path in sorted((src / "p3o").rglob("*.py")):
         rel = str(path.relative_to(src))
         for line, text in _strings_of(path):
-            found += [f"{rel}:{line}: {m}" for m in re.findall(r"docs/[\w./-]+\.md", text)
-                      if (rel, m) not in REPO_PAGES_ALLOWED]  # fmt: skip
+            found += [
+                (rel, line, m) for m in re.findall(r"docs/[\w./-]+\.md", text) if (rel, m) not in REPO_PAGES_ALLOWED
+            ]
+    known = {(rel, m) for rel, _, m in found if (rel, m) in REPO_PAGES_KNOWN}
+    assert known == set(REPO_PAGES_KNOWN), f"fixed, drop from REPO_PAGES_KNOWN: {set(REPO_PAGES_KNOWN) - known}"
+    found = [f"{rel}:{line}: {m}" for rel, line, m in found if (rel, m) not in known]
     assert found == [], "name the page as `p3o docs NAME` (or give its text):\n" + "\n".join(found)
     shipped = [
         *(src / "p3o").rglob("*.py"),
         *(src / "p3o" / "examples").iterdir(),
         *(src / "p3o" / "configs").iterdir(),
     ]
-    named = {m for path in shipped for m in re.findall(r"p3o docs ([\w.#/-]+)", path.read_text(encoding="utf-8"))}
+    texts = [path.read_text(encoding="utf-8") for path in shipped if path.is_file()]
+    named = {m for text in texts for m in re.findall(r"p3o docs ([\w.#/-]+)", text)}
     named -= {"NAME", "docs/NAME.md"}
     assert len(named) >= 8, named
     for name in sorted(named):
