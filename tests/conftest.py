@@ -21,16 +21,19 @@ def tiny_lm() -> torch.nn.Module:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Queue the other virtualenvs' check sets (``VENV_CHECKS`` of each selected module, in test order) on a
-    background runner, so they use the second core while the main suite runs (tests/venv_checks.py)."""
-    seen = set()
+    """Queue the self-contained subprocess work of the selected tests on a background runner, in test order, so it
+    uses the second core while the main suite runs (tests/venv_checks.py): each module's ``VENV_CHECKS`` (the other
+    virtualenvs' check sets), and what its ``prestart(items)`` queues for its selected items."""
+    modules: dict[str, tuple] = {}
     for item in session.items:
         module = getattr(item, "module", None)
-        if module is None or module.__name__ in seen:
-            continue
-        seen.add(module.__name__)
+        if module is not None:
+            modules.setdefault(module.__name__, (module, []))[1].append(item)
+    for module, items in modules.values():
         for spec in getattr(module, "VENV_CHECKS", ()):
             venv_checks.prestart(**spec)
+        if callable(getattr(module, "prestart", None)):
+            module.prestart(items)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -20,6 +20,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import venv_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -212,22 +213,37 @@ def _isa_skip(lines: list[str], start: int, within: int = 14) -> tuple:
 _REGENERATED: dict[tuple, list[dict[str, str]]] = {}
 
 
-def _regenerate(kind: str, args: list[str]) -> list[dict[str, str]]:
-    """The summary table the command prints (run once per command and argument list in this session)."""
-    import subprocess
+def _figure_command(kind: str, args: tuple[str, ...]) -> list[dict[str, str]]:
+    """Run one figure command (single-threaded, as the docs' tables were measured) and parse its summary table."""
     import sys
 
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "precision.py")] if kind == "precision" else [
+        sys.executable, "-m", "p3o", "mismatch"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    code, out, err = venv_checks.run_tracked([*cmd, *args], cwd=ROOT, env=env, timeout=1800)
+    assert code in (0, 1), err[-2000:]  # p3o mismatch: 1 when a finding fires
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("| engine")) - 1
+    return _table_after(lines, start) or []
+
+
+def _regenerate(kind: str, args: list[str]) -> list[dict[str, str]]:
+    """The summary table the command prints (run once per command and argument list in this session; started in
+    the background by `prestart` when the suite selects the test)."""
     key = (kind, tuple(args))
     if key not in _REGENERATED:
-        cmd = [sys.executable, str(ROOT / "benchmarks" / "precision.py")] if kind == "precision" else [
-            sys.executable, "-m", "p3o", "mismatch"]  # fmt: skip
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        out = subprocess.run([*cmd, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-        assert out.returncode in (0, 1), out.stderr[-2000:]  # p3o mismatch: 1 when a finding fires
-        lines = out.stdout.splitlines()
-        start = next(i for i, ln in enumerate(lines) if ln.startswith("| engine")) - 1
-        _REGENERATED[key] = _table_after(lines, start) or []
+        _REGENERATED[key] = venv_checks.collect(("figures", *key), _figure_command, kind=kind, args=tuple(args))
     return _REGENERATED[key]
+
+
+def prestart(items: list[pytest.Item]) -> None:
+    """Queue the figure commands of the selected `test_quoted_figures_are_what_their_command_gives` cases on the
+    suite's background runner (tests/conftest.py): they are subprocesses, independent of the rest."""
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        if item.originalname == "test_quoted_figures_are_what_their_command_gives" and spec is not None:
+            kind, args = spec.params["kind"], tuple(spec.params["args"])
+            venv_checks.submit(("figures", kind, args), _figure_command, kind=kind, args=args)
 
 
 def test_figure_tables_are_found():
@@ -241,15 +257,14 @@ def test_quoted_figures_are_what_their_command_gives(path, line, kind, args):
     mean |Δlogp| within 10% (or 1e-6), the ESS's distance to 1 within 10% (or 1e-5), the token count within 5%
     (library versions and thread counts change which tokens are sampled, not the size of the gap).
 
-    `--model tiny` is the warm-started base, which is re-trained whenever the code it is keyed by changes
-    (`p3o.models.tiny.code_version`): a failure then means the quoted table is from another base; rerun the command
-    and paste its table."""
+    `--model tiny` is the shipped warm-started base (`p3o/models/shipped/tiny`): a failure after it is re-shipped with
+    new weights means the quoted table is from the old one; rerun the command and paste its table."""
     quoted = _table_after(path.read_text(encoding="utf-8").splitlines(), line) or []
     fresh = {_row_key(r): r for r in _regenerate(kind, args)}
     if "tiny" in args:
-        from p3o.models.tiny import base_dir
+        from p3o.models.bases import base_id, stamp
 
-        args = [*args, f"(base {base_dir().name})"]  # named in a failure
+        args = [*args, f"(base {base_id(stamp('tiny'))})"]  # named in a failure
     compared = 0
     for row in quoted:
         got = fresh.get(_row_key(row))

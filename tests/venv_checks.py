@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,17 +160,60 @@ def _outcome(
     return "ok", results
 
 
-def prestart(**spec) -> None:
-    """Queue one check set (the keywords of :func:`checks_or_skip`) on the background runner; sets run one after
-    another in the order queued. Queuing the same set twice runs it once."""
+def submit(key: tuple, fn: Callable[..., Any], **kwargs: Any) -> None:
+    """Queue ``fn(**kwargs)`` under ``key`` on the background runner (one job at a time, in the order queued);
+    queuing a key twice runs it once. :func:`collect` takes its result."""
     global _POOL
-    key = _key(spec["python"], spec["script"], spec.get("groups", ((),)), spec.get("imports"), spec.get("env"))
     with _LOCK:
         if key in _STARTED or _CLOSED.is_set():
             return
         if _POOL is None:
             _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="venv-checks")
-        _STARTED[key] = _POOL.submit(_outcome, **spec)
+        _STARTED[key] = _POOL.submit(fn, **kwargs)
+
+
+def collect(key: tuple, fn: Callable[..., Any], **kwargs: Any) -> Any:
+    """The result of the job queued under ``key``: waited for when it is running or done, taken back and run here
+    when it has not started yet (so a test never waits behind other jobs), run here when none was queued."""
+    with _LOCK:
+        future = _STARTED.get(key)
+    if future is not None and not future.cancel():
+        return future.result()
+    return fn(**kwargs)
+
+
+def run_tracked(cmd: Sequence[str], *, timeout: float, **popen: Any) -> tuple[int, str, str]:
+    """``subprocess.run(cmd)`` whose process :func:`shutdown` kills: (exit status, stdout, stderr)."""
+    with _LOCK:
+        if _CLOSED.is_set():
+            return -1, "", "the test session ended before this command started"
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+        _LIVE.append(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    finally:
+        with _LOCK:
+            _LIVE.remove(proc)
+    return proc.returncode, out, err
+
+
+def prestart(**spec: Any) -> None:
+    """Queue one check set (the keywords of :func:`checks_or_skip`) on the background runner."""
+    submit(_spec_key(**spec), _outcome, **spec)
+
+
+def _spec_key(
+    python: Path,
+    script: Path,
+    groups: Sequence[Sequence[str]] = ((),),
+    imports: str | None = None,
+    env: dict[str, str] | None = None,
+    **_: Any,
+) -> tuple:
+    return _key(python, script, groups, imports, env)
 
 
 def shutdown() -> None:
@@ -194,19 +238,12 @@ def checks_or_skip(
     env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """A test module's fixture body: skip with ``missing`` when the virtualenv is absent (or cannot import
-    ``imports``), run the script's checks, fail when it ran none (quoting each process's stderr tail).
-
-    A set :func:`prestart` queued is collected from the background runner: waited for when it is already running,
-    taken back and run here when it has not started yet (so a fixture never waits behind other sets)."""
+    ``imports``), run the script's checks, fail when it ran none (quoting each process's stderr tail). A set
+    :func:`prestart` queued is taken from the background runner (:func:`collect`)."""
     import pytest
 
-    spec = {"missing": missing, "groups": groups, "imports": imports, "env": env}
-    with _LOCK:
-        future = _STARTED.get(_key(python, script, groups, imports, env))
-    if future is not None and not future.cancel():
-        status, value = future.result()
-    else:
-        status, value = _outcome(python, script, **spec)
+    spec = {"python": python, "script": script, "missing": missing, "groups": groups, "imports": imports, "env": env}
+    status, value = collect(_spec_key(**spec), _outcome, **spec)
     if status == "skip":
         pytest.skip(str(value))
     if status == "fail":
