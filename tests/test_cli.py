@@ -365,9 +365,7 @@ REPO_PAGES_ALLOWED: dict[tuple[str, str], str] = {
 
 #: Messages naming docs/NAME.md that remain in files owned by other work (each one line to change to `p3o docs NAME`
 #: there); the test fails once one is gone, so the entry goes with it.
-REPO_PAGES_KNOWN: dict[tuple[str, str], str] = {
-    ("p3o/models/warmstart.py", "docs/main-job.md"): "p3o sft's shipped-base message (models/, issue 46 item 6)",
-}
+REPO_PAGES_KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _strings_of(path: Any) -> list[tuple[int, str]]:

@@ -229,7 +229,7 @@ def _compare_shipped(cfg: SFTConfig, out: Path, log: bool) -> dict[str, Any] | N
         print(
             f"p3o sft: this build differs from the shipped base {found['shipped']}, which every run loads (a build is "
             "bit-exact only on the CPU kind it was made on, and the shipped bases were built on an AVX2-only CPU: "
-            "docs/main-job.md says how to force AVX2 code paths); train from this build with --model.name and "
+            "p3o docs main-job says how to force AVX2 code paths); train from this build with --model.name and "
             "the path p3o sft prints, or re-ship it with python -m p3o.models.ship",
             file=sys.stderr,
             flush=True,
