@@ -42,7 +42,9 @@ from p3o.tasks import task_options
 class CompareOptions:
     """Options of ``p3o compare`` (parsed, typed and documented by the same mechanism as ``p3o train``)."""
 
-    experiment: str = _f("", "experiment YAML (`p3o examples study` writes one to start from); also the first positional argument")
+    experiment: str = _f(
+        "", "experiment YAML (`p3o examples study` writes one to start from); also the first positional argument"
+    )
     jobs: int = _f(1, "training processes at once", ge=1)
     report: str | None = _f(None, "report path (None: OUT_DIR/report.md)")
     figures: str | None = _f(None, "figure directory (None: REPORT_DIR/figures)")
