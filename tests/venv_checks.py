@@ -130,7 +130,15 @@ _STARTED: dict[tuple, Future] = {}
 _POOL: ThreadPoolExecutor | None = None
 
 
-def _key(python: Path, script: Path, groups: Sequence[Sequence[str]], imports: str | None, env: dict | None) -> tuple:
+def _key(
+    python: Path,
+    script: Path,
+    groups: Sequence[Sequence[str]] = ((),),
+    imports: str | None = None,
+    env: dict[str, str] | None = None,
+    **_: Any,
+) -> tuple:
+    """What identifies one check set (the keywords of :func:`checks_or_skip`) on the background runner."""
     return (str(python), str(script), tuple(tuple(g) for g in groups), imports, tuple(sorted((env or {}).items())))
 
 
@@ -148,12 +156,9 @@ def _outcome(
     if not python.exists():
         return "skip", missing
     if imports:
-        probe = subprocess.run([str(python), "-c", f"import {imports}"], capture_output=True, text=True, timeout=300)
-        if probe.returncode != 0:
-            return (
-                "skip",
-                f"{python.parents[1].name} cannot import {imports}: {probe.stderr.strip().splitlines()[-1:]}",
-            )
+        code, _, err = run_tracked([str(python), "-c", f"import {imports}"], timeout=300)
+        if code != 0:
+            return "skip", f"{python.parents[1].name} cannot import {imports}: {err.strip().splitlines()[-1:]}"
     results, errors = run_checks(python, script, groups, env=env)
     if not results:
         return "fail", f"{script.name} ran no check: {' | '.join(errors)}"
@@ -202,18 +207,7 @@ def run_tracked(cmd: Sequence[str], *, timeout: float, **popen: Any) -> tuple[in
 
 def prestart(**spec: Any) -> None:
     """Queue one check set (the keywords of :func:`checks_or_skip`) on the background runner."""
-    submit(_spec_key(**spec), _outcome, **spec)
-
-
-def _spec_key(
-    python: Path,
-    script: Path,
-    groups: Sequence[Sequence[str]] = ((),),
-    imports: str | None = None,
-    env: dict[str, str] | None = None,
-    **_: Any,
-) -> tuple:
-    return _key(python, script, groups, imports, env)
+    submit(_key(**spec), _outcome, **spec)
 
 
 def shutdown() -> None:
@@ -228,22 +222,14 @@ def shutdown() -> None:
         _POOL.shutdown(wait=False, cancel_futures=True)
 
 
-def checks_or_skip(
-    python: Path,
-    script: Path,
-    *,
-    missing: str,
-    groups: Sequence[Sequence[str]] = ((),),
-    imports: str | None = None,
-    env: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """A test module's fixture body: skip with ``missing`` when the virtualenv is absent (or cannot import
+def checks_or_skip(**spec: Any) -> dict[str, str]:
+    """A test module's fixture body, given the keywords of :func:`_outcome` (``python``, ``script``, ``missing``,
+    ``groups``, ``imports``, ``env``): skip with ``missing`` when the virtualenv is absent (or cannot import
     ``imports``), run the script's checks, fail when it ran none (quoting each process's stderr tail). A set
     :func:`prestart` queued is taken from the background runner (:func:`collect`)."""
     import pytest
 
-    spec = {"python": python, "script": script, "missing": missing, "groups": groups, "imports": imports, "env": env}
-    status, value = collect(_spec_key(**spec), _outcome, **spec)
+    status, value = collect(_key(**spec), _outcome, **spec)
     if status == "skip":
         pytest.skip(str(value))
     if status == "fail":
