@@ -137,3 +137,18 @@ def test_command_help_lists_the_arguments_and_every_option():
         assert any(line.strip().startswith(row) for line in lines), row
     assert "[default: 20]" in text
     assert options.wants_help(["RUN", "-h"]) and not options.wants_help(["RUN"])
+
+
+def test_parse_or_help_prints_the_help_or_parses(capsys):
+    """With -h/--help anywhere it prints command_help and returns None; else it is parse_command."""
+    usage, about, rows = "usage: cmd PATH [--window W]", "what it does", [("PATH", "= --path")]
+    help_argv = ["RUN", "--window", "x", "--help"]
+    assert options.parse_or_help(help_argv, Command, usage, about, arguments=rows, positional=["path"]) is None
+    assert capsys.readouterr().out == options.command_help(Command, usage, about, rows) + "\n"
+    argv = ["RUN", "--window", "3", "--no_plot"]
+    got = options.parse_or_help(argv, Command, usage, about, arguments=rows, positional=["path"])
+    assert got == options.parse_command(argv, Command, positional=["path"])
+    assert got == Command(path="RUN", window=3, no_plot=True)
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ConfigError, match="unknown key 'windoww'"):
+        options.parse_or_help(["--windoww", "3"], Command, usage, about)

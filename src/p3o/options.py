@@ -529,6 +529,24 @@ def wants_help(argv: Sequence[str] | None) -> bool:
     return any(a in {"-h", "--help"} for a in argv or [])
 
 
+def parse_or_help(
+    argv: Sequence[str] | None,
+    cls: type,
+    usage: str,
+    about: str,
+    *,
+    arguments: Sequence[tuple[str, str]] = (),
+    positional: Sequence[str] = (),
+) -> Any | None:
+    """A command's options, or its ``--help``: with ``-h``/``--help`` anywhere on ``argv``, print
+    :func:`command_help` (``usage``, ``about``, the positional ``arguments`` rows, the options of ``cls``) and return
+    None (the command exits 0); else ``argv`` parsed by :func:`parse_command` into a validated ``cls``."""
+    if wants_help(argv):
+        print(command_help(cls, usage, about, arguments))
+        return None
+    return parse_command(argv, cls, positional=positional)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # --help
 # --------------------------------------------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ from rich.table import Table
 # light imports only: `--help` and option errors answer before torch or transformers load (issue 47)
 from p3o.config import TaskConfig, load_config
 from p3o.errors import ConfigError
-from p3o.options import command_help, parse_command, wants_help
 from p3o.options import config_field as _f
+from p3o.options import parse_or_help
 
 _RUN = "null: the run's, else "
 
@@ -90,9 +90,12 @@ def parse_ks(text: str) -> list[int]:
     return ks
 
 
-def parse_args(argv: list[str]) -> EvalOptions:
-    """``p3o eval --model M [--option value ...]`` -> validated options (one-line ConfigError on bad input)."""
-    args = parse_command(argv, EvalOptions)
+def parse_args(argv: list[str]) -> EvalOptions | None:
+    """``p3o eval --model M [--option value ...]`` -> validated options (one-line ConfigError on bad input), or None
+    after printing ``--help``."""
+    args = parse_or_help(argv, EvalOptions, USAGE, "pass@k, response length and truncation rate of a policy on a task")
+    if args is None:
+        return None
     if not args.model:
         raise ConfigError("--model: required (a training run dir, 'tiny', a local HF dir or a Hub id)")
     too_big = [k for k in parse_ks(args.k) if k > args.n_samples]
@@ -165,10 +168,9 @@ def task_settings(args: EvalOptions, run_cfg: Any = None) -> Any:
 def main(argv: list[str] | None = None) -> int:
     """Run `p3o eval`; returns the exit code (bad options raise ConfigError → exit 2 via p3o.cli)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if wants_help(argv):
-        print(command_help(EvalOptions, USAGE, "pass@k, response length and truncation rate of a policy on a task"))
-        return 0
     args = parse_args(argv)
+    if args is None:
+        return 0
     # models.load_policy is looked up at call time (tests replace it); the options are read, so the start-up follows
     # heavy: torch and transformers start-up, not for `--help` or a refused option
     from p3o import models

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from p3o.options import command_help, parse_command, wants_help
 from p3o.options import config_field as _f
+from p3o.options import parse_or_help
 
 __all__ = ["ABOUT", "USAGE", "MismatchOptions", "main"]
 
@@ -55,10 +55,9 @@ USAGE = "usage: p3o mismatch [--model M] [--engine hf|vllm] [--precision bf16,fp
 def main(argv: Sequence[str] | None = None) -> int:
     """``p3o mismatch --model M [...]``; exit 0 when no finding fired, 1 when one did, 2 on bad options."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if wants_help(argv):
-        print(command_help(MismatchOptions, USAGE, ABOUT))
+    args = parse_or_help(argv, MismatchOptions, USAGE, ABOUT)
+    if args is None:
         return 0
-    args = parse_command(argv, MismatchOptions)
     from p3o.eval.mismatch import run  # heavy: torch and the model libraries, once the options are valid
 
     return run(args)

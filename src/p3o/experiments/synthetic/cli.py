@@ -14,7 +14,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -22,15 +22,15 @@ from p3o.config import config_field as _f
 from p3o.config import config_help, load_config
 from p3o.experiments.stats.paired import paired
 from p3o.experiments.summary.blocks import write_block
-from p3o.experiments.synthetic.config import SyntheticConfig
+from p3o.experiments.synthetic.config import SyntheticConfig, SyntheticKnobs
 from p3o.experiments.synthetic.study import run_cells
 
 __all__ = ["SyntheticOptions", "cells_table", "load_grid", "main", "write_csv"]
 
 
 @dataclass
-class SyntheticOptions:
-    """Options of ``p3o synthetic`` (parsed, typed and documented by the same mechanism as ``p3o train``)."""
+class _Cells:
+    """The cells of ``p3o synthetic`` (its first options)."""
 
     objectives: str = _f("p3o,grpo", "comma list of objective specs: name[:key=value...] or presets (grpo-0.4)")
     regimes: str = _f(
@@ -38,22 +38,14 @@ class SyntheticOptions:
         "comma list of regimes: names of p3o.experiments.grid.regimes.REGIMES or knobs joined by '+' (mb<M>, ep<E>, "
         "lag-<L>, stale-<n>, noise-<s>, temp-<T>[-processed])",
     )
-    seeds: int = _f(SyntheticConfig.seeds, "seeds per cell (paired across cells)", ge=1)
-    seed_offset: int = _f(
-        SyntheticConfig.seed_offset, "first seed (seeds seed_offset .. seed_offset + seeds - 1)", ge=0
-    )
-    steps: int = _f(SyntheticConfig.steps, "rollout batches per run", ge=1)
-    lr: float = _f(SyntheticConfig.lr, "learning rate", gt=0)
-    optimizer: Literal["adam", "sgd"] = _f(SyntheticConfig.optimizer, "optimizer on the logits table")
-    grad_clip: float = _f(SyntheticConfig.grad_clip, "per-seed gradient-norm clip (0: off)", ge=0)
-    vocab: int = _f(SyntheticConfig.vocab, "tokens V", ge=2)
-    length: int = _f(SyntheticConfig.length, "positions T", ge=1)
-    prompts: int = _f(SyntheticConfig.prompts, "prompts P", ge=1)
-    group: int = _f(SyntheticConfig.group, "samples per prompt per step G", ge=1)
-    reward: Literal["threshold", "count"] = _f(SyntheticConfig.reward, "1[hits >= threshold] or hits / T")
-    threshold: int = _f(SyntheticConfig.threshold, "hits needed for reward 1 (reward threshold)", ge=0)
-    init_scale: float = _f(SyntheticConfig.init_scale, "σ_0 of the initial logits", ge=0)
-    task_seed: int = _f(SyntheticConfig.task_seed, "seed of the hidden targets", ge=0)
+
+
+# Dataclass fields come in reverse MRO order: _Cells' options, then the SyntheticConfig knobs, then the outputs.
+@dataclass
+class SyntheticOptions(SyntheticKnobs, _Cells):
+    """Options of ``p3o synthetic`` (parsed, typed and documented by the same mechanism as ``p3o train``): the cells,
+    the :class:`SyntheticKnobs` of every cell, and the outputs."""
+
     out: str | None = _f(None, "grid JSON (cells with per-seed numbers and curves)")
     csv: str | None = _f(None, "CSV with one row per (regime, objective, seed)")
     no_seed_curves: bool = _f(False, "omit per-seed curves from the JSON")
@@ -144,10 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     args = load_config(argv, cls=SyntheticOptions)
-    knobs = {f.name for f in dataclasses.fields(SyntheticConfig)}
-    base = SyntheticConfig(
-        **{k: v for k, v in dataclasses.asdict(args).items() if k in knobs}, per_seed_curves=not args.no_seed_curves
-    )
+    knobs = {f.name: getattr(args, f.name) for f in dataclasses.fields(SyntheticKnobs)}
+    base = SyntheticConfig(**knobs, per_seed_curves=not args.no_seed_curves)
     regimes = [r for r in args.regimes.split(",") if r]
     objectives = [o for o in args.objectives.split(",") if o]
     results = run_cells(base, [(r, objectives) for r in regimes], log=lambda s: print(s, flush=True))

@@ -5,55 +5,67 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from p3o.errors import ConfigError
 from p3o.experiments.grid.regimes import OBJECTIVE_PRESETS, REGIMES, regime_overrides
 from p3o.objectives import get_objective
+from p3o.options import config_field
 
 
 @dataclass
-class SyntheticConfig:
+class SyntheticKnobs:
+    """The settings of a synthetic cell that ``p3o synthetic`` takes as options: each declared once, here, with its
+    help text and bounds (:func:`p3o.options.config_field`); ``SyntheticOptions`` inherits them."""
+
+    seeds: int = config_field(16, "seeds per cell (paired across cells)", ge=1)
+    seed_offset: int = config_field(0, "first seed (seeds seed_offset .. seed_offset + seeds - 1)", ge=0)
+    steps: int = config_field(200, "rollout batches per run", ge=1)
+    lr: float = config_field(0.02, "learning rate", gt=0)
+    optimizer: Literal["adam", "sgd"] = config_field("adam", "optimizer on the logits table")
+    grad_clip: float = config_field(0.0, "per-seed gradient-norm clip (0: off)", ge=0)
+    vocab: int = config_field(4, "tokens V", ge=2)
+    length: int = config_field(8, "positions T", ge=1)
+    prompts: int = config_field(2, "prompts P", ge=1)
+    group: int = config_field(8, "samples per prompt per step G", ge=1)
+    reward: Literal["threshold", "count"] = config_field("threshold", "1[hits >= threshold] or hits / T")
+    threshold: int = config_field(3, "hits needed for reward 1 (reward threshold)", ge=0)
+    init_scale: float = config_field(1.0, "σ_0 of the initial logits", ge=0)
+    task_seed: int = config_field(0, "seed of the hidden targets", ge=0)
+
+
+@dataclass
+class SyntheticConfig(SyntheticKnobs):
     """One cell of the synthetic instrument: one objective, one regime, S seeds (vectorised).
 
-    Problem: ``vocab`` V, ``length`` T, ``prompts`` P, ``group`` G samples per prompt per step (a batch has
-    N = P·G sequences), reward ``threshold`` (R = 1[hits ≥ k]) or ``count`` (R = hits/T), ``init_scale`` σ_0 of
-    the initial logits θ_0 ∼ σ_0·N(0, 1). Regime: ``mini_batches`` M, ``epochs`` E, ``lag`` L (updates),
-    ``noise`` σ (engine logit noise), ``temperature`` T_s and ``logprob_mode`` (``raw``/``processed``).
-    Training: ``lr``, ``optimizer`` (``adam`` element-wise / ``sgd``), ``grad_clip`` (per-seed norm; 0 = off),
-    ``advantage`` (keywords of :func:`p3o.advantages.group_advantages`). ``save_params`` keeps θ after every
-    update (for the probe); ``threads``: torch intra-op threads during the run (1 is fastest for these tiny
-    tensors; 0 leaves the setting alone).
+    Problem (:class:`SyntheticKnobs`): ``vocab`` V, ``length`` T, ``prompts`` P, ``group`` G samples per prompt per
+    step (a batch has N = P·G sequences), reward ``threshold`` (R = 1[hits ≥ k]) or ``count`` (R = hits/T),
+    ``init_scale`` σ_0 of the initial logits θ_0 ∼ σ_0·N(0, 1); training ``lr``, ``optimizer`` (``adam``
+    element-wise / ``sgd``), ``grad_clip`` (per-seed norm; 0 = off). Regime: ``mini_batches`` M, ``epochs`` E,
+    ``lag`` L (updates), ``noise`` σ (engine logit noise), ``temperature`` T_s and ``logprob_mode``
+    (``raw``/``processed``). Each field's help text says the rest.
     """
 
-    objective: str = "p3o"
-    hyper: dict[str, Any] = field(default_factory=dict)
-    seeds: int = 16
-    seed_offset: int = 0
-    seed_ids: list[int] | None = None
-    steps: int = 200
-    vocab: int = 4
-    length: int = 8
-    prompts: int = 2
-    group: int = 8
-    reward: str = "threshold"
-    threshold: int = 3
-    init_scale: float = 1.0
-    task_seed: int = 0
-    lr: float = 0.02
-    optimizer: str = "adam"
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 0.0
-    advantage: dict[str, Any] = field(default_factory=dict)
-    mini_batches: int = 1
-    epochs: int = 1
-    lag: int = 0
-    noise: float = 0.0
-    temperature: float = 1.0
-    logprob_mode: str = "raw"
-    save_params: bool = False
-    per_seed_curves: bool = True
-    threads: int = 1
+    objective: str = config_field("p3o", "objective name (p3o.objectives)")
+    hyper: dict[str, Any] = field(default_factory=dict, metadata={"help": "the objective's keyword hyper-parameters"})
+    seed_ids: list[int] | None = config_field(  # noqa: RUF009 - the default, None, is immutable
+        None, "explicit distinct seeds (null: seed_offset .. seed_offset + seeds - 1)"
+    )
+    betas: tuple[float, float] = config_field((0.9, 0.999), "Adam's betas")
+    advantage: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "keywords of p3o.advantages.group_advantages"}
+    )
+    mini_batches: int = config_field(1, "mini-batches M per batch", ge=1)
+    epochs: int = config_field(1, "epochs E over each batch", ge=1)
+    lag: int = config_field(0, "lag L: the batch is sampled L optimizer updates ago", ge=0)
+    noise: float = config_field(0.0, "σ of the engine's logit noise", ge=0)
+    temperature: float = config_field(1.0, "sampling temperature T_s of the engine", gt=0)
+    logprob_mode: Literal["raw", "processed"] = config_field("raw", "log-probs the engine records")
+    save_params: bool = config_field(False, "keep θ after every update (for the probe)")
+    per_seed_curves: bool = config_field(True, "keep each seed's curves in the result")
+    threads: int = config_field(
+        1, "torch intra-op threads during the run (1 is fastest for these tiny tensors; 0 leaves the setting)", ge=0
+    )
 
     def seed_list(self) -> list[int]:
         """The seeds of this cell: ``seed_ids`` when given, else seed_offset, ..., seed_offset + seeds − 1."""
