@@ -25,7 +25,7 @@ SRC = ROOT / "src"
 
 # (floor, the top-level names under p3o/ that live on it), ground first.
 FLOORS: list[tuple[str, frozenset[str]]] = [
-    ("ground", frozenset({"logprobs", "types", "errors", "dist"})),
+    ("ground", frozenset({"logprobs", "types", "errors", "dist", "lazy"})),
     ("primitives", frozenset({"objectives", "rollout", "rewards", "advantages", "options"})),
     ("components", frozenset({"models", "integrations", "config", "tasks", "metrics", "envs"})),
     ("eval", frozenset({"eval"})),

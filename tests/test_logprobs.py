@@ -10,12 +10,31 @@ from tiny_lm import make_tiny_lm
 from p3o.logprobs import (
     cache_kwarg,
     chunked_head_logprobs,
-    naive_token_logprobs,
     position_ids_from_mask,
     prompt_groups,
     token_logprobs,
 )
 from p3o.types import Rollouts, SamplingMask
+
+
+def naive_token_logprobs(
+    model, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature=1.0, with_entropy=False
+):
+    """The obviously-correct oracle of `token_logprobs`: full model logits → float32 log_softmax → gather
+    (materialises (N, T, V)); 0 at masked positions."""
+    p, t = prompt_ids.shape[1], response_ids.shape[1]
+    mask = response_mask.bool()
+    attn = torch.cat([prompt_mask.bool(), mask], dim=1).long()
+    out = model(
+        input_ids=torch.cat([prompt_ids, response_ids], dim=1),
+        attention_mask=attn,
+        position_ids=position_ids_from_mask(attn),
+        use_cache=False,
+    )
+    logq = F.log_softmax(out.logits[:, p - 1 : p - 1 + t].float() / temperature, dim=-1)  # (N, T, V)
+    logp = logq.gather(-1, response_ids[..., None]).squeeze(-1).masked_fill(~mask, 0.0)
+    entropy = -(logq.exp() * logq).sum(-1).masked_fill(~mask, 0.0) if with_entropy else None
+    return logp, entropy
 
 
 def _batch(seed: int = 0, vocab: int = 64):

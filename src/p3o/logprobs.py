@@ -22,7 +22,6 @@ import inspect
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from p3o.types import SamplingMask
@@ -30,7 +29,6 @@ from p3o.types import SamplingMask
 __all__ = [
     "Truncation",
     "cache_kwarg",
-    "naive_token_logprobs",
     "position_ids_from_mask",
     "prompt_groups",
     "token_logprobs",
@@ -526,38 +524,3 @@ def token_logprobs(
         return logp, entropy, mass
     outside = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), extra[1]).view(n, t)
     return logp, entropy, mass, outside
-
-
-def naive_token_logprobs(
-    model: nn.Module,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    response_ids: Tensor,
-    response_mask: Tensor,
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    loss_mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """The obviously-correct oracle: full model logits → float32 log_softmax → gather (materialises (N, T, V)).
-
-    Same arguments and returns as `token_logprobs`; used by tests and benchmarks only.
-    """
-    _check_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
-    p, t = prompt_ids.shape[1], response_ids.shape[1]
-    mask = response_mask.bool()
-    attn = torch.cat([prompt_mask.bool(), mask], dim=1).long()
-    out = model(
-        input_ids=torch.cat([prompt_ids, response_ids], dim=1),
-        attention_mask=attn,
-        position_ids=position_ids_from_mask(attn),
-        use_cache=False,
-    )
-    logits = out.logits[:, p - 1 : p - 1 + t].float() / temperature  # (N, T, V)
-    logq = F.log_softmax(logits, dim=-1)
-    want = mask if loss_mask is None else loss_mask.bool() & mask
-    logp = logq.gather(-1, response_ids[..., None]).squeeze(-1).masked_fill(~want, 0.0)
-    entropy = None
-    if with_entropy:
-        entropy = -(logq.exp() * logq).sum(-1).masked_fill(~want, 0.0)
-    return logp, entropy

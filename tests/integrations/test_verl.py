@@ -189,7 +189,7 @@ def test_bad_names_kwargs_and_env_fail_with_one_line(monkeypatch):
         plugin.register(["gspo"])
     b = batch(seed=5)
     monkeypatch.setenv(plugin.ENV_KWARGS, "{not json")
-    with pytest.raises(ConfigError, match="P3O_OBJECTIVE_KWARGS: not valid JSON"):
+    with pytest.raises(ConfigError, match="P3O_OBJECTIVE_KWARGS: invalid JSON"):
         plugin.make_policy_loss("p3o")(**b)
     # checked when a loss is called, not when all are registered: minpro's keyword must not break loss_mode=p3o
     monkeypatch.setenv(plugin.ENV_KWARGS, '{"trunc_eps_high": 2}')

@@ -9,24 +9,16 @@ Usage:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from p3o.lazy import lazy_exports
 
 # imported on first use (PEP 562): `p3o eval --help` loads p3o.eval.cli without torch (issue 47)
-_WHERE = {
-    "mean_pass_at_k": "p3o.eval.passk",
-    "pass_at_k": "p3o.eval.passk",
-    "EvalResult": "p3o.eval.runner",
-    "encode_prompts": "p3o.eval.runner",
-    "evaluate": "p3o.eval.runner",
-    "evaluate_checkpoint": "p3o.eval.runner",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'p3o.eval' has no attribute {name!r}")
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "p3o.eval.passk": ("mean_pass_at_k", "pass_at_k"),
+        "p3o.eval.runner": ("EvalResult", "encode_prompts", "evaluate", "evaluate_checkpoint"),
+    },
+)
 
 
 __all__ = ["EvalResult", "encode_prompts", "evaluate", "evaluate_checkpoint", "mean_pass_at_k", "pass_at_k"]

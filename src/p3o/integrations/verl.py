@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import math
 import os
 import sys
@@ -63,7 +62,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from p3o.errors import ConfigError
+from p3o.errors import ConfigError, json_object
 from p3o.integrations._common import (
     PluginObjective,
     clip_statistic,
@@ -144,13 +143,8 @@ def data_parallel_group() -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _parse_env_kwargs(raw: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{ENV_KWARGS}: not valid JSON ({e.msg} at char {e.pos})") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{ENV_KWARGS}: must be a JSON object of keyword -> value, got {type(value).__name__}")
-    return value
+    """The objective's keywords from ``$P3O_OBJECTIVE_KWARGS``: one JSON object of keyword -> value."""
+    return json_object(raw, ENV_KWARGS, ConfigError)
 
 
 VERL_INPUTS = frozenset({"prox_logp"})

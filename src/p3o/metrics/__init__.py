@@ -14,28 +14,17 @@ Command line: ``p3o plot RUN_DIR [--out PNG]`` (`p3o.metrics.plot.main`).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from p3o.lazy import lazy_exports
 
 # imported on first use (PEP 562): `p3o train --help` and `p3o doctor` read p3o.metrics.rules without numpy or rich
-_WHERE = {
-    "METRICS_FILE": "p3o.metrics.logger",
-    "MetricsLogger": "p3o.metrics.logger",
-    "format_metrics": "p3o.metrics.logger",
-    "read_metrics": "p3o.metrics.logger",
-    "CAPTIONS": "p3o.metrics.plot",
-    "PANELS": "p3o.metrics.plot",
-    "SmoothMode": "p3o.metrics.plot",
-    "plot_run": "p3o.metrics.plot",
-    "smooth": "p3o.metrics.plot",
-    "ProgressBar": "p3o.metrics.progress",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'p3o.metrics' has no attribute {name!r}")
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "p3o.metrics.logger": ("METRICS_FILE", "MetricsLogger", "format_metrics", "read_metrics"),
+        "p3o.metrics.plot": ("CAPTIONS", "PANELS", "SmoothMode", "plot_run", "smooth"),
+        "p3o.metrics.progress": ("ProgressBar",),
+    },
+)
 
 
 __all__ = [

@@ -6,18 +6,22 @@ rollouts = engine.generate([[1, 5, 7], [1, 9]], n=4, seed=0)                   #
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from p3o.errors import ConfigError, P3OError
-from p3o.types import Rollouts
+from p3o.types import Rollouts, SamplingMask
 
 __all__ = [
     "LOGPROB_MODES",
+    "Draws",
     "RolloutEngine",
+    "SamplingEngine",
     "as_id_list",
     "check_generate",
     "check_sampling",
@@ -144,3 +148,94 @@ class RolloutEngine(Protocol):
     def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         """Copy new weights in (re-applying the engine's precision) and stamp later tokens with `version`."""
         ...
+
+
+@dataclass
+class Draws:
+    """What one call of a token-sampling engine drew, rows grouped as in `RolloutEngine.generate` (N = B·n rows,
+    T = the longest response): response_ids (N, T) long (the pad id after a row stops), rollout_logp (N, T)
+    float32 (0 after it), mask (N, T) bool, policy_version (N, T) long, truncated (N,) bool (no stop token), and
+    sampling_mask, the support each token was drawn from, where the engine records it."""
+
+    response_ids: Tensor
+    rollout_logp: Tensor
+    mask: Tensor
+    policy_version: Tensor
+    truncated: Tensor
+    sampling_mask: SamplingMask | None = None
+
+
+class SamplingEngine(ABC):
+    """What every engine that samples token by token (`HFEngine`, `VLLMEngine`) does alike around its sampler:
+    `generate` checks the call, left-pads the prompts, numbers the groups on across calls, and lays the `Draws` of
+    the subclass's `_draw` out as `Rollouts` on the engine's device, with the decoded texts and the answers.
+
+    A subclass sets `settings`, `device`, `pad_token_id`, `tokenizer` (or None), `version`, `_lock` and
+    `_group_offset` (0), and implements `_draw` and `load_weights`.
+    """
+
+    settings: Any  # p3o.rollout.settings.EngineSettings (which imports this module)
+    device: torch.device
+    pad_token_id: int
+    tokenizer: Any
+    version: int
+    _lock: Any  # held while drawing; `load_weights` takes it too, so one call's tokens share a version
+    _group_offset: int
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        *,
+        seed: int | None = None,
+        answers: list[str] | None = None,
+        max_new_tokens: int | None = None,
+    ) -> Rollouts:
+        """`RolloutEngine.generate`: `n` completions of every prompt, prompt i in rows i·n … i·n+n−1;
+        `max_new_tokens`, where given, replaces ``settings.max_new_tokens`` for this call (an agent turn's budget).
+
+        Returns:
+            `Rollouts` on the engine's device: prompt_ids / prompt_mask (N, P) left-padded, response_ids / mask /
+            rollout_logp / policy_version (N, T) (version −1 outside the mask), T ≤ the token limit.
+        """
+        b = check_generate(prompt_ids, n, answers)
+        t_max = int(max_new_tokens) if max_new_tokens else self.settings.max_new_tokens
+        ids, pmask = left_pad(prompt_ids, self.pad_token_id)
+        with self._lock:
+            drawn = self._draw(prompt_ids, ids, pmask, n, seed, t_max)
+            group_ids = torch.arange(b).repeat_interleave(n) + self._group_offset
+            self._group_offset += b
+        dev, valid = self.device, drawn.mask
+        return Rollouts(
+            prompt_ids=ids.repeat_interleave(n, dim=0).to(dev),
+            prompt_mask=pmask.repeat_interleave(n, dim=0).to(dev),
+            response_ids=drawn.response_ids.to(dev),
+            mask=valid.to(dev),
+            rollout_logp=drawn.rollout_logp.to(dev),
+            policy_version=torch.where(valid, drawn.policy_version, -1).to(dev),
+            group_ids=group_ids.to(dev),
+            rewards=torch.zeros(b * n, dtype=torch.float32, device=dev),
+            truncated=drawn.truncated.to(dev),
+            texts=self._decode(drawn.response_ids, valid),
+            answers=[a for a in answers for _ in range(n)] if answers is not None else [],
+            sampling_mask=drawn.sampling_mask.to(dev) if drawn.sampling_mask is not None else None,
+        )
+
+    @abstractmethod
+    def _draw(
+        self, prompt_ids: list[list[int]], ids: Tensor, pmask: Tensor, n: int, seed: int | None, t_max: int
+    ) -> Draws:
+        """Draw `n` completions of every prompt, at most `t_max` tokens each, under the engine's lock.
+
+        Args:
+            prompt_ids: the B prompts as given; ids / pmask: the same left-padded, (B, P) long / bool (CPU).
+            seed: makes the call reproducible; None: the engine's own generator runs on.
+        """
+
+    def _decode(self, tokens: Tensor, valid: Tensor) -> list[str]:
+        """The completions' texts: each row's valid tokens (N, T) decoded without special tokens ([] without a
+        tokenizer)."""
+        if self.tokenizer is None:
+            return []
+        rows = [tokens[i][valid[i]].tolist() for i in range(tokens.shape[0])]
+        return list(self.tokenizer.batch_decode(rows, skip_special_tokens=True))

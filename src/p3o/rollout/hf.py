@@ -24,11 +24,11 @@ from torch import Tensor, nn
 from p3o.dist import resolve_device
 from p3o.errors import ConfigError, P3OError
 from p3o.logprobs import cache_kwarg, position_ids_from_mask, truncate_logits
-from p3o.rollout.base import LOGPROB_MODES, check_generate, left_pad, stop_and_pad_ids
+from p3o.rollout.base import LOGPROB_MODES, Draws, SamplingEngine, stop_and_pad_ids
 from p3o.rollout.fast import FastDecoder
 from p3o.rollout.quant import QuantLinear, quantize_model, requantize_
 from p3o.rollout.settings import EngineSettings
-from p3o.types import Rollouts, SamplingMask
+from p3o.types import SamplingMask
 
 __all__ = ["LOGPROB_MODES", "HFEngine", "process_logits"]
 
@@ -63,7 +63,7 @@ def _sample_categorical(probs: Tensor, generator: torch.Generator) -> Tensor:
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
 
 
-class HFEngine:
+class HFEngine(SamplingEngine):
     """Batched, seedable sampling from an HF causal LM with a KV cache; implements `RolloutEngine`.
 
     Args:
@@ -180,103 +180,73 @@ class HFEngine:
             new_cache = out.past_key_values
         return out.logits[:, -1], new_cache
 
-    def _decode(self, tokens: Tensor, valid: Tensor) -> list[str]:
-        """The completions' texts: each row's valid tokens (N, T) decoded without special tokens ([] without a
-        tokenizer)."""
-        if self.tokenizer is None:
-            return []
-        rows = [tokens[i][valid[i]].tolist() for i in range(tokens.shape[0])]
-        return list(self.tokenizer.batch_decode(rows, skip_special_tokens=True))
-
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        n: int,
-        *,
-        seed: int | None = None,
-        answers: list[str] | None = None,
-        max_new_tokens: int | None = None,
-    ) -> Rollouts:
-        """Sample `n` completions for each prompt (see `RolloutEngine.generate`; `max_new_tokens` overrides the
-        engine's for this call, as an agent episode's turn budget does).
+    @torch.no_grad()
+    def _draw(
+        self, prompt_ids: list[list[int]], ids: Tensor, pmask: Tensor, n: int, seed: int | None, t_max: int
+    ) -> Draws:
+        """The sampling loop (`SamplingEngine.generate` lays its draws out as `Rollouts`).
 
         The prompts are prefilled once (left-padded, positions from the mask) and the KV cache is repeated n times.
         Each step records log π_b(y_t) (per `logprob_mode`); rows stop at the first stop token (kept, mask True)
         and are padded afterwards. `seed` makes the call reproducible; without it the engine's own generator runs on.
         """
-        b = check_generate(prompt_ids, n, answers)
-        with self._lock, torch.no_grad():
-            gen = self._generator
-            if seed is not None:
-                gen = torch.Generator(device=self.device).manual_seed(int(seed))
-            dev = self.device
-            ids, pmask = left_pad(prompt_ids, self.pad_token_id)
-            p_len = ids.shape[1]
-            ids, pmask = ids.to(dev), pmask.to(dev)
-            t_max = int(max_new_tokens) if max_new_tokens else self.settings.max_new_tokens
-            attn = torch.ones((b, p_len + t_max), dtype=torch.long, device=dev)
-            attn[:, :p_len] = pmask.long()
-            pos0 = position_ids_from_mask(pmask)
-            logits, cache = self._forward(input_ids=ids, attention_mask=attn[:, :p_len], position_ids=pos0)
-            if n > 1:
-                cache.batch_repeat_interleave(n)
-                logits = logits.repeat_interleave(n, dim=0)
-                attn = attn.repeat_interleave(n, dim=0)
+        gen = self._generator
+        if seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        dev, b = self.device, len(prompt_ids)
+        p_len = ids.shape[1]
+        ids, pmask = ids.to(dev), pmask.to(dev)
+        attn = torch.ones((b, p_len + t_max), dtype=torch.long, device=dev)
+        attn[:, :p_len] = pmask.long()
+        pos0 = position_ids_from_mask(pmask)
+        logits, cache = self._forward(input_ids=ids, attention_mask=attn[:, :p_len], position_ids=pos0)
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            attn = attn.repeat_interleave(n, dim=0)
+        if self._fast is not None:
+            self._fast.start(cache, attn[:, :p_len].bool(), t_max)
+        num = b * n
+        next_pos = pmask.long().sum(-1).repeat_interleave(n)  # (N,) position of the first response token
+        tokens = torch.full((num, t_max), self.pad_token_id, dtype=torch.long, device=dev)
+        logps = torch.zeros((num, t_max), dtype=torch.float32, device=dev)
+        valid = torch.zeros((num, t_max), dtype=torch.bool, device=dev)
+        done = torch.zeros(num, dtype=torch.bool, device=dev)
+        versions = torch.full((num, t_max), -1, dtype=torch.long, device=dev)  # per token: who sampled it
+        kept: list[Tensor] = []  # per step: (row, id) of every kept id of a live row
+        steps = 0
+        for t in range(t_max):
+            tok, lp, keep = self._sample(logits, gen)
+            alive = ~done
+            if keep is not None:
+                kept.append((keep & alive[:, None]).nonzero())
+            tok = torch.where(alive, tok, self.pad_token_id)
+            tokens[:, t] = tok
+            logps[:, t] = lp.masked_fill(done, 0.0)
+            valid[:, t] = alive
+            versions[:, t] = self.version
+            done = done | torch.isin(tok, self._stop)
+            steps = t + 1
+            if t == t_max - 1 or bool(done.all()):
+                break
+            if self.on_decode_step is not None:
+                self.on_decode_step(t)
             if self._fast is not None:
-                self._fast.start(cache, attn[:, :p_len].bool(), t_max)
-            num = b * n
-            next_pos = pmask.long().sum(-1).repeat_interleave(n)  # (N,) position of the first response token
-            tokens = torch.full((num, t_max), self.pad_token_id, dtype=torch.long, device=dev)
-            logps = torch.zeros((num, t_max), dtype=torch.float32, device=dev)
-            valid = torch.zeros((num, t_max), dtype=torch.bool, device=dev)
-            done = torch.zeros(num, dtype=torch.bool, device=dev)
-            versions = torch.full((num, t_max), -1, dtype=torch.long, device=dev)  # per token: who sampled it
-            kept: list[Tensor] = []  # per step: (row, id) of every kept id of a live row
-            steps = 0
-            for t in range(t_max):
-                tok, lp, keep = self._sample(logits, gen)
-                alive = ~done
-                if keep is not None:
-                    kept.append((keep & alive[:, None]).nonzero())
-                tok = torch.where(alive, tok, self.pad_token_id)
-                tokens[:, t] = tok
-                logps[:, t] = lp.masked_fill(done, 0.0)
-                valid[:, t] = alive
-                versions[:, t] = self.version
-                done = done | torch.isin(tok, self._stop)
-                steps = t + 1
-                if t == t_max - 1 or bool(done.all()):
-                    break
-                if self.on_decode_step is not None:
-                    self.on_decode_step(t)
-                if self._fast is not None:
-                    logits = self._fast.step(tok, next_pos + t, t)
-                    continue
-                logits, cache = self._forward(
-                    input_ids=tok[:, None],
-                    attention_mask=attn[:, : p_len + t + 1],
-                    position_ids=(next_pos + t)[:, None],
-                    cache=cache,
-                )
-            tokens, logps, valid, versions = tokens[:, :steps], logps[:, :steps], valid[:, :steps], versions[:, :steps]
-            truncated = ~done
-            sampling_mask = _sampling_mask(kept, num, steps) if self._record_mask else None
-            group_ids = torch.arange(b, device=dev).repeat_interleave(n) + self._group_offset
-            self._group_offset += b
-        texts = self._decode(tokens, valid)
-        return Rollouts(
-            prompt_ids=ids.repeat_interleave(n, dim=0),
-            prompt_mask=pmask.repeat_interleave(n, dim=0),
-            response_ids=tokens,
-            mask=valid,
-            rollout_logp=logps,
-            policy_version=torch.where(valid, versions, -1),
-            group_ids=group_ids,
-            rewards=torch.zeros(num, dtype=torch.float32, device=dev),
-            truncated=truncated,
-            texts=texts,
-            answers=[a for a in answers for _ in range(n)] if answers is not None else [],
-            sampling_mask=sampling_mask,
+                logits = self._fast.step(tok, next_pos + t, t)
+                continue
+            logits, cache = self._forward(
+                input_ids=tok[:, None],
+                attention_mask=attn[:, : p_len + t + 1],
+                position_ids=(next_pos + t)[:, None],
+                cache=cache,
+            )
+        return Draws(
+            response_ids=tokens[:, :steps],
+            rollout_logp=logps[:, :steps],
+            mask=valid[:, :steps],
+            policy_version=versions[:, :steps],
+            truncated=~done,
+            sampling_mask=_sampling_mask(kept, num, steps) if self._record_mask else None,
         )
 
 

@@ -39,10 +39,10 @@ from torch import Tensor, nn
 
 from p3o.dist import resolve_device
 from p3o.errors import ConfigError, P3OError
-from p3o.rollout.base import check_generate, left_pad, stop_and_pad_ids
+from p3o.rollout.base import Draws, SamplingEngine, stop_and_pad_ids
 from p3o.rollout.capabilities import check_vllm_support, head_dim_of, model_dir_head_dim
 from p3o.rollout.settings import EngineSettings
-from p3o.types import Rollouts, SamplingMask
+from p3o.types import SamplingMask
 
 __all__ = ["VLLM_DTYPES", "VLLM_PRECISIONS", "VLLMEngine"]
 
@@ -185,7 +185,7 @@ def _check_can_run(model: nn.Module | str | os.PathLike[str], s: EngineSettings)
     return device
 
 
-class VLLMEngine:
+class VLLMEngine(SamplingEngine):
     """Batched, seedable sampling with vLLM that records log π_b(y_t) and the version of every token.
 
     Args:
@@ -510,48 +510,33 @@ class VLLMEngine:
                 self.on_decode_step(t - 1)
         return rows, lps, vers, sets
 
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        n: int,
-        *,
-        seed: int | None = None,
-        answers: list[str] | None = None,
-        max_new_tokens: int | None = None,
-    ) -> Rollouts:
-        """Sample `n` completions for each prompt (see `RolloutEngine.generate`); rows laid out as `HFEngine`'s.
-        `max_new_tokens` overrides the engine's for this call (an agent episode's turn budget).
+    def _draw(
+        self, prompt_ids: list[list[int]], ids: Tensor, pmask: Tensor, n: int, seed: int | None, t_max: int
+    ) -> Draws:
+        """vLLM's draws (`SamplingEngine.generate` lays them out as `Rollouts`, rows as `HFEngine`'s).
 
         Every row is its own vLLM request with its own seed (derived from `seed`, or from the engine's generator),
         so a seeded call is reproducible and each row's draws do not depend on the other rows. Rows stop at the
         first stop token (kept, mask True) and are padded afterwards; `rollout_logp` is vLLM's log-prob of each
-        sampled token (per `logprob_mode`).
-
-        Returns:
-            `Rollouts` with prompt_ids / prompt_mask (N, P) left-padded, response_ids / mask / rollout_logp /
-            policy_version (N, T), T = the longest response (≤ max_new_tokens), N = len(prompt_ids) · n.
+        sampled token (per `logprob_mode`); T = the longest response (≤ t_max).
         """
-        b = check_generate(prompt_ids, n, answers)
-        num = b * n
-        with self._lock:
-            if self.llm is None:
-                raise P3OError("generate: the engine is closed")
-            seeds = self._row_seeds(num, seed)
-            prompts = [[int(t) for t in p] for p in prompt_ids for _ in range(n)]
-            if self.on_decode_step is None:
-                rows, lps, sets = self._sample(prompts, seeds, int(max_new_tokens or self.settings.max_new_tokens))
-                vers = [[self.version] * len(r) for r in rows]
-            else:
-                rows, lps, vers, sets = self._sample_in_chunks(prompts, seeds, max_new_tokens)
-            self._group_offset += b
-            group_offset = self._group_offset - b
+        if self.llm is None:
+            raise P3OError("generate: the engine is closed")
+        num = len(prompt_ids) * n
+        seeds = self._row_seeds(num, seed)
+        prompts = [[int(t) for t in p] for p in prompt_ids for _ in range(n)]
+        if self.on_decode_step is None:
+            rows, lps, sets = self._sample(prompts, seeds, t_max)
+            vers = [[self.version] * len(r) for r in rows]
+        else:
+            rows, lps, vers, sets = self._sample_in_chunks(prompts, seeds, t_max)
 
         stops = set(self.stop_token_ids)
-        t_max = max(1, max(len(r) for r in rows))
-        tokens = torch.full((num, t_max), self.pad_token_id, dtype=torch.long)
-        logps = torch.zeros((num, t_max), dtype=torch.float32)
-        valid = torch.zeros((num, t_max), dtype=torch.bool)
-        versions = torch.full((num, t_max), -1, dtype=torch.long)
+        width = max(1, max(len(r) for r in rows))
+        tokens = torch.full((num, width), self.pad_token_id, dtype=torch.long)
+        logps = torch.zeros((num, width), dtype=torch.float32)
+        valid = torch.zeros((num, width), dtype=torch.bool)
+        versions = torch.full((num, width), -1, dtype=torch.long)
         truncated = torch.zeros(num, dtype=torch.bool)
         for i, (r, lp, ver) in enumerate(zip(rows, lps, vers)):
             k = len(r)
@@ -564,30 +549,12 @@ class VLLMEngine:
 
         sampling_mask = None
         if sets is not None:  # vLLM returned each token's kept set: CSR, row-major
-            counts = torch.zeros((num, t_max), dtype=torch.int32)
+            counts = torch.zeros((num, width), dtype=torch.int32)
             for i, row_sets in enumerate(sets):
                 counts[i, : len(row_sets)] = torch.tensor([len(x) for x in row_sets], dtype=torch.int32)
             flat = [v for row_sets in sets for x in row_sets for v in x]
-            sampling_mask = SamplingMask(counts, torch.tensor(flat, dtype=torch.int32)).to(self.device)
-        ids, pmask = left_pad(prompt_ids, self.pad_token_id)
-        texts: list[str] = []
-        if self.tokenizer is not None:
-            texts = list(self.tokenizer.batch_decode([r for r in rows], skip_special_tokens=True))
-        dev = self.device
-        return Rollouts(
-            prompt_ids=ids.repeat_interleave(n, dim=0).to(dev),
-            prompt_mask=pmask.repeat_interleave(n, dim=0).to(dev),
-            response_ids=tokens.to(dev),
-            mask=valid.to(dev),
-            rollout_logp=logps.to(dev),
-            policy_version=versions.to(dev),
-            group_ids=(torch.arange(b).repeat_interleave(n) + group_offset).to(dev),
-            rewards=torch.zeros(num, dtype=torch.float32, device=dev),
-            truncated=truncated.to(dev),
-            texts=texts,
-            answers=[a for a in answers for _ in range(n)] if answers is not None else [],
-            sampling_mask=sampling_mask,
-        )
+            sampling_mask = SamplingMask(counts, torch.tensor(flat, dtype=torch.int32))
+        return Draws(tokens, logps, valid, versions, truncated, sampling_mask)
 
 
 #: vLLM keeps process-wide state for the forward pass it is running (its forward context, parallel groups, the CPU

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p3o.errors import ConfigError, DataError
+from p3o.errors import ConfigError, DataError, json_object
 from p3o.rewards.extract import last_boxed
 from p3o.tasks import arithmetic
 from p3o.tasks.arithmetic import load_arithmetic
@@ -160,13 +160,7 @@ def read_rows(path: str | Path, split: str | None = None) -> Iterator[tuple[str,
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}: line {lineno}: invalid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}: line {lineno}: expected a JSON object, got {type(row).__name__}")
-            yield f"line {lineno}", row
+            yield f"line {lineno}", json_object(line, f"{path}: line {lineno}")
 
 
 def _get(row: dict[str, Any], name: str) -> tuple[bool, Any]:

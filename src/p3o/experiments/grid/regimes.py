@@ -14,6 +14,20 @@ from typing import Any
 
 Overrides = dict[str, Any]
 
+#: MinPRO's prefix statistics other than its own min (the ablations below).
+PREFIX_STATS = ("mean", "geomean", "prod")
+
+
+def _at_defaults(*names: str) -> dict[str, Overrides]:
+    """A preset per objective, named as it, at the objective's own defaults."""
+    return {name: {"objective.name": name} for name in names}
+
+
+def _temperature_mismatch(t: float) -> Overrides:
+    """The engine samples at temperature `t` and records raw (T = 1) log-probs; the trainer runs at T = 1."""
+    return {"loop.mode": "sync", "rollout.temperature": t, "train.temperature": 1.0, "rollout.logprob_mode": "raw"}
+
+
 #: Regimes that make the training batch off-policy (docs/training.md, "The pipelines").
 REGIMES: dict[str, Overrides] = {
     # Generate → update once → push weights: every ratio starts at 1.
@@ -21,15 +35,11 @@ REGIMES: dict[str, Overrides] = {
     # Four optimizer steps per rollout batch: mini-batches 2..4 are trained on data of an older policy.
     "multi-step": {"loop.mode": "sync", "update.num_mini_batches": 4},
     # A FIFO delay: rollouts generated at step k are trained on at step k + n (the MinPRO paper's buffer).
-    "stale-2": {"loop.mode": "stale", "loop.staleness": 2},
-    "stale-4": {"loop.mode": "stale", "loop.staleness": 4},
-    "stale-8": {"loop.mode": "stale", "loop.staleness": 8},
+    **{f"stale-{n}": {"loop.mode": "stale", "loop.staleness": n} for n in (2, 4, 8)},
     # Generation runs concurrently with training, at most 4 policy versions behind.
     "async": {"loop.mode": "async", "loop.max_lag": 4},
     # A low-precision rollout engine (W8A8 quantise–dequantise) against a full-precision trainer.
-    "fp8-rollout": {"loop.mode": "sync", "rollout.precision": "fp8"},
-    "int8-rollout": {"loop.mode": "sync", "rollout.precision": "int8"},
-    "bf16-rollout": {"loop.mode": "sync", "rollout.precision": "bf16"},
+    **{f"{p}-rollout": {"loop.mode": "sync", "rollout.precision": p} for p in ("fp8", "int8", "bf16")},
     # A real inference engine: vLLM in bf16 against the fp32 trainer, one update per batch, so only the engine's
     # kernels / sampler move the ratios (the P3O paper's clip-sensitivity mechanism). Needs vLLM (docs/vllm.md).
     "vllm-bf16": {
@@ -51,29 +61,11 @@ REGIMES: dict[str, Overrides] = {
     # MinPRO's "stale n" counts global steps of several updates each: with 4 updates per batch, stale-n delays a
     # batch by n batches = 4n..4n+3 optimizer updates (the paper: 16 updates per global step).
     "mb4-stale-0": {"loop.mode": "sync", "update.num_mini_batches": 4},
-    "mb4-stale-2": {"loop.mode": "stale", "loop.staleness": 2, "update.num_mini_batches": 4},
-    "mb4-stale-4": {"loop.mode": "stale", "loop.staleness": 4, "update.num_mini_batches": 4},
-    "mb4-stale-8": {"loop.mode": "stale", "loop.staleness": 8, "update.num_mini_batches": 4},
+    **{f"mb4-stale-{n}": {"loop.mode": "stale", "loop.staleness": n, "update.num_mini_batches": 4} for n in (2, 4, 8)},
     # The P3O paper's temperature mismatch at both of its temperatures (raw T = 1 log-probs recorded).
-    "temp-0.6": {
-        "loop.mode": "sync",
-        "rollout.temperature": 0.6,
-        "train.temperature": 1.0,
-        "rollout.logprob_mode": "raw",
-    },
-    "temp-1.2": {
-        "loop.mode": "sync",
-        "rollout.temperature": 1.2,
-        "train.temperature": 1.0,
-        "rollout.logprob_mode": "raw",
-    },
+    **{f"temp-{t}": _temperature_mismatch(t) for t in (0.6, 1.2)},
     # The P3O paper's temperature mismatch: engine samples at T = 1.2 and records raw (T = 1) log-probs.
-    "temperature": {
-        "loop.mode": "sync",
-        "rollout.temperature": 1.2,
-        "train.temperature": 1.0,
-        "rollout.logprob_mode": "raw",
-    },
+    "temperature": _temperature_mismatch(1.2),
 }
 
 #: Objective settings compared in the papers. DAPO's dynamic sampling is a data-side feature of the loop
@@ -89,23 +81,17 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     # P3O with its KL term taken against the proximal snapshot (beyond the paper; = p3o-pg with one step per batch).
     "p3o-kl-prox": {"objective.name": "p3o", "objective.kl_anchor": "proximal"},
     "grpo": {"objective.name": "grpo", "objective.clip_eps": 0.2},
-    "grpo-0.2": {"objective.name": "grpo", "objective.clip_eps": 0.2},
-    "grpo-0.4": {"objective.name": "grpo", "objective.clip_eps": 0.4},
-    "grpo-0.6": {"objective.name": "grpo", "objective.clip_eps": 0.6},
+    **{f"grpo-{eps}": {"objective.name": "grpo", "objective.clip_eps": eps} for eps in (0.2, 0.4, 0.6)},
     "grpo-tis": {"objective.name": "grpo", "objective.clip_eps": 0.2, "objective.rollout_correction": "token-tis"},
-    "dapo": {"objective.name": "dapo"},
-    "gspo": {"objective.name": "gspo"},
-    "cispo": {"objective.name": "cispo"},
-    "minpro": {"objective.name": "minpro"},
-    "m2po": {"objective.name": "m2po"},
-    "decoupled_ppo": {"objective.name": "decoupled_ppo"},
+    **_at_defaults("dapo", "gspo", "cispo", "minpro", "m2po", "decoupled_ppo"),
     # ---- paper-faithful baselines (../PAPERS: the settings each paper ran) ----
     # The P3O paper's GRPO: token-mean over the optimizer step (as P3O), symmetric clip ε ∈ {0.2, 0.4, 0.6}.
     # Same aggregation as `p3o`, so on fresh data `grpo-tm-*` and `p3o` give identical runs (claim a; bit-identical
     # when the recorded log-probs are the trainer's own).
-    "grpo-tm-0.2": {"objective.name": "grpo", "objective.clip_eps": 0.2, "objective.agg": "token-mean"},
-    "grpo-tm-0.4": {"objective.name": "grpo", "objective.clip_eps": 0.4, "objective.agg": "token-mean"},
-    "grpo-tm-0.6": {"objective.name": "grpo", "objective.clip_eps": 0.6, "objective.agg": "token-mean"},
+    **{
+        f"grpo-tm-{eps}": {"objective.name": "grpo", "objective.clip_eps": eps, "objective.agg": "token-mean"}
+        for eps in (0.2, 0.4, 0.6)
+    },
     # The P3O paper's GRPO with truncated importance sampling against the engine (token-TIS, cap 2), token-mean.
     "grpo-tm-tis": {
         "objective.name": "grpo",
@@ -128,31 +114,18 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     "m2po-0.04": {"objective.name": "m2po", "objective.tau": 0.04},
     # MinPRO's prefix statistic over the strictly earlier tokens, times ρ_t (min is MinPRO itself). The earlier
     # studies (minpro-stale3) ran these as "the ablation"; the paper's ablation is the `-incl` set below.
-    "minpro-mean": {"objective.name": "minpro", "objective.prefix_stat": "mean"},
-    "minpro-geomean": {"objective.name": "minpro", "objective.prefix_stat": "geomean"},
-    "minpro-prod": {"objective.name": "minpro", "objective.prefix_stat": "prod"},
+    **{f"minpro-{stat}": {"objective.name": "minpro", "objective.prefix_stat": stat} for stat in PREFIX_STATS},
     # The MinPRO paper's prefix-statistic ablation (section 5.3): the statistic of ρ_1 … ρ_t, the current token
     # included, replaces the whole weight m_t·ρ_t; same truncation (1, 4) and stop-gradient as MinPRO.
-    "minpro-mean-incl": {
-        "objective.name": "minpro",
-        "objective.prefix_stat": "mean",
-        "objective.prefix_scope": "including",
-        "objective.trunc_eps_low": 1.0,
-        "objective.trunc_eps_high": 4.0,
-    },
-    "minpro-geomean-incl": {
-        "objective.name": "minpro",
-        "objective.prefix_stat": "geomean",
-        "objective.prefix_scope": "including",
-        "objective.trunc_eps_low": 1.0,
-        "objective.trunc_eps_high": 4.0,
-    },
-    "minpro-prod-incl": {
-        "objective.name": "minpro",
-        "objective.prefix_stat": "prod",
-        "objective.prefix_scope": "including",
-        "objective.trunc_eps_low": 1.0,
-        "objective.trunc_eps_high": 4.0,
+    **{
+        f"minpro-{stat}-incl": {
+            "objective.name": "minpro",
+            "objective.prefix_stat": stat,
+            "objective.prefix_scope": "including",
+            "objective.trunc_eps_low": 1.0,
+            "objective.trunc_eps_high": 4.0,
+        }
+        for stat in PREFIX_STATS
     },
     # M2PO as its public code runs it: the second-moment budget τ = 0.04 as one PPO clip range per micro-batch.
     "m2po-clip-0.04": {"objective.name": "m2po_clip", "objective.tau": 0.04},
@@ -164,13 +137,7 @@ OBJECTIVE_PRESETS: dict[str, Overrides] = {
     # AReaL); DPPO: prime-rl's default loss (Δ-mask 0.2 / 0.2, adv_tau 1, kl_tau 1e-3); TOPR: the paper's sequence
     # form (no hyper-parameter); GPG: plain REINFORCE; KL-Cov / Clip-Cov: verl's defaults (ratio 2e-4, β 0.1 /
     # band [1, 5], ε 0.2).
-    "gmpo": {"objective.name": "gmpo"},
-    "sapo": {"objective.name": "sapo"},
-    "dppo": {"objective.name": "dppo"},
-    "topr": {"objective.name": "topr"},
-    "gpg": {"objective.name": "gpg"},
-    "kl_cov": {"objective.name": "kl_cov"},
-    "clip_cov": {"objective.name": "clip_cov"},
+    **_at_defaults("gmpo", "sapo", "dppo", "topr", "gpg", "kl_cov", "clip_cov"),
     # DRO / Kimi-1.5 has no reference default (verl: dro_beta is required); β = 0.1 is ROLL's kimi15_tau default,
     # the one published default of this loss family.
     "dro-0.1": {"objective.name": "dro", "objective.beta": 0.1},

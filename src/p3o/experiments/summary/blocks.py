@@ -4,7 +4,9 @@ of the file is kept byte for byte (``<!-- NAME:begin -->`` … ``<!-- NAME:end -
 
 from __future__ import annotations
 
+import os
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 from p3o.errors import ConfigError
@@ -12,6 +14,11 @@ from p3o.errors import ConfigError
 START, END = "<!-- verdicts:start -->", "<!-- verdicts:end -->"
 #: Width of generated Markdown lines (the project's line length is 120).
 WIDTH = 118
+
+
+def links_from(page: Path) -> Callable[[Path], str]:
+    """How `page` links to a path: relative to the page's folder (``docs/results/README.md`` -> ``../x.md``)."""
+    return lambda path: os.path.relpath(path, page.parent)
 
 
 def wrap(text: str, width: int = WIDTH, indent: str = "  ") -> list[str]:

@@ -31,8 +31,8 @@ from typing import Any
 import yaml
 
 from p3o.errors import ConfigError
-from p3o.experiments.summary.blocks import wrap
-from p3o.experiments.summary.pages import INSTRUMENT_NAMES, Study, pool, superseded
+from p3o.experiments.summary.blocks import links_from, wrap
+from p3o.experiments.summary.pages import INSTRUMENT_NAMES, Study, effect_text, pool, superseded
 
 #: Verdict colours of the forest plot.
 COLORS = {
@@ -161,13 +161,7 @@ def find(studies: list[Study], key: dict[str, Any]) -> list[Found]:
 
 
 def _effect(f: Found) -> str:
-    r = f.record
-    if r.get("identical"):
-        return "identical on every seed"
-    lo, hi = r["ci"]
-    if any(isinstance(x, float) and math.isnan(x) for x in (r["diff"], lo, hi)):
-        return "–"
-    return f"{r['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    return effect_text(f.record, identical="identical on every seed")
 
 
 #: How each claim kind reads (A and B filled in).
@@ -232,8 +226,7 @@ def render_claims(
     """docs/paper-claims.md: the per-claim table (:func:`claim_table`, when ``instruments`` are given), then one row
     per (claim, regime of ours), the forest plot beside it."""
 
-    def rel(path: Path) -> str:
-        return os.path.relpath(path, page.parent)
+    rel = links_from(page)
 
     lines = [
         "# The papers' claims, one by one",

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -36,7 +35,7 @@ from p3o.errors import ConfigError
 from p3o.experiments.stats.bias import peak_bias
 from p3o.experiments.stats.ledger import STATUSES, ledger, load_records, records_for, study_entry, study_status
 from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, decision_p, holm, verdict
-from p3o.experiments.summary.blocks import END, START
+from p3o.experiments.summary.blocks import END, START, links_from
 
 
 @dataclass
@@ -156,7 +155,7 @@ def redecided_lines(study: Study) -> list[str]:
     ]
     for r in changed:
         lines.append(
-            f"| {r['claim']} | {r['regime']} | {r['a']} | {r['b']} | {r['metric']} | {r['n']} | {_ci(r)} | "
+            f"| {r['claim']} | {r['regime']} | {r['a']} | {r['b']} | {r['metric']} | {r['n']} | {effect_text(r)} | "
             f"{r['verdict_report']} | **{r['verdict']}** |"
         )
     return lines
@@ -198,9 +197,11 @@ def pool(studies: list[Study]) -> list[tuple[Study, dict[str, Any]]]:
     return members
 
 
-def _ci(r: dict[str, Any]) -> str:
+def effect_text(r: dict[str, Any], identical: str = "exactly 0 on every seed") -> str:
+    """A verdict record's mean difference and CI, ``+0.012 [-0.004, +0.028]``; `identical` when every seed's pair
+    was identical, "–" where the difference or a bound is NaN."""
     if r.get("identical"):
-        return "exactly 0 on every seed"
+        return identical
     lo, hi = r["ci"]
     if any(isinstance(x, float) and math.isnan(x) for x in (r["diff"], lo, hi)):
         return "–"
@@ -259,7 +260,7 @@ def render_page(studies: list[Study], command: str) -> str:
     for study, r in pooled:
         lines.append(
             f"| {study.name} | {r['title']} | {r['regime']} | {r['a']} | {r['b']} | {r['metric']} | {r['n']} | "
-            f"{_ci(r)} | {_p(r['p_pool'])} | **{r['verdict_pool']}** |"
+            f"{effect_text(r)} | {_p(r['p_pool'])} | **{r['verdict_pool']}** |"
         )
     lines.append("")
     for study in studies:
@@ -294,7 +295,7 @@ def render_page(studies: list[Study], command: str) -> str:
                 )
             lines.append(
                 f"| {r['title']} | {r['regime']} | {r['a']} | {r['b']} | {r['metric']} | {r.get('role', 'primary')} "
-                f"| {r['n']} | {_ci(r)} | {_p(r.get('p_adj'))} | {shown} |"
+                f"| {r['n']} | {effect_text(r)} | {_p(r.get('p_adj'))} | {shown} |"
             )
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
@@ -316,8 +317,7 @@ def render_index(studies: list[Study], command: str, index: Path, pages: dict[st
 
     ``pages``: the other generated pages by role ("verdicts", "claims", "forest"), linked relative to ``index``."""
 
-    def rel(path: Path) -> str:
-        return os.path.relpath(path, index.parent)
+    rel = links_from(index)
 
     lines = [
         "# Results",
@@ -493,8 +493,7 @@ def render_block(
     then one line of counts of the pooled family per instrument (:func:`count_line`) with links to the pages that
     hold every verdict."""
 
-    def rel(path: Path) -> str:
-        return os.path.relpath(path, readme.parent)
+    rel = links_from(readme)
 
     lines = [START, ""]
     lines += [*(lines_in or []), ""] if lines_in else []
