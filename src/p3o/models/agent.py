@@ -37,7 +37,7 @@ from p3o.envs.render import Renderer
 from p3o.models.bases import WEIGHTS, compare, file_sha256
 from p3o.models.cache import atomic_build, cache_root
 from p3o.models.tiny import BASE_SOURCES, DEFAULT_SIZE, code_version
-from p3o.models.warmstart import collate, ensure_base, lr_factor
+from p3o.models.warmstart import batched, ensure_base, sft_steps
 from p3o.tasks.calc import load_calc
 
 __all__ = ["AGENT_RECIPE", "AGENT_SOURCES", "AGENT_TOKENS", "agent_base_dir", "ensure_agent_base", "warm_start_agent"]
@@ -107,20 +107,9 @@ def warm_start_agent(init_dir: str | Path, out_dir: str | Path, log: bool = True
         emb[old_vocab:] = emb[:old_vocab].mean(0, keepdim=True)
     model.train()
     examples = _examples(tok, rc["steps"] * rc["batch_size"], rc["seed"], rc["tool_share"])
-    opt = torch.optim.AdamW(model.parameters(), lr=rc["lr"], weight_decay=0.01, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, rc["warmup_steps"], rc["steps"]))
-    loss_val = float("nan")
-    for step in range(rc["steps"]):
-        batch = collate(examples[step * rc["batch_size"] : (step + 1) * rc["batch_size"]], tok.pad_token_id)
-        loss = model(**batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_val = float(loss.detach())
-        if log and (step % 50 == 0 or step == rc["steps"] - 1):
-            print(f"agent sft step {step:4d}  loss {loss_val:.4f}  {time.perf_counter() - t0:6.1f}s", flush=True)
+    batches = batched(examples, rc["batch_size"], tok.pad_token_id)
+    optim = {"lr": rc["lr"], "weight_decay": 0.01, "warmup_steps": rc["warmup_steps"]}
+    loss_val = sft_steps(model, batches, **optim, label="agent sft" if log else None)
     model.eval()
     model.generation_config = GenerationConfig(
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id

@@ -7,34 +7,23 @@ from __future__ import annotations
 
 from transformers import Qwen3Config
 
-# hidden, layers, heads, kv heads, head_dim, mlp width. Parameter counts at vocab 512 (tied embeddings):
-# 1m ≈ 0.86M, 5m ≈ 4.9M, 30m ≈ 31.8M.
-SIZES: dict[str, dict[str, int]] = {
-    "1m": dict(
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=384,
-    ),
-    "5m": dict(
-        hidden_size=256,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        intermediate_size=768,
-    ),
-    "30m": dict(
-        hidden_size=512,
-        num_hidden_layers=10,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
-        intermediate_size=1536,
-    ),
+#: The fields of a size, in the order of the rows of SIZES.
+SHAPE_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+)
+# Parameter counts at vocab 512 (tied embeddings): 1m ≈ 0.86M, 5m ≈ 4.9M, 30m ≈ 31.8M.
+_ROWS = {
+    #       hidden  layers  heads  kv heads  head_dim  mlp width
+    "1m": (128, 4, 4, 2, 32, 384),
+    "5m": (256, 6, 4, 2, 64, 768),
+    "30m": (512, 10, 8, 4, 64, 1536),
 }
+SIZES: dict[str, dict[str, int]] = {name: dict(zip(SHAPE_FIELDS, row, strict=True)) for name, row in _ROWS.items()}
 
 
 def qwen3_config(

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch import Tensor
 
 from p3o.errors import ConfigError
 from p3o.models.bases import SHIPPED, WEIGHTS, compare, file_sha256, shipped_dir
@@ -136,6 +137,40 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_factor: float 
     return min_factor + (1 - min_factor) * 0.5 * (1 + math.cos(math.pi * p))
 
 
+def sft_steps(
+    model: torch.nn.Module,
+    batches: list[dict[str, Tensor]],
+    *,
+    lr: float,
+    weight_decay: float,
+    warmup_steps: int,
+    label: str | None = "sft",
+) -> float:
+    """One supervised step per batch of `batches` (`collate`'s, labels −100 where no loss), in order: AdamW(β = 0.9,
+    0.95), the learning rate times `lr_factor` (warm-up, then cosine over len(batches) steps), gradient norm clipped
+    at 1. Prints the loss every 50 steps and at the last under `label` (None: silent); returns the last loss."""
+    t0, steps = time.perf_counter(), len(batches)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup_steps, steps))
+    loss_val = float("nan")
+    for step, batch in enumerate(batches):
+        loss = model(**batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_val = float(loss.detach())
+        if label is not None and (step % 50 == 0 or step == steps - 1):
+            print(f"{label} step {step:4d}  loss {loss_val:.4f}  {time.perf_counter() - t0:6.1f}s", flush=True)
+    return loss_val
+
+
+def batched(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int) -> list[dict[str, Tensor]]:
+    """`examples` in consecutive batches of `batch_size`, each `collate`d (the last may be shorter)."""
+    return [collate(examples[i : i + batch_size], pad_id) for i in range(0, len(examples), batch_size)]
+
+
 def warm_start(
     cfg: SFTConfig, out_dir: str | Path, log: bool = True, init_dir: str | Path | None = None
 ) -> dict[str, Any]:
@@ -169,20 +204,9 @@ def warm_start(
     random.Random(cfg.seed).shuffle(problems)
     problems = problems[:n_train]
     examples = encode_examples(tok, [format_prompt(p, tok) for p in problems], [p.solution for p in problems])
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.warmup_steps, cfg.steps))
-    loss_val = float("nan")
-    for step in range(cfg.steps):
-        batch = collate(examples[step * cfg.batch_size : (step + 1) * cfg.batch_size], tok.pad_token_id)
-        loss = model(**batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_val = float(loss.detach())
-        if log and (step % 50 == 0 or step == cfg.steps - 1):
-            print(f"sft step {step:4d}  loss {loss_val:.4f}  {time.perf_counter() - t0:6.1f}s", flush=True)
+    batches = batched(examples, cfg.batch_size, tok.pad_token_id)
+    optim = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "warmup_steps": cfg.warmup_steps}
+    loss_val = sft_steps(model, batches, **optim, label="sft" if log else None)
     train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     model.eval()
     model.generation_config = GenerationConfig(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from p3o.errors import ConfigError
@@ -250,12 +251,36 @@ def load_arithmetic(
     n = 1000 if n is None else int(n)
     if n < 0:
         raise ConfigError(f"arithmetic task: n must be >= 0, got {n}")
+    label = difficulty if not isinstance(difficulty, Level) else str(difficulty)
+
+    def make(rng: random.Random, start: int, chain: list[tuple[str, int]]) -> Problem:
+        k = kind if kind != "mix" else rng.choice(("word", "expr"))
+        return make_problem(rng, start, chain, k, label)
+
     rng = random.Random(f"p3o-arithmetic|{split}|{seed}|{level}|{kind}")
+    return draw_problems(rng, n, split, lambda r: _sample_chain(r, level), make, unique=unique)
+
+
+def draw_problems(
+    rng: random.Random,
+    n: int,
+    split: str,
+    sample: Callable[[random.Random], tuple[int, list[tuple[str, int]]]],
+    make: Callable[[random.Random, int, list[tuple[str, int]]], Problem],
+    *,
+    unique: bool = True,
+) -> list[Problem]:
+    """`n` problems of `split`: chains drawn by `sample(rng)` until `n` of `split` are found (`split_of` of their
+    canonical form), each made by `make(rng, start, chain)`, in draw order.
+
+    With `unique`, a chain already taken is skipped while fresh ones are easy to find; after 2000 repeats in a row
+    (a small level) repeats are taken rather than fail. Deterministic in the state of `rng`.
+    """
     out: list[Problem] = []
     seen: set[str] = set()
     misses = 0
     while len(out) < n:
-        start, chain = _sample_chain(rng, level)
+        start, chain = sample(rng)
         key = canonical(start, chain)
         if split_of(key) != split:
             continue
@@ -266,7 +291,5 @@ def load_arithmetic(
         else:
             misses = 0
         seen.add(key)
-        k = kind if kind != "mix" else rng.choice(("word", "expr"))
-        label = difficulty if not isinstance(difficulty, Level) else str(difficulty)
-        out.append(make_problem(rng, start, chain, k, label))
+        out.append(make(rng, start, chain))
     return out

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from p3o.tasks.arithmetic import LEVELS, canonical, make_problem, split_of
+from p3o.tasks.arithmetic import LEVELS, draw_problems, make_problem
 from p3o.tasks.base import Problem
 
 VERIFIER = "exact-int"
@@ -100,20 +100,10 @@ def load_scratchpad(split: str, *, seed: int = 0, n: int = 1000, difficulty: str
     """
     steps = PAD_LEVELS[difficulty]
     rng = random.Random(f"p3o-scratchpad|{split}|{seed}|{difficulty}")
-    out: list[Problem] = []
-    seen: set[str] = set()
-    misses = 0
-    while len(out) < n:
-        start, chain = sample_chain(rng, steps)
-        key = canonical(start, chain)
-        if split_of(key) != split:
-            continue
-        if key in seen:
-            misses += 1
-            if misses < 2000:
-                continue
-        else:
-            misses = 0
-        seen.add(key)
-        out.append(make_pad_problem(rng, start, chain, difficulty))
-    return out
+    return draw_problems(
+        rng,
+        n,
+        split,
+        lambda r: sample_chain(r, steps),
+        lambda r, start, chain: make_pad_problem(r, start, chain, difficulty),
+    )
