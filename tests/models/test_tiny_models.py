@@ -100,3 +100,24 @@ def test_cli_sft_and_tiny_random(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "size: expected one of 1m, 5m, 30m, got '7b'" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="gpt-17"):
         load_policy("gpt-17")
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-agent", "tiny-random"])
+def test_tokenizer_alone_reads_no_weights(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`load_policy(..., with_model=False)` (a rollout worker's tokenizer) gives load_policy's tokenizer and builds or
+    reads no model."""
+    import p3o.models.hub as hub
+    from p3o.train.wiring import load_tokenizer
+
+    _, want = load_policy(name)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the tokenizer alone must not load a model")
+
+    monkeypatch.setattr(hub.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(hub, "Qwen3ForCausalLM", refuse)
+    model, tok = load_policy(name, with_model=False)
+    assert model is None
+    assert tok.get_vocab() == want.get_vocab() and tok.pad_token_id == want.pad_token_id
+    cfg = type("Cfg", (), {"model": type("M", (), {"name": name, "cache_dir": None})()})()
+    assert load_tokenizer(cfg).get_vocab() == want.get_vocab()

@@ -20,6 +20,7 @@ conversion is `p3o.models.smollm2.ensure_smollm2`; this module loads them and bu
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import socket
@@ -67,8 +68,8 @@ def ensure_tokenizer(
     )
 
 
-def load_pretrained(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from a local HF directory (float32 by default, eval mode).
+def load_pretrained(path: str | Path, dtype: Any = None, *, with_model: bool = True) -> tuple[Any, Any]:
+    """(model, tokenizer) from a local HF directory (float32 by default, eval mode); model None without `with_model`.
 
     A shipped base (`p3o.models.bases`) is checked against its manifest first (a damaged install is an error), and
     the model records it: ``model.config.p3o_base`` = {"name", "key", "sha256"}, saved with every checkpoint."""
@@ -82,11 +83,13 @@ def load_pretrained(path: str | Path, dtype: Any = None) -> tuple[Any, Any]:
             f"{path / 'manifest.json'}): reinstall p3o"
         )
     tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    if not with_model:
+        return None, tok
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     if base is not None:
         model.config.p3o_base = base
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
     return model.eval(), tok
 
 
@@ -151,8 +154,9 @@ def hub_error(repo_id: str, err: BaseException, *, unreachable: bool = False) ->
     return f"model.name: cannot load {repo_id!r} from the Hugging Face Hub ({type(err).__name__}: {first[:200]})"
 
 
-def load_hub(repo_id: str, dtype: Any = None) -> tuple[Any, Any]:
-    """(model, tokenizer) of a Hugging Face Hub model id via transformers (float32 by default, eval mode).
+def load_hub(repo_id: str, dtype: Any = None, *, with_model: bool = True) -> tuple[Any, Any]:
+    """(model, tokenizer) of a Hugging Face Hub model id via transformers (float32 by default, eval mode); model None
+    without `with_model` (only the tokenizer's files are fetched then).
 
     Needs network the first time (then the HF cache serves it, also offline). Any failure is a one-line
     ConfigError saying what to do (`hub_error`).
@@ -162,18 +166,23 @@ def load_hub(repo_id: str, dtype: Any = None) -> tuple[Any, Any]:
     local_only = not _hub_offline() and not _hub_reachable()
     try:
         tok = AutoTokenizer.from_pretrained(repo_id, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(
-            repo_id, dtype=dtype or torch.float32, local_files_only=local_only
-        )
+        model = None
+        if with_model:
+            model = AutoModelForCausalLM.from_pretrained(
+                repo_id, dtype=dtype or torch.float32, local_files_only=local_only
+            ).eval()
     except Exception as err:
         raise ConfigError(hub_error(repo_id, err, unreachable=local_only)) from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return model.eval(), tok
+    return model, tok
 
 
-def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None, seed: int = 0) -> tuple[Any, Any]:
-    """(model, tokenizer) for `name_or_path`.
+def load_policy(
+    name_or_path: str | Path, *, cache_dir: str | Path | None = None, seed: int = 0, with_model: bool = True
+) -> tuple[Any, Any]:
+    """(model, tokenizer) for `name_or_path`; without `with_model`, (None, tokenizer): the same tokenizer, no weights
+    read (a rollout worker's, whose engine loads the model itself).
 
     Names: "tiny" (the warm-started base of the default size, shipped in the package: `p3o.models.bases`), "tiny-1m"
     (the same) / "tiny-5m" / "tiny-30m" (built on first use for the current code by
@@ -184,8 +193,9 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
     cache).
     """
     name = str(name_or_path)
+    load = functools.partial(load_pretrained, with_model=with_model)
     if name == AGENT_NAME and not Path(name).exists():
-        return load_pretrained(shipped_dir(AGENT_NAME) or ensure_agent_base(cache_dir))
+        return load(shipped_dir(AGENT_NAME) or ensure_agent_base(cache_dir))
     tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():
         size, rand = tiny
@@ -193,18 +203,20 @@ def load_policy(name_or_path: str | Path, *, cache_dir: str | Path | None = None
             known = ", ".join([*SIZES, *TESTBEDS])
             raise ConfigError(f"model.name: unknown tiny size or testbed in {name!r}; known: {known}")
         if not rand and (size in SIZES or size in TESTBEDS):
-            return load_pretrained(resolve_tiny(name, cache_dir) or base_dir(size, cache_dir))  # shipped, or built
+            return load(resolve_tiny(name, cache_dir) or base_dir(size, cache_dir))  # shipped, or built
         tok = AutoTokenizer.from_pretrained(ensure_tokenizer(cache_dir))
+        if not with_model:
+            return None, tok
         torch.manual_seed(seed)
         cfg = qwen3_config(size, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
         return Qwen3ForCausalLM(cfg).float().eval(), tok
     if name in SMOLLM2_NAMES:
-        return load_pretrained(ensure_smollm2(cache_dir))
+        return load(ensure_smollm2(cache_dir))
     path = Path(name).expanduser()
     if path.is_dir():
-        return load_pretrained(path)
+        return load(path)
     if is_hub_id(name):
-        return load_hub(name)
+        return load_hub(name, with_model=with_model)
     check_model_name(name)  # the one line for a name that is none of these
     raise ConfigError(f"model.name: cannot load {name!r}")  # pragma: no cover - check_model_name raised
 

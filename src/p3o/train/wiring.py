@@ -160,8 +160,9 @@ def read_on_rank0(name: str, cache_dir: str | None, dtype: torch.dtype, device: 
 
 
 def load_tokenizer(cfg: Any) -> Any:
-    """The tokenizer of `cfg.model.name` alone (a rollout worker loads its model through the engine factory)."""
-    return models.load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir)[1]
+    """The tokenizer of `cfg.model.name` alone, no weights read (a rollout worker loads its model through the
+    engine factory)."""
+    return models.load_policy(cfg.model.name, cache_dir=cfg.model.cache_dir, with_model=False)[1]
 
 
 def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None) -> RolloutSide:
