@@ -161,3 +161,20 @@ def test_a_report_whose_verdicts_todays_rule_changes_gets_a_generated_block(tmp_
     row = "| c-fp8 | fp8-rollout | p3o | grpo-tm-0.4 | final_reward | 6 | +0.006 [-0.004, +0.016] | inconclusive |"
     assert row + " **negligible** |" in text
     assert text.endswith("<!-- todays-rule:end -->\n") and report.endswith(text[len(head) :])
+
+
+def test_lm_studies_from_a_per_cpu_base_are_marked_summary_statistics_only(tmp_path: Path) -> None:
+    """An LM study whose runs record no shipped base (`tiny@<sha>`) is marked on both pages; one whose every run
+    started from a shipped base is not."""
+    old = _write(tmp_path / "old-lm.verdicts.json", [_record("a", 0.012)])
+    new = _write(tmp_path / "new-lm.verdicts.json", [_record("b", 0.012)])
+    doc = json.loads(new.read_text())
+    doc["runs"] = [{"name": f"r{i}", "base_key": "tiny@6550aedbf4ee"} for i in range(2)]
+    new.write_text(json.dumps(doc))
+    assert [s.summary_only for s in load([old, new])] == [True, False]
+    out, index = tmp_path / "results" / "verdicts.md", tmp_path / "results" / "README.md"
+    assert main([str(old), str(new), "--out", str(out), "--index", str(index)]) == 0
+    sections = {s.split("]")[0]: s for s in out.read_text().split("## [")[1:]}
+    assert "**Summary statistics only**" in sections["old-lm"] and "Summary statistics" not in sections["new-lm"]
+    rows = {r.split(" | ")[0]: r for r in index.read_text().splitlines() if r.startswith("| ")}
+    assert "summary statistics only" in rows["| old-lm"] and "summary statistics only" not in rows["| new-lm"]

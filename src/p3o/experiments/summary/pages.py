@@ -33,9 +33,24 @@ import yaml
 
 from p3o.errors import ConfigError
 from p3o.experiments.stats.bias import peak_bias
-from p3o.experiments.stats.ledger import STATUSES, ledger, load_records, records_for, study_entry, study_status
+from p3o.experiments.stats.ledger import (
+    STATUSES,
+    base_label,
+    ledger,
+    load_records,
+    records_for,
+    study_entry,
+    study_status,
+)
 from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, decision_p, holm, verdict
 from p3o.experiments.summary.blocks import END, START, links_from
+
+#: What a summary-statistics-only study's section says (`Study.summary_only`).
+SUMMARY_ONLY = (
+    "its runs started from a base each machine built for itself, before the base shipped in the package (AVX2 and "
+    "AVX-512 CPUs built different ones); the statistics it recorded stand under its status as they are and it is "
+    "not rerun, so its runs do not reproduce bit for bit on another CPU; new studies start from the shipped base"
+)
 
 
 @dataclass
@@ -58,6 +73,12 @@ class Study:
     @property
     def name(self) -> str:
         return self.path.name.removesuffix(".verdicts.json")
+
+    @property
+    def summary_only(self) -> bool:
+        """An LM study whose runs started from a base each machine built for itself (before the base shipped):
+        its recorded statistics stand, it is not rerun (:func:`p3o.experiments.stats.ledger.base_label`)."""
+        return base_label({"runs": self.runs}, self.instrument) is not None
 
     @cached_property
     def instrument(self) -> str:
@@ -271,6 +292,7 @@ def render_page(studies: list[Study], command: str) -> str:
             f"Pre-registration: {_mode(study)}. Status in the ledger: **{STATUSES[study.status]}**{why}.",
             "",
             *([f"**Selection bias**: {study.bias['text']}.", ""] if study.bias else []),
+            *([f"**Summary statistics only**: {SUMMARY_ONLY}.", ""] if study.summary_only else []),
         ]
         if not study.records:
             lines += ["No verdicts: a descriptive study (its report's tables are the result).", ""]
@@ -362,6 +384,7 @@ def render_index(studies: list[Study], command: str, index: Path, pages: dict[st
         status += (
             f"; peak selection-biased ({study.bias['bias']:+.3f} expected under no learning)" if study.bias else ""
         )
+        status += "; summary statistics only (runs from a per-CPU base)" if study.summary_only else ""
         seeds = _seed_text([int(s) for s in pre.get("seeds", [])])
         prim = [r for r in study.records if _primary(r)]
         src = study_file(study.name)
