@@ -174,23 +174,60 @@ def main(argv: list[str] | None = None) -> int:
     # models.load_policy is looked up at call time (tests replace it); the options are read, so the start-up follows
     # heavy: torch and transformers start-up, not for `--help` or a refused option
     from p3o import models
-    from p3o.dist import resolve_device
-    from p3o.envs import EnvLimits, env_problems
-    from p3o.eval.runner import evaluate, evaluate_episodes, find_run
+    from p3o.eval.runner import find_run
     from p3o.models.hub import check_model_name
-    from p3o.rollout.settings import EngineSettings
-    from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
-    from p3o.tasks.sources import eval_source
 
     policy_dir, run_dir = find_run(args.model)
     if run_dir is None:  # a model name or path, not a run: refused in one line before anything loads
         check_model_name(args.model, key="--model")
     run_cfg = _run_config(run_dir) if run_dir is not None else None
+    plan = _plan(args, run_cfg, run_dir)  # the problems first: a wrong path or field fails before the model loads
+    model_name = str(policy_dir) if run_dir is not None else args.model
+    cache_dir = run_cfg.model.cache_dir if run_cfg is not None else None
+    model, tokenizer = models.load_policy(model_name, **({"cache_dir": cache_dir} if cache_dir else {}))
+    if not args.quiet:
+        shown = ", ".join(f"{k} {v!r}" for k, v in plan.settings.items() if v not in (None, {}))
+        print(f"p3o eval: {len(plan.problems)} problems; {shown}", file=sys.stderr)
+    result = _run(args, plan, run_cfg, model, tokenizer)
+    result.model = model_name
+    result.extra = {**result.extra, **plan.settings}
+    d = result.to_dict()
+    if args.out is not None:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(d, indent=2) + "\n")
+    if not args.quiet:
+        print_table(d)
+    return 0
+
+
+@dataclass
+class _Plan:
+    """What `p3o eval` evaluates, settled before the model loads: the task section, the problems, the environment
+    (None: single-turn), the data's name and split, the engine settings and the settings recorded with the result."""
+
+    task: Any
+    problems: list[Any]
+    env: str | None
+    name: str
+    split: str
+    sampling: Any
+    settings: dict[str, Any]
+
+
+def _plan(args: EvalOptions, run_cfg: Any, run_dir: Path | None) -> _Plan:
+    """The `_Plan` of the options and, when --model names a run, that run's config (its task, seed, agent,
+    engine, device and token limit are the defaults the options override)."""
+    from p3o.dist import resolve_device
+    from p3o.envs import env_problems
+    from p3o.rollout.settings import EngineSettings
+    from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
+    from p3o.tasks.sources import eval_source
+
     task = task_settings(args, run_cfg)
     data_seed = run_cfg.seed if run_cfg is not None else 0
     agent = run_cfg.agent if run_cfg is not None else None
     env = args.env or (agent.env if agent is not None else None)
-    # the problems first: a wrong path or field fails before the model loads
     own = env_problems(env, "test", seed=data_seed, n=args.n_problems) if env and task.name == env else None
     if own is not None:  # a built-in environment's own held-out problems (calc, guess)
         problems = own
@@ -214,41 +251,44 @@ def main(argv: list[str] | None = None) -> int:
         "engine": engine,
         "reward_timeout_s": task.reward_timeout_s,
         "device": device,
+        **({"env": env} if env else {}),
     }
-    model_name = str(policy_dir) if run_dir is not None else args.model
-    cache_dir = run_cfg.model.cache_dir if run_cfg is not None else None
-    model, tokenizer = models.load_policy(model_name, **({"cache_dir": cache_dir} if cache_dir else {}))
-    if not args.quiet:
-        shown = ", ".join(f"{k} {v!r}" for k, v in settings.items() if v not in (None, {}))
-        print(f"p3o eval: {len(problems)} problems; {shown}", file=sys.stderr)
-    if env:  # full agent episodes, scored by the environment (p3o.eval.runner.evaluate_episodes)
-        result = evaluate_episodes(
+    return _Plan(task, list(problems), env, name, split, sampling, settings)
+
+
+def _run(args: EvalOptions, plan: _Plan, run_cfg: Any, model: Any, tokenizer: Any) -> Any:
+    """The `EvalResult` of `plan`: full agent episodes scored by the environment (`evaluate_episodes`) when it names
+    one, else one completion per sample scored by the task's verifier (`evaluate`)."""
+    from p3o.envs import EnvLimits
+    from p3o.eval.runner import evaluate, evaluate_episodes
+
+    ks, task = parse_ks(args.k), plan.task
+    common = {"n_samples": args.n_samples, "ks": ks, "batch_prompts": args.batch_prompts, "split": plan.split}
+    if plan.env:
+        agent = run_cfg.agent if run_cfg is not None else None
+        return evaluate_episodes(
             model,
             tokenizer,
-            problems,
-            sampling,
-            env=env,
+            plan.problems,
+            plan.sampling,
+            env=plan.env,
             env_kwargs=dict(agent.env_kwargs) if agent is not None else None,
             limits=_limits(EnvLimits, agent),
-            n_samples=args.n_samples,
-            ks=parse_ks(args.k),
-            batch_prompts=args.batch_prompts,
-            task=name,
-            split=split,
+            task=plan.name,
+            **common,
         )
-        settings["env"] = env
-    else:
-        result = _single_turn(evaluate, args, task, model, tokenizer, problems, sampling, name, split)
-    result.model = model_name
-    result.extra = {**result.extra, **settings}
-    d = result.to_dict()
-    if args.out is not None:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(d, indent=2) + "\n")
-    if not args.quiet:
-        print_table(d)
-    return 0
+    return evaluate(
+        model,
+        tokenizer,
+        plan.problems,
+        plan.sampling,
+        verifier=task.verifier,
+        template=task.template,
+        system_prompt=task.system_prompt,
+        timeout_s=task.reward_timeout_s,
+        task=plan.name,
+        **common,
+    )
 
 
 def _limits(limits_cls: Any, agent: Any) -> Any:
@@ -257,35 +297,6 @@ def _limits(limits_cls: Any, agent: Any) -> Any:
         return limits_cls()
     keys = ("max_turns", "max_turn_tokens", "max_total_tokens", "max_obs_tokens", "tool_timeout_s")
     return limits_cls(**{k: getattr(agent, k) for k in keys}, max_tool_output_chars=agent.max_tool_output_chars)
-
-
-def _single_turn(
-    evaluate: Any,
-    args: EvalOptions,
-    task: Any,
-    model: Any,
-    tokenizer: Any,
-    problems: Any,
-    sampling: Any,
-    name: str,
-    split: str,
-) -> Any:
-    """`evaluate` (`p3o.eval.runner.evaluate`) with the command's options: one completion per sample, a verifier."""
-    return evaluate(
-        model,
-        tokenizer,
-        problems,
-        sampling,
-        n_samples=args.n_samples,
-        ks=parse_ks(args.k),
-        verifier=task.verifier,
-        template=task.template,
-        system_prompt=task.system_prompt,
-        batch_prompts=args.batch_prompts,
-        timeout_s=task.reward_timeout_s,
-        task=name,
-        split=split,
-    )
 
 
 if __name__ == "__main__":
