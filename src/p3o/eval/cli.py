@@ -277,18 +277,9 @@ def _run(args: EvalOptions, plan: _Plan, run_cfg: Any, model: Any, tokenizer: An
             task=plan.name,
             **common,
         )
-    return evaluate(
-        model,
-        tokenizer,
-        plan.problems,
-        plan.sampling,
-        verifier=task.verifier,
-        template=task.template,
-        system_prompt=task.system_prompt,
-        timeout_s=task.reward_timeout_s,
-        task=plan.name,
-        **common,
-    )
+    scoring = {"verifier": task.verifier, "timeout_s": task.reward_timeout_s}  # the task's verifier and time limit
+    prompts = {"template": task.template, "system_prompt": task.system_prompt}  # formatted as in training
+    return evaluate(model, tokenizer, plan.problems, plan.sampling, task=plan.name, **scoring, **prompts, **common)
 
 
 def _limits(limits_cls: Any, agent: Any) -> Any:
