@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     # models.load_policy is looked up at call time (tests replace it); the options are read, so the start-up follows
     # heavy: torch and transformers start-up, not for `--help` or a refused option
     from p3o import models
-    from p3o.eval.runner import find_run
+    from p3o.eval.runner import evaluate, evaluate_episodes, find_run
     from p3o.models.hub import check_model_name
 
     policy_dir, run_dir = find_run(args.model)
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         shown = ", ".join(f"{k} {v!r}" for k, v in plan.settings.items() if v not in (None, {}))
         print(f"p3o eval: {len(plan.problems)} problems; {shown}", file=sys.stderr)
-    result = _run(args, plan, run_cfg, model, tokenizer)
+    result = _run(args, plan, model, tokenizer, evaluate, evaluate_episodes)
     result.model = model_name
     result.extra = {**result.extra, **plan.settings}
     d = result.to_dict()
@@ -213,13 +213,17 @@ class _Plan:
     split: str
     sampling: Any
     settings: dict[str, Any]
+    limits: Any = None
+    """The episodes' `p3o.envs.EnvLimits` (the run's ``agent.*``, else the defaults)."""
+    env_kwargs: dict[str, Any] | None = None
 
 
 def _plan(args: EvalOptions, run_cfg: Any, run_dir: Path | None) -> _Plan:
     """The `_Plan` of the options and, when --model names a run, that run's config (its task, seed, agent,
     engine, device and token limit are the defaults the options override)."""
+    # heavy: torch, transformers and the task loaders, read only once the options are valid
     from p3o.dist import resolve_device
-    from p3o.envs import env_problems
+    from p3o.envs import EnvLimits, env_problems
     from p3o.rollout.settings import EngineSettings
     from p3o.tasks import load_eval_problems, load_train_problems, task_options, task_verifier
     from p3o.tasks.sources import eval_source
@@ -253,30 +257,19 @@ def _plan(args: EvalOptions, run_cfg: Any, run_dir: Path | None) -> _Plan:
         "device": device,
         **({"env": env} if env else {}),
     }
-    return _Plan(task, list(problems), env, name, split, sampling, settings)
+    env_kwargs = dict(agent.env_kwargs) if agent is not None else None
+    return _Plan(task, list(problems), env, name, split, sampling, settings, _limits(EnvLimits, agent), env_kwargs)
 
 
-def _run(args: EvalOptions, plan: _Plan, run_cfg: Any, model: Any, tokenizer: Any) -> Any:
+def _run(args: EvalOptions, plan: _Plan, model: Any, tokenizer: Any, evaluate: Any, evaluate_episodes: Any) -> Any:
     """The `EvalResult` of `plan`: full agent episodes scored by the environment (`evaluate_episodes`) when it names
     one, else one completion per sample scored by the task's verifier (`evaluate`)."""
-    from p3o.envs import EnvLimits
-    from p3o.eval.runner import evaluate, evaluate_episodes
 
     ks, task = parse_ks(args.k), plan.task
     common = {"n_samples": args.n_samples, "ks": ks, "batch_prompts": args.batch_prompts, "split": plan.split}
     if plan.env:
-        agent = run_cfg.agent if run_cfg is not None else None
-        return evaluate_episodes(
-            model,
-            tokenizer,
-            plan.problems,
-            plan.sampling,
-            env=plan.env,
-            env_kwargs=dict(agent.env_kwargs) if agent is not None else None,
-            limits=_limits(EnvLimits, agent),
-            task=plan.name,
-            **common,
-        )
+        episodes = {"env": plan.env, "env_kwargs": plan.env_kwargs, "limits": plan.limits}
+        return evaluate_episodes(model, tokenizer, plan.problems, plan.sampling, task=plan.name, **episodes, **common)
     scoring = {"verifier": task.verifier, "timeout_s": task.reward_timeout_s}  # the task's verifier and time limit
     prompts = {"template": task.template, "system_prompt": task.system_prompt}  # formatted as in training
     return evaluate(model, tokenizer, plan.problems, plan.sampling, task=plan.name, **scoring, **prompts, **common)
