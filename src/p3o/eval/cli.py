@@ -213,9 +213,9 @@ class _Plan:
     split: str
     sampling: Any
     settings: dict[str, Any]
-    limits: Any = None
+    limits: Any
     """The episodes' `p3o.envs.EnvLimits` (the run's ``agent.*``, else the defaults)."""
-    env_kwargs: dict[str, Any] | None = None
+    env_kwargs: dict[str, Any] | None
 
 
 def _plan(args: EvalOptions, run_cfg: Any, run_dir: Path | None) -> _Plan:
@@ -263,7 +263,8 @@ def _plan(args: EvalOptions, run_cfg: Any, run_dir: Path | None) -> _Plan:
 
 def _run(args: EvalOptions, plan: _Plan, model: Any, tokenizer: Any, evaluate: Any, evaluate_episodes: Any) -> Any:
     """The `EvalResult` of `plan`: full agent episodes scored by the environment (`evaluate_episodes`) when it names
-    one, else one completion per sample scored by the task's verifier (`evaluate`)."""
+    one, else one completion per sample scored by the task's verifier (`evaluate`); both are `p3o.eval.runner`'s,
+    imported once by `main` (torch start-up only after the options are valid)."""
 
     ks, task = parse_ks(args.k), plan.task
     common = {"n_samples": args.n_samples, "ks": ks, "batch_prompts": args.batch_prompts, "split": plan.split}
