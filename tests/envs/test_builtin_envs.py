@@ -50,6 +50,25 @@ def test_calc_problems_are_deterministic_correct_and_split_disjoint() -> None:
         load_calc("train", kind="div")
 
 
+def test_calc_small_holds_out_at_least_256_distinct_problems() -> None:
+    """Issue 51 item 10: the agent testbed's 256 held-out problems are 256 different expressions (55 before)."""
+    test = load_calc("test", seed=0, n=256, kind="small")
+    train = load_calc("train", seed=0, n=2000, kind="small")
+    assert len({p.meta["key"] for p in test}) == 256
+    assert len({p.meta["key"] for p in load_calc("test", seed=0, n=10_000, kind="small")}) >= 300
+    assert not {p.meta["key"] for p in test} & {p.meta["key"] for p in train}
+    assert (
+        len({p.meta["key"] for p in train}) + len({p.meta["key"] for p in load_calc("test", n=999, kind="small")})
+        == 623
+    )
+    assert [p.prompt for p in load_calc("test", seed=1, n=256, kind="small")] != [p.prompt for p in test]
+    for p in test[:50] + train[:50]:
+        a, b = (int(x) for x in p.meta["expression"].split(" * "))
+        assert 11 <= a <= 99 and 3 <= b <= 9 and int(p.answer) == a * b and p.meta["kind"] == "small"
+        assert exact_int(p.solution, p.answer) == 1.0
+    assert calc_problem(300, "test", kind="small") == load_calc("test", n=301, kind="small")[300]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # calc
 # ------------------------------------------------------------------------------------------------------------------
