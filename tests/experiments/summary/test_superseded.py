@@ -37,6 +37,7 @@ def _repo(tmp_path: Path, entry: dict | None) -> tuple[Path, Path, Path]:
     verdict p 0.3), and a record file superseding old's asymre comparison by ``new`` (when ``entry``)."""
     (tmp_path / "configs" / "experiments" / "records").mkdir(parents=True)
     records = {"superseded": [entry]} if entry else {}
+    records["studies"] = [{"study": "old", "status": "pooled"}, {"study": "new", "status": "pooled"}]
     (tmp_path / "configs" / "experiments" / "records" / "ledger.yaml").write_text(
         yaml.safe_dump(records, allow_unicode=True)
     )
@@ -116,7 +117,9 @@ def test_check_holds_the_files_marks_to_the_record_file(tmp_path: Path) -> None:
     assert len(got) == 2 and all("supersedes it by new" in p for p in got)  # recorded, not marked
     mark_superseded(old, root / "configs" / "experiments")
     assert check_file(old)[0] == []
-    (root / "configs" / "experiments" / "records" / "ledger.yaml").write_text("{}\n")
+    (root / "configs" / "experiments" / "records" / "ledger.yaml").write_text(
+        "studies: [{study: old, status: pooled}]\n"
+    )
     got = check_file(old)[0]
     assert len(got) == 2 and all("records no such amendment" in p for p in got)  # marked, not recorded
 

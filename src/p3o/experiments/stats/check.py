@@ -20,8 +20,9 @@ of the version its runs were declared under) with the earliest recorded run star
 problem.
 
 The study's status (pooled / failed-bite / exploratory / superseded / replication, recorded in the record file's
-``studies``) is reported; a file the ledger pools must be confirmatory, and a file ``relabelled`` under an
-amendment of the analysis rules must name one the record file holds (``rules``).
+``studies``) is reported; a file the ledger pools must be confirmatory, a confirmatory file the record file does not
+list is refused (exit 2, one line), and a file ``relabelled`` under an amendment of the analysis rules must name one
+the record file holds (``rules``).
 
 A record marked ``superseded`` (``{by, date, why}``: re-decided by a later study, out of the pooled family) must be
 one the record file's ``superseded`` amendments name, with the same mark, and every verdict they name must be

@@ -28,15 +28,17 @@ Holm family of the summary; ``p3o compare --check`` refuses a marking the record
 (:func:`superseded_problems`).
 
 An LM verdict file whose runs started from a base each machine built for itself (every study before the base
-shipped in the package, `p3o.models.bases`) is labelled **summary statistics only** (:func:`base_label`, from its run
-records: a run since then records ``base_key`` ``<name>@<sha256>``): its recorded statistics stand under its status
-(pooled ones stay pooled) and it is not rerun; ``p3o compare --check`` says so.
+shipped in the package, `p3o.models.bases`) is labelled by what it keeps (:func:`base_label`, from its run records: a
+run since then records ``base_key`` ``<name>@<sha256>``): **per-CPU base, per-seed values kept** when every verdict
+keeps its per-seed values (``p3o compare --check`` recomputes them), else **summary statistics only**; its recorded
+statistics stand under its status (pooled ones stay pooled) and it is not rerun; ``p3o compare --check`` says so.
 
 Each study's **status** is recorded too (``studies:``): ``pooled`` (a confirmatory study whose primary verdicts join
 the one pooled Holm family of the summary), ``failed-bite`` (a confirmatory study that failed its pre-registered bite
 condition: reported, never pooled), ``exploratory``, ``superseded`` (a whole study re-decided by a later one) or
 ``replication`` (a rerun of a study, one verdict file named by ``file``, reported beside it). The
-summary reads the pooled family from it (:func:`study_status`), never from a hand-typed list of files.
+summary reads the pooled family from it (:func:`study_status`), never from a hand-typed list of files: a confirmatory
+verdict file the record file does not list is refused in one line (``p3o compare --check`` and the page build).
 
 An amendment of the **analysis rules** themselves (``rules:``, ``{id, date, commit, what, why}``) is recorded once for
 every study; ``python -m p3o.experiments.stats.relabel --rule ID FILE ...`` re-takes every verdict of the files under
@@ -406,13 +408,17 @@ def study_entry(records: Records | None, study: str, file: str | Path | None = N
     return mine[0] if mine else None
 
 
-#: The label of an LM verdict file whose runs did not start from a shipped base (`base_label`).
-PER_CPU_BASE = (
-    "summary statistics only: its runs started from a base each machine built for itself before the base shipped in "
-    "the package (p3o.models.bases; AVX2 and AVX-512 CPUs built different ones): the statistics it recorded stand "
-    "under its status as they are (pooled ones stay pooled) and it is not rerun; new studies start from the shipped "
-    "base"
+_PER_CPU_WHY = (
+    "its runs started from a base each machine built for itself before the base shipped in the package "
+    "(p3o.models.bases; AVX2 and AVX-512 CPUs built different ones): the statistics it recorded stand under its "
+    "status as they are (pooled ones stay pooled) and it is not rerun; new studies start from the shipped base"
 )
+#: The label of an LM verdict file whose runs did not start from a shipped base and whose verdicts do not all keep
+#: their per-seed values (`base_label`).
+PER_CPU_BASE = "summary statistics only: " + _PER_CPU_WHY
+#: The label of an LM verdict file whose runs did not start from a shipped base but whose every verdict keeps its
+#: per-seed values, so ``p3o compare --check`` recomputes it (`base_label`).
+PER_CPU_KEPT = "per-CPU base, per-seed values kept: " + _PER_CPU_WHY + "; every verdict is recomputed from its values"
 
 
 def study_instrument(path: str | Path) -> str:
@@ -427,25 +433,41 @@ def study_instrument(path: str | Path) -> str:
     return str(raw.get("instrument", "lm")) if isinstance(raw, dict) else "lm"
 
 
+def keeps_values(doc: dict[str, Any]) -> bool:
+    """Every verdict of the file keeps its per-seed values (``values_a`` and ``values_b``; False without verdicts)."""
+    verdicts = [r for r in doc.get("verdicts") or [] if isinstance(r, dict)]
+    return bool(verdicts) and all(r.get("values_a") is not None and r.get("values_b") is not None for r in verdicts)
+
+
 def base_label(doc: dict[str, Any], instrument: str) -> str | None:
-    """`PER_CPU_BASE` for an LM verdict file unless every run it records names a shipped base (``base_key``
-    ``<name>@<sha256 of the weights>``, `p3o.models.bases.base_id`: runs since the base shipped); None otherwise."""
+    """For an LM verdict file unless every run it records names a shipped base (``base_key``
+    ``<name>@<sha256 of the weights>``, `p3o.models.bases.base_id`: runs since the base shipped): `PER_CPU_KEPT` when
+    every verdict keeps its per-seed values (:func:`keeps_values`), else `PER_CPU_BASE`; None otherwise."""
     if instrument != "lm":
         return None
     keys = [str(run.get("base_key") or "") for run in doc.get("runs") or [] if isinstance(run, dict)]
-    return None if keys and all("@" in key for key in keys) else PER_CPU_BASE
+    if keys and all("@" in key for key in keys):
+        return None
+    return PER_CPU_KEPT if keeps_values(doc) else PER_CPU_BASE
 
 
 def study_status(
     records: Records | None, study: str, confirmatory: bool, file: str | Path | None = None
 ) -> tuple[str, str]:
     """(status, why) of ``study`` (its verdict file ``file``) as the record file states it: an entry naming the file
-    (``file:``, relative to the repository) first, else the study's entry without one; outside a repository (no
-    record file) or for a study it does not list: ``pooled`` when ``confirmatory``, else ``exploratory`` (the why
-    then says it is not recorded)."""
+    (``file:``, relative to the repository) first, else the study's entry without one. Inside a repository a
+    confirmatory study the record file does not list is refused (ConfigError, one line: it would be pooled silently);
+    outside one (no record file): ``pooled`` when ``confirmatory``; an unlisted exploratory one is ``exploratory``
+    (the why then says it is not recorded)."""
     entry = study_entry(records, study, file)
     if entry is not None:
         return str(entry["status"]), " ".join(str(entry.get("why", "")).split())
+    if confirmatory and records is not None:
+        where = file if file is not None else study
+        raise ConfigError(
+            f"{where}: a confirmatory verdict file with no entry in the ledger ({RECORDS}, studies:): record its "
+            "status (pooled, failed-bite, exploratory, superseded or replication) before it is pooled"
+        )
     return ("pooled" if confirmatory else "exploratory"), "no status recorded in the ledger"
 
 

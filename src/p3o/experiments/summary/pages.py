@@ -34,6 +34,8 @@ import yaml
 from p3o.errors import ConfigError
 from p3o.experiments.stats.bias import peak_bias
 from p3o.experiments.stats.ledger import (
+    PER_CPU_BASE,
+    PER_CPU_KEPT,
     STATUSES,
     base_label,
     ledger,
@@ -45,12 +47,17 @@ from p3o.experiments.stats.ledger import (
 from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, decision_p, holm, verdict
 from p3o.experiments.summary.blocks import END, START, links_from
 
-#: What a summary-statistics-only study's section says (`Study.summary_only`).
+#: What the section of a study from a per-CPU base says (`Study.summary_only`, `Study.per_cpu_base`).
 SUMMARY_ONLY = (
     "its runs started from a base each machine built for itself, before the base shipped in the package (AVX2 and "
     "AVX-512 CPUs built different ones); the statistics it recorded stand under its status as they are and it is "
     "not rerun, so its runs do not reproduce bit for bit on another CPU; new studies start from the shipped base"
 )
+#: The two labels of a study from a per-CPU base, by what its verdict file keeps (`Study.base_label`).
+PER_CPU_LABELS = {
+    PER_CPU_BASE: "summary statistics only",
+    PER_CPU_KEPT: "per-CPU base, per-seed values kept",
+}
 
 
 @dataclass
@@ -75,10 +82,18 @@ class Study:
         return self.path.name.removesuffix(".verdicts.json")
 
     @property
+    def base_label(self) -> str | None:
+        """How the pages label an LM study whose runs started from a base each machine built for itself (before
+        the base shipped; :func:`p3o.experiments.stats.ledger.base_label`): "per-CPU base, per-seed values kept"
+        when every verdict keeps its per-seed values, else "summary statistics only"; None for the others."""
+        full = base_label({"runs": self.runs, "verdicts": self.records}, self.instrument)
+        return PER_CPU_LABELS[full] if full is not None else None
+
+    @property
     def summary_only(self) -> bool:
-        """An LM study whose runs started from a base each machine built for itself (before the base shipped):
-        its recorded statistics stand, it is not rerun (:func:`p3o.experiments.stats.ledger.base_label`)."""
-        return base_label({"runs": self.runs}, self.instrument) is not None
+        """A study from a per-CPU base whose verdicts do not all keep their per-seed values: its recorded summary
+        statistics stand, it is not rerun (:attr:`base_label`)."""
+        return self.base_label == PER_CPU_LABELS[PER_CPU_BASE]
 
     @cached_property
     def instrument(self) -> str:
@@ -292,7 +307,8 @@ def render_page(studies: list[Study], command: str) -> str:
             f"Pre-registration: {_mode(study)}. Status in the ledger: **{STATUSES[study.status]}**{why}.",
             "",
             *([f"**Selection bias**: {study.bias['text']}.", ""] if study.bias else []),
-            *([f"**Summary statistics only**: {SUMMARY_ONLY}.", ""] if study.summary_only else []),
+            *([f"**{study.base_label[0].upper()}{study.base_label[1:]}**: {SUMMARY_ONLY}.", ""]
+              if study.base_label else []),
         ]
         if not study.records:
             lines += ["No verdicts: a descriptive study (its report's tables are the result).", ""]
@@ -384,7 +400,11 @@ def render_index(studies: list[Study], command: str, index: Path, pages: dict[st
         status += (
             f"; peak selection-biased ({study.bias['bias']:+.3f} expected under no learning)" if study.bias else ""
         )
-        status += "; summary statistics only (runs from a per-CPU base)" if study.summary_only else ""
+        status += (
+            f"; {study.base_label}" + ("" if study.base_label.startswith("per-CPU") else " (runs from a per-CPU base)")
+            if study.base_label
+            else ""
+        )
         seeds = _seed_text([int(s) for s in pre.get("seeds", [])])
         prim = [r for r in study.records if _primary(r)]
         src = study_file(study.name)
