@@ -301,3 +301,21 @@ def test_workers_outlive_the_calling_thread_and_die_with_the_trainer() -> None:
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids)  # PR_SET_PDEATHSIG: no orphaned tool process
+
+
+def test_calls_queued_behind_a_killed_worker_are_not_charged_and_its_children_die(tmp_path) -> None:
+    """Issue 51 item 7: after a hung call is killed, calls that wait while the spare still imports (1.5 s here, past
+    the 0.5 s limit) run in full and return, not 'timeout'; the hung tool's own child process dies with its worker."""
+    tools = [load_tool("slow_import_tools:quick"), load_tool("slow_import_tools:spawn_and_hang")]
+    pid_file = tmp_path / "child.pid"
+    with ToolRunner(tools, timeout_s=0.5, workers=1) as r:
+        r.start()
+        [hung] = r.run_many([ToolCall("spawn_and_hang", {"pid_file": str(pid_file)})])
+        assert hung.status == "timeout"
+        child = int(pid_file.read_text())
+        results = r.run_many([ToolCall("quick", {}), ToolCall("quick", {})])
+        assert [(x.status, x.output) for x in results] == [("ok", "quick")] * 2
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)  # the killed worker's process group went with it

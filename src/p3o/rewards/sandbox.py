@@ -2,9 +2,11 @@
 
 The worker (`p3o.rewards.mv_worker`) is started on first use, talks JSON lines over pipes, and is killed when a
 call overruns its limit. After the first kill a warm spare is kept, so the next call does not wait for a fresh
-interpreter to import sympy; a call never waits longer than its limit (only the very first start-up, a one-time
-cost of ~1–3 s, is bounded separately). Children die with the parent (PR_SET_PDEATHSIG) and are killed at
-interpreter exit: no leaked processes.
+interpreter to import sympy. A call's limit runs from the moment a ready worker has its request: a call that waits
+for a worker to start (the first, or one right after a kill while the spare still imports) is queued, not charged,
+and that start-up is bounded separately (``start_timeout_s``). Each worker leads its own process group, and a kill
+takes the whole group: a tool's own child processes die with it. Workers die with the parent (PR_SET_PDEATHSIG) and
+are killed at interpreter exit: no leaked processes.
 
     worker = Worker()
     worker.call({"op": "equal", "pred": "1/2", "gold": "0.5"}, timeout_s=1.0)   # -> True, or None on timeout
@@ -13,9 +15,11 @@ interpreter exit: no leaked processes.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -43,6 +47,7 @@ class _Child:
             stderr=subprocess.DEVNULL,
             env=env,
             close_fds=True,
+            start_new_session=True,  # its own process group: a kill takes whatever the call started too
         )
         self.buf = b""
         self.ready = False
@@ -76,6 +81,9 @@ class _Child:
         return self.ready
 
     def kill(self) -> None:
+        """SIGKILL the worker's process group (the worker and any process a call started), then reap the worker."""
+        with contextlib.suppress(OSError):  # the group outlives a dead leader while its children run
+            os.killpg(self.proc.pid, signal.SIGKILL)
         try:
             if self.proc.poll() is None:
                 self.proc.kill()
@@ -117,8 +125,9 @@ class Worker:
         child = self.active if self.active is not None and self.active.alive else self.spare
         return child.proc.pid if child is not None and child.alive else None
 
-    def _activate(self, deadline: float) -> _Child | None:
-        """A ready worker, or None if none got ready before `deadline` (the first start waits start_timeout_s)."""
+    def _activate(self) -> _Child:
+        """A ready worker: the active one, the spare, or a fresh one, waiting up to start_timeout_s for it to start
+        (a start-up is never charged to a call). RuntimeError when it does not start."""
         if self.active is not None and not self.active.alive:  # it died since its last reply
             self.active.kill()
             self.active = None
@@ -127,14 +136,10 @@ class Worker:
             self.active, self.spare = (
                 (self.spare, None) if self.spare is not None else (_Child(self.module, self.args), None)
             )
-        if not self.active.ready:
-            wait = self.start_timeout_s if not self.started else max(0.0, deadline - time.monotonic())
-            if not self.active.wait_ready(wait):
-                if not self.started:
-                    self.close()
-                    raise RuntimeError(f"p3o.rewards: worker {self.module} did not start in {wait:.0f}s")
-                return None
-            self.started = True
+        if not self.active.ready and not self.active.wait_ready(self.start_timeout_s):
+            self.close()
+            raise RuntimeError(f"p3o.rewards: worker {self.module} did not start in {self.start_timeout_s:.0f}s")
+        self.started = True
         return self.active
 
     def call(self, request: dict[str, Any], timeout_s: float = 1.0) -> Any:
@@ -162,13 +167,8 @@ class Worker:
 
     def _request(self, request: dict[str, Any], timeout_s: float) -> tuple[str, Any]:
         with self._lock:
-            first = not self.started
-            deadline = time.monotonic() + timeout_s
-            child = self._activate(deadline)
-            if child is None:
-                return "timeout", None
-            if first:  # the one-time start-up is not charged to this call
-                deadline = time.monotonic() + timeout_s
+            child = self._activate()
+            deadline = time.monotonic() + timeout_s  # the call's limit starts once a ready worker has it
             assert child.proc.stdin is not None
             try:
                 child.proc.stdin.write((json.dumps(request) + "\n").encode())
