@@ -1,65 +1,27 @@
-"""Run configuration: the schema of a training run, one dataclass per component.
+"""The schema of a run: one dataclass per component, and the root :class:`TrainConfig` that holds one of each (each
+component receives only its own section).
 
-The root :class:`TrainConfig` holds one sub-config per component (each component receives only its own
-sub-config). Every field is a :func:`config_field`: its help text for ``--help`` and its bounds, which pydantic
-checks with the field's type. Reading text into it (dotted command-line overrides, YAML files and presets, nearest-
-name errors) is :mod:`p3o.options`; the functions below are those with ``TrainConfig`` as the default root.
-
-    cfg = load_config(["--config", "quick", "--optim.lr", "3e-4", "--objective.name=grpo", "--objective.clip_eps=0.4"])
-
-``objective.<hyper>`` keys (``--objective.clip_eps 0.4``) are collected in ``ObjectiveConfig.hyper`` and typed by
-the objective's registry record (``p3o.objectives.OBJECTIVES[name]``), whose ``resolve`` fills in the defaults.
+Every field is a :func:`~p3o.options.config_field`: its help text for ``--help`` and its bounds, which pydantic
+checks with the field's type. In order: the model (:class:`LoraConfig`, :class:`ModelConfig`), the task
+(:class:`TaskConfig`, with the ``task.mixture`` spelling `parse_mixture`), sampling (:class:`RolloutConfig`), the
+trainer and its update (:class:`TrainerConfig`, :class:`UpdateConfig`, :class:`OptimConfig`), the data pipeline
+(:class:`LoopConfig`, :class:`AdvantageConfig`), the run's outputs (:class:`LogConfig`, :class:`CkptConfig`), the Ray
+cluster (:class:`RayConfig`), multi-turn agent episodes (:class:`AgentConfig`), and the root with the checks between
+sections. The objective's section, ``ObjectiveConfig``, lives with its keywords in :mod:`p3o.config.objective`.
 """
 
 from __future__ import annotations
 
-import ast
-import difflib
-import json
 import math
-import types
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import yaml
 from pydantic_core import core_schema
 
-from p3o import options
+from p3o.config.objective import ObjectiveConfig, _check_objective, objective_keys
 from p3o.errors import ConfigError
-from p3o.options import apply_overrides, config_field, list_presets, metavar, preset_path, shown, validate
-
-__all__ = [
-    "AdvantageConfig",
-    "AgentConfig",
-    "CkptConfig",
-    "LogConfig",
-    "LoopConfig",
-    "LoraConfig",
-    "ModelConfig",
-    "ObjectiveConfig",
-    "OptimConfig",
-    "RayConfig",
-    "RolloutConfig",
-    "TaskConfig",
-    "TrainConfig",
-    "TrainerConfig",
-    "UpdateConfig",
-    "apply_overrides",
-    "config_field",
-    "config_help",
-    "default_preset_text",
-    "from_dict",
-    "list_presets",
-    "load_config",
-    "objective_hyper",
-    "preset_path",
-    "save_config",
-    "to_dict",
-    "validate",
-]
+from p3o.options import config_field
 
 _f = config_field
 
@@ -338,22 +300,6 @@ class AdvantageConfig:
 
 
 @dataclass
-class ObjectiveConfig:
-    """The objective ``p3o.objectives.get_objective(name)`` and its keyword hyper-parameters.
-
-    On the command line and in YAML the hyper-parameters are flat: ``--objective.clip_eps 0.4`` or
-    ``objective: {name: grpo, clip_eps: 0.4}``; they are stored in ``hyper`` and passed as ``fn(inputs, **hyper)``
-    (unset ones keep the objective's own defaults).
-    """
-
-    name: str = _f("p3o", "objective name (see p3o.objectives.OBJECTIVES)")
-    hyper: dict[str, Any] = field(
-        default_factory=dict,
-        metadata={"help": "a keyword hyper-parameter of the chosen objective (below)", "extra": True},
-    )
-
-
-@dataclass
 class LogConfig:
     """Metrics output (``p3o.metrics.MetricsLogger``) and the console progress bar."""
 
@@ -485,235 +431,3 @@ class TrainConfig:
         """The chosen objective's ``objective.<hyper>`` keys (nearest-name hints for a mistyped key; from the
         registry's snapshot, `objective_keys`: no torch)."""
         return [f"objective.{h}" for h in objective_keys().get(self.objective.name, {}).get("hypers", {})]
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The objective: its registry record (p3o.objectives) is the one resolver
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def objective_hyper(cfg: ObjectiveConfig) -> dict[str, Any]:
-    """Every keyword hyper-parameter of the objective: ``cfg.hyper`` over its defaults (the record's ``resolve``)."""
-    from p3o.objectives import get_objective  # heavy: torch, not needed by --help
-
-    return get_objective(cfg.name).resolve(cfg.hyper, key_prefix="objective.")
-
-
-def _check_objective(cfg: ObjectiveConfig) -> None:
-    """Type ``cfg.hyper`` by the record's declared types (pydantic) and keep it under the current spellings.
-
-    The record's ``resolve`` is the one resolver: unknown keywords (one line with the nearest one and the objectives
-    it belongs to), deprecated spellings (renamed with a warning) and both spellings at once (refused).
-    """
-    _check_objective_keys(cfg)  # an option error answers before the registry's torch import
-    from p3o.objectives import get_objective  # heavy: torch, not needed by --help
-
-    rec = get_objective(cfg.name)
-    cfg.hyper = rec.resolve(cfg.hyper, key_prefix="objective.", check=options.check_value, given_only=True)
-
-
-#: The objectives' keywords, snapshot from the registry: {name: {"hypers": {keyword: its type, written as
-#: `type_text` writes it}, "aliases": {deprecated spelling: keyword}}} (package data: reading it imports no torch).
-OBJECTIVE_KEYS = "objectives-keys.json"
-_TYPE_NAMES: dict[str, Any] = {"Any": Any, "None": type(None), "bool": bool, "int": int, "float": float, "str": str}
-
-
-def type_text(tp: Any) -> str:
-    """A keyword's type as text that `parse_type` reads back: ``float | None``, ``Literal['k3', 'k2']``."""
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) is Literal:
-        text = f"Literal[{', '.join(repr(a) for a in args)}]"
-    elif typing.get_origin(tp) in (typing.Union, types.UnionType):
-        text = " | ".join(type_text(a) for a in args)
-    else:
-        text = next((name for name, known in _TYPE_NAMES.items() if known is tp), repr(tp))
-    if parse_type(text) != tp:
-        raise TypeError(f"objective keyword type {tp!r}: not one p3o.config.parse_type reads back")
-    return text
-
-
-def parse_type(text: str) -> Any:
-    """The type `type_text` wrote: names of `_TYPE_NAMES`, ``Literal[...]`` of Python literals, joined by ``|``."""
-    out: Any = None
-    for part in text.split(" | "):
-        if part.startswith("Literal[") and part.endswith("]"):
-            tp: Any = Literal[ast.literal_eval(f"({part[len('Literal[') : -1]},)")]
-        elif part in _TYPE_NAMES:
-            tp = _TYPE_NAMES[part]
-        else:
-            return None  # not a type type_text writes
-        out = tp if out is None else out | tp
-    return out
-
-
-def objective_keys(*, fresh: bool = False) -> dict[str, dict[str, dict[str, str]]]:
-    """Each objective's keywords and deprecated spellings (`OBJECTIVE_KEYS`), from the packaged snapshot
-    p3o/configs/objectives-keys.json or (``fresh``, or no snapshot) from the registry, which imports torch. A test
-    keeps the snapshot equal to the registry; regenerate it with
-    ``python -m p3o.config --objective-keys > src/p3o/configs/objectives-keys.json``."""
-    if not fresh:
-        snap = Path(__file__).with_name("configs") / OBJECTIVE_KEYS
-        if snap.is_file():
-            return dict(json.loads(snap.read_text(encoding="utf-8")))
-    from p3o.objectives import OBJECTIVES  # heavy: torch
-
-    return {
-        name: {"hypers": {h.name: type_text(h.type) for h in rec.hypers.values()}, "aliases": dict(rec.aliases)}
-        for name, rec in OBJECTIVES.items()
-    }
-
-
-def _check_objective_keys(cfg: ObjectiveConfig) -> None:
-    """The registry's errors for the objective's name and keywords (`Objective.resolve`: an unknown name or
-    keyword, both spellings of one, a value of the wrong type), read from the `objective_keys` snapshot: one line
-    before torch loads. A test holds each message equal to the registry's."""
-    table = objective_keys()
-    if cfg.name not in table:
-        near = difflib.get_close_matches(str(cfg.name), list(table), n=1)
-        hint = f" (did you mean '{near[0]}'?)" if near else ""
-        raise ConfigError(f"objective.name: unknown objective '{cfg.name}'{hint}; known: {', '.join(table)}")
-    hypers, aliases = table[cfg.name]["hypers"], table[cfg.name]["aliases"]
-    for key, value in cfg.hyper.items():
-        new = aliases.get(key)
-        if new is not None:
-            if new in cfg.hyper:
-                raise ConfigError(f"objective.{key}: old spelling of objective.{new}, which is also set; keep one")
-            key = new
-        if key not in hypers:
-            near = difflib.get_close_matches(key, list(hypers), n=1, cutoff=0.6)
-            others = [name for name, rec in table.items() if key in rec["hypers"]]
-            belongs = f"; '{key}' belongs to {', '.join(others)}" if others else ""
-            hint = f" (did you mean 'objective.{near[0]}'?)" if near else ""
-            raise ConfigError(
-                f"unknown key 'objective.{key}' for objective '{cfg.name}'{hint}{belongs}; its hyper-parameters: "
-                + (", ".join(hypers) or "none")
-            )
-        options.check_value(f"objective.{key}", value, parse_type(hypers[key]))
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# p3o.options with TrainConfig as the root
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def _leaf_fields(cls: type = TrainConfig) -> list[tuple[str, Any, Any]]:
-    """(dotted key, field, type) of every leaf field of ``cls``."""
-    return options.leaf_fields(cls)
-
-
-def load_config(argv: list[str] | None = None, *, base: Any = None, cls: type | None = None) -> Any:
-    """Parse ``--config PATH_OR_PRESET``, dotted overrides and ``--resume`` into a validated config.
-
-    The one command-line mechanism of ``p3o train`` (root ``TrainConfig``), ``p3o sft`` (``SFTConfig``) and
-    ``p3o compare`` (its options): ``cls`` is the root dataclass (default: ``type(base)``, else TrainConfig).
-    ``argv`` None or [] gives ``base`` (default: ``cls()``, the embedded defaults); forms and order:
-    :func:`p3o.options.load_config`.
-    """
-    return options.load_config(argv, cls or (type(base) if base is not None else TrainConfig), base=base)
-
-
-def from_dict(d: Mapping[str, Any], *, base: Any = None, source: str | None = None, cls: type | None = None) -> Any:
-    """A validated config of root ``cls`` (default: ``type(base)``, else TrainConfig) from a (nested or dotted)
-    dict laid over ``base`` (default: ``cls()``). ``source`` (a file name, or ``file: section``) prefixes errors."""
-    return options.from_dict(d, cls or (type(base) if base is not None else TrainConfig), base=base, source=source)
-
-
-def to_dict(cfg: Any, *, resolve_objective: bool = False) -> dict[str, Any]:
-    """Plain nested dict of ``cfg`` (tuples as lists; objective hyper-parameters flat next to ``name``).
-
-    ``resolve_objective=True`` writes every hyper-parameter of the objective, its defaults filled in.
-    """
-    out = options.to_dict(cfg)
-    if resolve_objective:
-        out["objective"] = options.to_dict({"name": cfg.objective.name, **objective_hyper(cfg.objective)})
-    return out
-
-
-def save_config(cfg: TrainConfig, path: str | Path, *, resolve_objective: bool = True) -> Path:
-    """Write ``cfg`` as YAML (the resolved config of a run); returns the path.
-
-    The file reloads with ``load_config(["--config", path])`` to an equal config.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = "# resolved p3o config; rerun with: p3o train --config " + str(path) + "\n"
-    text += yaml.safe_dump(
-        to_dict(cfg, resolve_objective=resolve_objective), sort_keys=False, default_flow_style=False
-    )
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
-
-
-def config_help(cls: type | None = None, extra: Sequence[tuple[str, str]] | None = None) -> str:
-    """Every option of root ``cls`` (default TrainConfig) grouped by section, with its type, default and help.
-
-    The ``--help`` of ``p3o train``, ``p3o sft`` and ``p3o compare``; ``extra`` adds (option, help) rows that are
-    not config fields (``p3o sft --out``). For TrainConfig the objectives and their typed ``objective.<hyper>``
-    keys are listed from the registry records.
-    """
-    if cls not in (None, TrainConfig):
-        default_row = ("--config PATH", "YAML file of these keys (applied before the command-line options)")
-        return options.config_help(cls, [default_row, *(extra or [])])
-    general = [
-        ("--config PATH_OR_PRESET", "YAML file or preset: " + ", ".join(list_presets())),
-        ("--resume", "continue the run in run_dir from its newest intact checkpoint, with the run's own settings"),
-        ("--allow-changes", "with --resume: let given values change the experiment (in config_history.jsonl)"),
-        *(extra or []),
-    ]
-    tail = objective_rows()
-    return options.config_help(TrainConfig, general, tail)
-
-
-#: The objectives' rows of ``p3o train --help``, snapshot from the registry (package data: reading it imports no torch)
-OBJECTIVE_ROWS = "objectives-help.json"
-
-
-def objective_rows(*, fresh: bool = False) -> list[Any]:
-    """The objectives and their typed ``objective.<hyper>`` keys as ``--help`` rows (a heading string or an
-    (option, help) pair), from the packaged snapshot p3o/configs/objectives-help.json, or from the registry
-    (``fresh``, or no snapshot; the registry imports torch). A test keeps the snapshot equal to the registry;
-    regenerate it with ``python -m p3o.config --objectives > src/p3o/configs/objectives-help.json``.
-    """
-    if not fresh:
-        snap = Path(__file__).with_name("configs") / OBJECTIVE_ROWS
-        if snap.is_file():
-            return [r if isinstance(r, str) else tuple(r) for r in json.loads(snap.read_text(encoding="utf-8"))]
-    from p3o.objectives import OBJECTIVES  # heavy: torch, not needed by --help
-
-    records = list(OBJECTIVES.values())
-    common = set.intersection(*(set(r.hypers) for r in records))
-    tail: list[Any] = []
-    for i, rec in enumerate(records):
-        tail.append(f"objective.name {rec.name}: {rec.summary}")
-        for h in rec.hypers.values():
-            if h.name not in common or i == len(records) - 1:
-                tail.append((f"--objective.{h.name} {metavar(h.type)}", f"[default: {shown(h.default)}]"))
-    tail.append(f"(every objective also takes {', '.join(sorted(common))}; defaults as for {records[-1].name})")
-    return tail
-
-
-def default_preset_text() -> str:
-    """The text of the preset p3o/configs/default.yaml: every key of the embedded defaults under the preset header.
-
-    Regenerate it after changing a default: ``python -m p3o.config > src/p3o/configs/default.yaml``
-    """
-    header = (
-        "# p3o train --config default\n"
-        "# The embedded default job (= `p3o train` with no arguments): P3O on the built-in arithmetic task with the\n"
-        "# built-in tiny model. Every key is listed; a preset only needs the keys it changes.\n"
-        "# Off-policy source: lag (loop.mode async, max_lag 2: a batch is up to 2 policy versions old).\n"
-    )
-    return header + yaml.safe_dump(to_dict(TrainConfig()), sort_keys=False, default_flow_style=False)
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] == ["--objectives"]:
-        print(json.dumps(objective_rows(fresh=True), indent=1, ensure_ascii=False))
-    elif sys.argv[1:] == ["--objective-keys"]:
-        print(json.dumps(objective_keys(fresh=True), indent=1, ensure_ascii=False))
-    else:
-        print(default_preset_text(), end="")
