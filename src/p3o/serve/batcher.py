@@ -1,0 +1,198 @@
+"""One thread in front of the engine: the requests that arrive together and sample alike go in one `generate` call.
+
+A request becomes a `Job` (its prompt ids, n, its token budget and its `Sampling`). The batcher thread takes the
+first waiting job, waits ``window_s`` for more, and runs every job with the same sampling settings (temperature,
+top-p, top-k; a seeded job runs alone, so its draws depend on its seed only) as one engine call: each prompt is
+repeated n times, the call's token limit is the largest budget, and each row is cut back to its own job's budget.
+The engine's sampling settings are set for the call under its lock (`SamplingEngine._lock`, which `load_weights`
+takes too), so weights load between engine calls and every token carries the version that sampled it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from p3o.errors import ConfigError, P3OError
+from p3o.serve.tools import BadRequest
+from p3o.types import Rollouts
+
+__all__ = ["Batcher", "Draw", "Job", "Sampling"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A request's sampling settings: τ ≥ 0, top-p in (0, 1], top-k ≥ 0 (0 = off), an optional seed."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+@dataclass
+class Draw:
+    """One sampled row: ids (the engine's stop id kept), a log-prob and a version per id, each id's kept set (None
+    when the engine records none), and whether the engine stopped it (a stop id) rather than the budget."""
+
+    ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    stopped: bool
+    kept: list[list[int]] | None = None
+
+
+@dataclass
+class Job:
+    """A request's draws to make: n completions of `prompt_ids`, at most `max_tokens` each."""
+
+    prompt_ids: list[int]
+    n: int
+    max_tokens: int
+    sampling: Sampling
+    future: cf.Future = field(default_factory=cf.Future)
+
+
+class Batcher:
+    """Runs `Job`s on `engine` from one thread, batching jobs that sample alike (see the module docstring).
+
+    Counters: ``engine_calls``, ``batched_jobs`` (jobs that shared a call with another), ``sampled_tokens``.
+    """
+
+    def __init__(self, engine: Any, *, window_s: float = 0.005, max_batch: int = 64) -> None:
+        self.engine = engine
+        self.window_s = float(window_s)
+        self.max_batch = int(max_batch)
+        self.counts = {"engine_calls": 0, "batched_jobs": 0, "sampled_tokens": 0}
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="p3o-serve-batcher", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=60)
+            self._thread = None
+
+    def submit(self, job: Job) -> cf.Future:
+        """Queue `job`; its future gives ``list[Draw]`` (n of them) or raises what the engine raised."""
+        self._queue.put(job)
+        return job.future
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            jobs = [first]
+            deadline = time.monotonic() + self.window_s
+            while len(jobs) < self.max_batch:
+                try:
+                    nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                jobs.append(nxt)
+            groups: dict[Any, list[Job]] = {}
+            for j in jobs:
+                key = (j.sampling.temperature, j.sampling.top_p, j.sampling.top_k)
+                groups.setdefault(key if j.sampling.seed is None else id(j), []).append(j)
+            for group in groups.values():
+                self._run(group)
+
+    def _run(self, group: list[Job]) -> None:
+        try:
+            draws = self.draw(group)
+        except BaseException as err:  # the engine's error goes to every caller of the call, the thread runs on
+            for j in group:
+                if not j.future.done():
+                    j.future.set_exception(err)
+            return
+        self.counts["engine_calls"] += 1
+        if len(group) > 1:
+            self.counts["batched_jobs"] += len(group)
+        for j, d in zip(group, draws):
+            self.counts["sampled_tokens"] += sum(len(x.ids) for x in d)
+            j.future.set_result(d)
+
+    def draw(self, group: list[Job]) -> list[list[Draw]]:
+        """One engine call for `group` (jobs of one `Sampling`); each job's n draws, cut to its budget."""
+        s = group[0].sampling
+        prompts = [j.prompt_ids for j in group for _ in range(j.n)]
+        t_max = max(j.max_tokens for j in group)
+        lock = getattr(self.engine, "_lock", None) or contextlib.nullcontext()
+        with lock:
+            saved = getattr(self.engine, "settings", None)
+            if saved is not None:
+                try:
+                    self.engine.settings = dataclasses.replace(saved, temperature=s.temperature, top_p=s.top_p,
+                                                               top_k=s.top_k)  # fmt: skip
+                except ConfigError as err:
+                    raise BadRequest(str(err).replace("rollout.", "")) from err
+            elif (s.temperature, s.top_p, s.top_k) != (1.0, 1.0, 0):
+                raise BadRequest(f"{type(self.engine).__name__} samples with its own settings only")
+            try:
+                ro = self.engine.generate(prompts, 1, seed=s.seed, max_new_tokens=t_max)
+            finally:
+                if saved is not None:
+                    self.engine.settings = saved
+        rows = _rows(ro)
+        if len(rows) != len(prompts):
+            raise P3OError(f"engine returned {len(rows)} rows for {len(prompts)} prompts")
+        out, i = [], 0
+        for j in group:
+            mine = []
+            for d in rows[i : i + j.n]:
+                if len(d.ids) > j.max_tokens:
+                    k = j.max_tokens
+                    d = Draw(d.ids[:k], d.logprobs[:k], d.versions[:k], False, d.kept[:k] if d.kept else d.kept)
+                mine.append(d)
+            out.append(mine)
+            i += j.n
+        return out
+
+
+def _rows(ro: Rollouts) -> list[Draw]:
+    """The rows of an engine call as `Draw`s (only the valid ids of each row)."""
+    mask = ro.mask.cpu()
+    ids, lps, vers = ro.response_ids.cpu(), ro.rollout_logp.cpu(), ro.policy_version.cpu()
+    truncated = ro.truncated.cpu()
+    kept = _kept_sets(ro)
+    out = []
+    for i in range(mask.shape[0]):
+        valid = mask[i]
+        k = int(valid.sum())
+        out.append(Draw(ids[i][valid].tolist(), lps[i][valid].tolist(), vers[i][valid].tolist(),
+                        not bool(truncated[i]), kept[i][:k] if kept is not None else None))  # fmt: skip
+    return out
+
+
+def _kept_sets(ro: Rollouts) -> list[list[list[int]]] | None:
+    """Per row, per response position, the ids of the token's kept set (`Rollouts.sampling_mask`), or None."""
+    sm = ro.sampling_mask
+    if sm is None:
+        return None
+    counts = sm.counts.cpu().to(torch.long)
+    flat = sm.ids.cpu().tolist()
+    out, pos = [], 0
+    for row in counts.tolist():
+        sets = []
+        for c in row:
+            sets.append(flat[pos : pos + c])
+            pos += c
+        out.append(sets)
+    return out
