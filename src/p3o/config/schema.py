@@ -362,6 +362,17 @@ class AgentConfig:
     overlap: bool = _f(
         False, "generate for ready episodes while others' tools run (faster, not reproducible; False: tick barrier)"
     )
+    harness: str | None = _f(
+        None,
+        "an agent you already have, run against p3o's endpoint (p3o docs harness): package.module:function "
+        "(async def f(client, model, problem) -> reward or dict) or verifiers:<module> (None: no harness)",
+    )
+    episode_timeout_s: float = _f(120.0, "wall-clock limit of one harness episode (past it: a counted fault)", gt=0)
+    harness_concurrency: int = _f(64, "harness episodes running at once", ge=1)
+    serve_host: str = _f("127.0.0.1", "address the harness endpoint binds (localhost: only this machine sends data)")
+    serve_port: int = _f(0, "port of the harness endpoint (0: a free one; URL and key in run_dir/endpoint.json)", ge=0)
+    serve_api_key: str | None = _f(None, "bearer key of the harness endpoint (None: generated per run, never logged)")
+    tool_format: str = _f("auto", "tool-call format of the endpoint: auto (the tokenizer's), qwen3, llama3, none")
 
 
 @dataclass
@@ -410,6 +421,10 @@ class TrainConfig:
             for key in ("address", "num_cpus", "worker_python", "worker_resource"):
                 if getattr(self.ray, key) is not None:
                     raise ConfigError(f"ray.{key}: a Ray setting; it needs rollout.workers > 0 (Ray rollout workers)")
+        if self.agent.harness and self.agent.env:
+            raise ConfigError("agent.harness: a harness drives its own episodes; unset agent.env (or agent.harness)")
+        if self.agent.harness and self.rollout.workers > 0:
+            raise ConfigError("agent.harness: harness episodes run in the trainer's process; set rollout.workers 0")
         if self.rollout.workers > 0 and self.loop.mode not in ("sync", "async"):
             raise ConfigError(
                 f"rollout.workers: Ray rollout workers run with loop.mode sync or async, not {self.loop.mode}"

@@ -33,6 +33,7 @@ from p3o.rollout.factory import make_engine as _make
 from p3o.rollout.settings import EngineSettings
 from p3o.tasks import Mixture, format_prompt, load_eval_problems, load_mixture, load_train_problems, task_verifier
 from p3o.train import checkpoint  # called through the module: tests patch its functions
+from p3o.train.harness_source import harness_problems, harness_side
 from p3o.train.placement import FROM_RANK0
 from p3o.train.run_dir import earlier_run, run_outputs
 from p3o.train.step import make_optimizer, make_scheduler
@@ -186,7 +187,7 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
         eval_problems = [p for ps in mix.eval_problems for p in ps]
         reward_fn: Callable[[Rollouts], Tensor] = mix.reward_fn(timeout_s=task.reward_timeout_s)
     else:
-        problems, eval_problems = _env_problems(cfg) or _task_problems(cfg)
+        problems, eval_problems = _env_problems(cfg) or harness_problems(cfg) or _task_problems(cfg)
         # the task owns its default verifier; resolved before the model loads, so a bad module:function fails at once
         reward_fn = make_reward_fn(task_verifier(task, problems), timeout_s=task.reward_timeout_s)
     # the one engine record, built (and checked) before the model loads
@@ -196,6 +197,8 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else 0
     if getattr(cfg, "agent", None) is not None and cfg.agent.env:
         return _agent_rollout_side(cfg, problems, eval_problems, settings, tokenizer, int(pad))
+    if getattr(cfg, "agent", None) is not None and getattr(cfg.agent, "harness", None):
+        return RolloutSide(**harness_side(cfg, problems, eval_problems, settings, tokenizer, int(pad)))
 
     def encode(probs: list[Any]) -> list[list[int]]:
         texts = [format_prompt(p, tokenizer, task.template, system=task.system_prompt) for p in probs]
