@@ -43,6 +43,33 @@ class IdsRenderer:
         return list(OBS)
 
 
+class FixedEngine:
+    """A rollout engine without a model: every turn is `turn` (ids), log-prob −1 each, version 0 (no transformers to
+    import: for tests that start a process of their own)."""
+
+    def __init__(self, turn: list[int]) -> None:
+        self.turn, self.version = list(turn), 0
+
+    def generate(self, prompt_ids, n, *, seed=None, answers=None, max_new_tokens=None):
+        import torch
+
+        from p3o.types import Rollouts
+
+        rows = len(prompt_ids) * n
+        t = len(self.turn)
+        return Rollouts(
+            prompt_ids=torch.zeros((rows, 1), dtype=torch.long),
+            prompt_mask=torch.ones((rows, 1), dtype=torch.bool),
+            response_ids=torch.tensor([self.turn] * rows, dtype=torch.long),
+            mask=torch.ones((rows, t), dtype=torch.bool),
+            rollout_logp=torch.full((rows, t), -1.0),
+            policy_version=torch.zeros((rows, t), dtype=torch.long),
+            group_ids=torch.arange(rows),
+            rewards=torch.zeros(rows),
+            truncated=torch.zeros(rows, dtype=torch.bool),
+        )
+
+
 class Recording:
     """A rollout engine that remembers what each generate call sampled (its prompt and ids, per row)."""
 

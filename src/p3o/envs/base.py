@@ -11,7 +11,9 @@ An environment is made once per episode (by name, like tasks and verifiers: a bu
 
 The framework, never the environment, turns messages into token ids (`p3o.envs.render`): the model's sampled ids are
 kept as they are, the observation's ids are appended, nothing is decoded and re-tokenised (token in, token out).
-``turn_text`` is the decoded text of the model's turn, for parsing only (tool calls, a final answer).
+``turn_text`` is the decoded text of the model's turn, for parsing only (tool calls, a final answer): its sampled ids
+decoded with special tokens kept, without the EOS that ended it (a final answer reads ``#### 324``, not
+``#### 324<|im_end|>``); a stop string that ended it (``</calc>``) is kept.
 
 A turn ends at the tokenizer's EOS or at one of the environment's ``stop_strings`` (e.g. ``"</calc>"``, the close of a
 tool call); each stop string must be one token of the tokenizer (engines stop on ids), else the run is refused with one
@@ -32,7 +34,8 @@ Message = dict[str, str]
 """A chat message: ``{"role": "system" | "user" | "assistant" | "tool", "content": str}``."""
 
 COUNTERS = ("tool_calls", "tool_errors", "tool_timeouts", "parse_errors", "tool_latency_s")
-"""The per-step `Step.info` keys the runner sums per episode and logs (any other numeric key is summed too)."""
+"""The per-step `Step.info` keys the runner sums per episode and logs; any other numeric key is summed and logged
+too, under its own name (``episode/<key>`` in metrics.jsonl: its mean per episode)."""
 
 
 @dataclass
@@ -66,7 +69,8 @@ class Environment(Protocol):
         ...
 
     def step(self, turn: str) -> Step:
-        """React to the model's finished turn `turn` (decoded text of its sampled ids, special tokens kept)."""
+        """React to the model's finished turn `turn` (decoded text of its sampled ids, special tokens kept, without
+        the EOS that ended it; a stop string that ended it is kept)."""
         ...
 
     def close(self) -> None:
@@ -86,6 +90,9 @@ class EnvLimits:
         max_obs_tokens: tokens per observation; a longer one is cut in the middle with a visible marker.
         tool_timeout_s: wall-clock limit of one tool call; past it the call is killed and the model reads an error.
         max_tool_output_chars: characters of a tool's result kept before it is cut (a flood is a counted error).
+        env_timeout_s: wall-clock limit of one environment `step` (the environment's own code, in the trainer's
+            process); past it the episode is cut (``env_timeout``, scored 0) and the step left running in a daemon
+            thread.
     """
 
     max_turns: int = 4
@@ -94,13 +101,15 @@ class EnvLimits:
     max_obs_tokens: int = 32
     tool_timeout_s: float = 2.0
     max_tool_output_chars: int = 2000
+    env_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_turn_tokens", "max_total_tokens", "max_obs_tokens", "max_tool_output_chars"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"agent.{name}: must be >= 1, got {getattr(self, name)}")
-        if not self.tool_timeout_s > 0:
-            raise ConfigError(f"agent.tool_timeout_s: must be > 0, got {self.tool_timeout_s}")
+        for name in ("tool_timeout_s", "env_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"agent.{name}: must be > 0, got {getattr(self, name)}")
 
 
 def info_number(info: dict[str, Any], key: str) -> float:

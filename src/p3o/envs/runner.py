@@ -22,6 +22,12 @@ Scheduling: in ``overlap=False`` mode (the default) every tick waits for all env
 engine calls and their seeds are a function of (seed, tick) alone and a run reproduces; tools of different episodes
 still run at the same time (a thread pool). ``overlap=True`` generates for the episodes that are ready while the
 others' tools run (more throughput, not reproducible).
+
+An environment is the user's code, run in the trainer's process: a `step` that raises ends its episode (stop reason
+``env_error``, counted as ``env_errors``, scored 0; the first traceback is printed once, shortened), a `step` still
+running after ``limits.env_timeout_s`` is abandoned in its daemon thread (``env_timeout``, counted as
+``env_timeouts``, scored 0) and the batch goes on; the process still exits. An episode that would run past the
+model's context (``context``: prompt + history + the next turn) is cut there (``context``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,13 +52,17 @@ from p3o.envs.base import Environment, EnvLimits, Step, info_number
 from p3o.errors import P3OError
 from p3o.rollout.base import RolloutEngine, left_pad
 from p3o.tasks.base import Problem
-from p3o.types import Rollouts
+from p3o.types import Rollouts, SamplingMask
 
-__all__ = ["EPISODE_STATS", "STOP_REASONS", "Episode", "EpisodeEngine", "run_episodes"]
+__all__ = ["EPISODE_STATS", "STOP_KEYS", "STOP_REASONS", "Episode", "EpisodeEngine", "model_context", "run_episodes"]
 
-STOP_REASONS = ("done", "max_turns", "length", "turn_length", "env_error")
-"""Why an episode ended: the environment said done; the turn limit; the episode's token budget; a model turn hit
-``max_turn_tokens`` without a stop; the environment raised (its error is counted, the episode scored 0)."""
+STOP_REASONS = ("done", "max_turns", "length", "turn_length", "context", "env_error", "env_timeout")
+"""Why an episode ended: the environment said done; the turn limit; the episode's token budget
+(``max_total_tokens``); a model turn hit ``max_turn_tokens`` without a stop; the model's context (prompt + history
++ the next turn past it); the environment's `step` raised; it ran past ``env_timeout_s`` (both scored 0)."""
+
+STOP_KEYS = tuple(f"stop_{r}" for r in STOP_REASONS)
+"""Per-row `Rollouts.extras` keys: 1.0 on the row of the reason its episode ended, 0.0 on the others."""
 
 EPISODE_STATS = (
     "turns",
@@ -63,10 +76,15 @@ EPISODE_STATS = (
     "model_tokens",
     "versions",
     "cut",
+    "env_errors",
+    "env_timeouts",
+    *STOP_KEYS,
 )
-"""Per-row `Rollouts.extras` keys written by `run_episodes` (float32 each): model turns; the summed `Step.info`
+"""Per-row `Rollouts.extras` keys always written by `run_episodes` (float32 each): model turns; the summed `Step.info`
 counters; observation tokens appended and observations cut to ``max_obs_tokens``; model tokens; distinct policy
-versions among the model tokens; 1 when a limit ended the episode (not the environment)."""
+versions among the model tokens; 1 when anything but the environment's done ended the episode; the environment's
+errors and timeouts; the stop reason (`STOP_KEYS`). Every other numeric `Step.info` key an environment reports (its
+own counters) is summed per episode and written too, under its own name (0 on rows that never reported it)."""
 
 
 @dataclass
@@ -86,6 +104,9 @@ class Episode:
     stats: dict[str, float] = field(default_factory=dict)
     stop_reason: str = ""
     ended_with_eos: bool = True
+    kept_counts: list[int] = field(default_factory=list)
+    kept_ids: list[Tensor] = field(default_factory=list)
+    abandoned: bool = False
 
     @property
     def done(self) -> bool:
@@ -93,6 +114,40 @@ class Episode:
 
     def add(self, key: str, value: float) -> None:
         self.stats[key] = self.stats.get(key, 0.0) + float(value)
+
+    def append(self, ids: list[int], model: bool, logp: list[float], version: list[int], kept: tuple | None) -> None:
+        """Append a segment: a model turn (its log-probs, versions and kept sets) or an observation (model False)."""
+        self.ids += ids
+        self.model += [model] * len(ids)
+        self.logp += logp if model else [0.0] * len(ids)
+        self.version += version if model else [-1] * len(ids)
+        counts, kept_ids = kept if kept is not None else ([0] * len(ids), None)
+        self.kept_counts += counts
+        if kept_ids is not None:
+            self.kept_ids.append(kept_ids)
+
+
+class Reporter:
+    """Says each kind of trouble once, on stderr (``p3o: warning: ... (reported once)``)."""
+
+    def __init__(self) -> None:
+        self.said: set[str] = set()
+
+    def __call__(self, kind: str, message: str) -> None:
+        if kind not in self.said:
+            self.said.add(kind)
+            print(f"p3o: warning: {message} (reported once)", file=sys.stderr, flush=True)
+
+
+def _short_traceback(exc: BaseException) -> str:
+    """``ValueError: msg (at file.py:12 in step)``: the exception and the innermost frame of its traceback."""
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        f = frames[-1]
+        where = f" (at {f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name})"
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}{where}"
 
 
 def _cut_at_stop(ids: list[int], stops: set[int]) -> tuple[int, bool]:
@@ -115,8 +170,9 @@ def run_episodes(
     eos_ids: Sequence[int],
     stop_ids: Sequence[int] = (),
     overlap: bool = False,
-    max_workers: int = 16,
     on_tick: Callable[[int], None] | None = None,
+    context: int | None = None,
+    report: Callable[[str, str], None] | None = None,
 ) -> Rollouts:
     """Run `n` episodes of every problem to their end; one row per episode, rows of a problem consecutive.
 
@@ -127,21 +183,26 @@ def run_episodes(
         problems: B problems; rows b·n … b·n + n − 1 are problem b's episodes (one GRPO group).
         renderer: turns messages into ids (`p3o.envs.render.Renderer`): ``prompt_ids(messages)`` and
             ``observation(messages, turn_ended_with_eos) -> Observation(ids, cut)`` (or ``observation_ids -> ids``).
-        limits: `EnvLimits` (turns, tokens per turn / episode / observation; tool limits live in the tools).
+        limits: `EnvLimits` (turns, tokens per turn / episode / observation, ``env_timeout_s`` of one `step`; tool
+            limits live in the tools).
         seed: the episode seeds (env.reset) and each tick's engine seed derive from it.
         eos_ids: ids that end a turn as a finished message; `stop_ids`: the environment's other turn-ending ids
             (a tool call's close). A turn is cut after its first id of either set, whatever the engine did.
         overlap: generate for ready episodes while others' tools run (not reproducible); see the module docstring.
         on_tick: called with the tick number before each engine call (tests push weights there).
+        context: the model's context in tokens (`model_context`; None: unbounded): a turn never runs past it.
+        report: ``report(kind, message)`` says an environment's first error, timeout, ... (default: once per call).
     Returns:
         `Rollouts`: prompt (B·n, P) left-padded; response (B·n, T) = turns and observations; ``mask`` model tokens,
         ``attn`` every real token; ``rollout_logp`` / ``policy_version`` per model token (0 / −1 elsewhere);
-        ``rewards`` the episodes' returns; ``truncated`` = a limit ended it; ``extras`` = `EPISODE_STATS`.
+        ``rewards`` the episodes' returns; ``truncated`` = a limit ended it; ``extras`` = `EPISODE_STATS` and the
+        environment's own counters; ``sampling_mask`` the engine's kept sets where it recorded them.
     """
     if n < 1:
         raise P3OError(f"run_episodes: n must be >= 1, got {n}")
     eos, stops = set(int(i) for i in eos_ids), set(int(i) for i in stop_ids)
     ends = eos | stops
+    report = report if report is not None else Reporter()
     episodes: list[Episode] = []
     try:
         for b, problem in enumerate(problems):
@@ -153,39 +214,81 @@ def run_episodes(
                 ep.prompt = list(renderer.prompt_ids(messages))
                 if not ep.prompt:
                     raise P3OError(f"environment {type(env).__name__}: reset returned no prompt")
-        with cf.ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(episodes)))) as pool:
-            _tick_loop(engine, episodes, renderer, limits, seed, eos, ends, overlap, pool, on_tick)
+        _tick_loop(engine, episodes, renderer, limits, seed, (eos, ends), overlap, on_tick, context, report)
     finally:
         for ep in episodes:
-            with contextlib.suppress(Exception):  # a user env's close must not lose the batch
-                ep.env.close()
+            if ep.abandoned:  # its step still runs (hung): close it from a daemon thread, never wait for it
+                threading.Thread(target=_quiet_close, args=(ep.env,), daemon=True).start()
+            else:
+                _quiet_close(ep.env)
     return _rows(episodes, engine)
 
 
-def _tick_loop(engine, episodes, renderer, limits, seed, eos, ends, overlap, pool, on_tick) -> None:
+def _quiet_close(env: Environment) -> None:
+    with contextlib.suppress(Exception):  # a user env's close must not lose the batch
+        env.close()
+
+
+def _tick_loop(engine, episodes, renderer, limits, seed, ids, overlap, on_tick, context, report) -> None:
+    """Generate for the ready episodes, step their environments (one daemon thread per step), repeat; without
+    `overlap` a tick waits for every step it started (the reproducible barrier); a step past ``env_timeout_s`` is
+    abandoned and its episode cut."""
+    eos, ends = ids
     pending: dict[cf.Future, tuple[Episode, float]] = {}
     order = {id(ep): i for i, ep in enumerate(episodes)}  # an episode's row: ticks keep the rows' order
     ready = list(episodes)
     tick = 0
+    limit = limits.env_timeout_s
     while ready or pending:
-        if ready:
+        if ready and (overlap or not pending):
             if on_tick is not None:
                 on_tick(tick)
-            finished = _generate_turn(engine, ready, limits, _mix(seed, 1, tick), ends, eos)
+            finished = _generate_turn(engine, ready, limits, _mix(seed, 1, tick), ends, eos, context)
             tick += 1
             ready = []
             for ep, text in finished:
-                if ep.done:
-                    continue
-                pending[pool.submit(_safe_step, ep.env, text)] = (ep, time.perf_counter())
+                if not ep.done:
+                    pending[_start_step(ep.env, text)] = (ep, time.monotonic())
         if not pending:
             continue
-        done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED if overlap else cf.ALL_COMPLETED)
-        for fut in sorted(done, key=lambda f: order[id(pending[f][0])]):
+        wait = None if limit is None else max(0.0, min(t0 for _, t0 in pending.values()) + limit - time.monotonic())
+        done, _ = cf.wait(pending, timeout=wait, return_when=cf.FIRST_COMPLETED if overlap else cf.ALL_COMPLETED)
+        now = time.monotonic()
+        late = {f for f, (_, t0) in pending.items() if f not in done and limit is not None and now - t0 >= limit}
+        for fut in sorted(done | late, key=lambda f: order[id(pending[f][0])]):
             ep, _t0 = pending.pop(fut)
-            if _after_step(ep, fut.result(), renderer, limits):
+            if fut in late:
+                _abandon(ep, limit, report)
+            elif _after_step(ep, fut.result(), renderer, limits, report, context):
                 ready.append(ep)
         ready.sort(key=lambda ep: order[id(ep)])
+
+
+def _start_step(env: Environment, text: str) -> cf.Future:
+    """``env.step(text)`` in a daemon thread (a hung step never keeps the process alive); its future holds the
+    `Step` or the exception it raised."""
+    fut: cf.Future = cf.Future()
+
+    def work() -> None:
+        try:
+            result: Step | BaseException = env.step(text)
+        except Exception as exc:  # a user environment's bug ends its episode, never the run
+            result = exc
+        fut.set_result(result)
+
+    threading.Thread(target=work, daemon=True, name="p3o-env-step").start()
+    return fut
+
+
+def _abandon(ep: Episode, limit: float, report: Callable[[str, str], None]) -> None:
+    """Cut an episode whose environment step overran ``env_timeout_s`` (scored 0, counted)."""
+    ep.add("env_timeouts", 1)
+    ep.stop_reason, ep.reward, ep.abandoned = "env_timeout", 0.0, True
+    report(
+        "env_timeout",
+        f"environment {type(ep.env).__name__}.step ran past agent.env_timeout_s = {limit:g}s: the episode is cut and "
+        "scores 0, counted as episode/env_timeouts",
+    )
 
 
 def _mix(*ints: int) -> int:
@@ -194,43 +297,71 @@ def _mix(*ints: int) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
-def _safe_step(env: Environment, text: str) -> Step | BaseException:
-    try:
-        return env.step(text)
-    except Exception as exc:  # a user environment's bug ends its episode, never the run
-        return exc
+def _budget(ep: Episode, limits: EnvLimits, context: int | None) -> tuple[int, str]:
+    """(tokens this episode's next turn may sample, the limit that binds: "length" or "context")."""
+    budget, reason = min(limits.max_turn_tokens, limits.max_total_tokens - len(ep.ids)), "length"
+    if context is not None and context - len(ep.prompt) - len(ep.ids) < budget:
+        budget, reason = context - len(ep.prompt) - len(ep.ids), "context"
+    return budget, reason
 
 
-def _generate_turn(engine, ready: list[Episode], limits: EnvLimits, seed: int, ends: set[int], eos: set[int]):
-    """One engine call for every ready episode; appends each turn; returns (episode, decoded turn text)."""
-    budgets = [min(limits.max_turn_tokens, limits.max_total_tokens - len(ep.ids)) for ep in ready]
-    histories = [ep.prompt + ep.ids for ep in ready]
+def _generate_turn(engine, ready: list[Episode], limits: EnvLimits, seed: int, ends, eos, context: int | None):
+    """One engine call for every ready episode; appends each turn; returns (episode, the turn's text for its
+    environment: its ids decoded, special tokens kept, without the EOS that ended it)."""
+    ready = list(ready)
+    budgets = [_budget(ep, limits, context) for ep in ready]
+    for ep, (budget, reason) in zip(ready, budgets):
+        if budget < 1:  # no room for one more token: the context binds (the token budget never leaves 0)
+            ep.stop_reason = reason
+    live = [(ep, b) for ep, (b, _) in zip(ready, budgets) if not ep.done]
+    if not live:
+        return []
     kw = {"seed": seed}
     if _takes_max_new_tokens(type(engine)):
-        kw["max_new_tokens"] = max(budgets)
-    ro = engine.generate(histories, 1, **kw)
+        kw["max_new_tokens"] = max(b for _, b in live)
+    ro = engine.generate([ep.prompt + ep.ids for ep, _ in live], 1, **kw)
     tok = getattr(engine, "tokenizer", None)
     out = []
-    for i, ep in enumerate(ready):
+    for i, (ep, budget) in enumerate(live):
         valid = ro.mask[i].cpu()
         ids = ro.response_ids[i].cpu()[valid].tolist()
-        lps = ro.rollout_logp[i].cpu()[valid].tolist()
-        vers = ro.policy_version[i].cpu()[valid].tolist()
         k, stopped = _cut_at_stop(ids, ends)
-        if k > budgets[i]:  # the engine sampled past this episode's budget: those tokens were never its own
-            k, stopped = budgets[i], False
-        ids, lps, vers = ids[:k], lps[:k], vers[:k]
-        ep.ids += ids
-        ep.model += [True] * k
-        ep.logp += lps
-        ep.version += vers
+        if k > budget:  # the engine sampled past this episode's budget: those tokens were never its own
+            k, stopped = budget, False
+        lps = ro.rollout_logp[i].cpu()[valid].tolist()[:k]
+        vers = ro.policy_version[i].cpu()[valid].tolist()[:k]
+        ep.append(ids[:k], True, lps, vers, _kept_sets(ro.sampling_mask, i, valid, k))
         ep.turns += 1
+        ids = ids[:k]
         ep.ended_with_eos = bool(ids) and ids[-1] in eos
         if not stopped:
-            ep.stop_reason = "length" if len(ep.ids) >= limits.max_total_tokens else "turn_length"
-        text = tok.decode(ids, skip_special_tokens=False) if tok is not None else ""
-        out.append((ep, text))
+            ep.stop_reason = _budget_reason(ep, limits, context)
+        said = ids[:-1] if ep.ended_with_eos else ids  # the EOS ends the turn; it is not part of what was said
+        out.append((ep, tok.decode(said, skip_special_tokens=False) if tok is not None else ""))
     return out
+
+
+def _budget_reason(ep: Episode, limits: EnvLimits, context: int | None) -> str:
+    """Why a turn that found no stop ended: the episode's token budget, the model's context, or the turn's own."""
+    if len(ep.ids) >= limits.max_total_tokens:
+        return "length"
+    if context is not None and len(ep.prompt) + len(ep.ids) >= context:
+        return "context"
+    return "turn_length"
+
+
+def _kept_sets(mask: SamplingMask | None, row: int, valid: Tensor, k: int) -> tuple[list[int], Tensor] | None:
+    """(per-token kept-set sizes, their ids) of the first `k` valid tokens of `row`, or None (nothing recorded)."""
+    if mask is None:
+        return None
+    counts = mask.counts[row].cpu().long()
+    totals = mask.counts.cpu().long().sum(-1)
+    start = int(totals[:row].sum())
+    row_ids = mask.ids[start : start + int(totals[row])].cpu()
+    owner = torch.arange(counts.numel()).repeat_interleave(counts)  # the position each kept id belongs to
+    positions = valid.nonzero().flatten()[:k]
+    take = torch.isin(owner, positions)
+    return counts[positions].tolist(), row_ids[take].to(torch.int32)
 
 
 @functools.cache
@@ -242,12 +373,17 @@ def _takes_max_new_tokens(engine_cls: type) -> bool:
         return False
 
 
-def _after_step(ep: Episode, result: Step | BaseException, renderer, limits: EnvLimits) -> bool:
+def _after_step(ep: Episode, result: Step | BaseException, renderer, limits: EnvLimits, report, context) -> bool:
     """Apply the environment's answer; True when the episode goes on (its observation appended)."""
     if isinstance(result, BaseException):
         ep.add("env_errors", 1)
         ep.stop_reason = "env_error"
         ep.reward = 0.0
+        report(
+            "env_error",
+            f"environment {type(ep.env).__name__}.step raised {_short_traceback(result)}: the episode is cut and "
+            "scores 0, counted as episode/env_errors",
+        )
         return False
     ep.reward += float(result.reward)
     for key in result.info:
@@ -268,12 +404,12 @@ def _after_step(ep: Episode, result: Step | BaseException, renderer, limits: Env
     if len(ep.ids) + len(obs) >= limits.max_total_tokens:
         ep.stop_reason = "length"  # no room for the observation and a model token: the trailing observation is dropped
         return False
+    if context is not None and len(ep.prompt) + len(ep.ids) + len(obs) >= context:
+        ep.stop_reason = "context"  # the same within the model's context
+        return False
     ep.add("obs_tokens", len(obs))
     ep.add("obs_cut", float(bool(cut)))
-    ep.ids += obs
-    ep.model += [False] * len(obs)
-    ep.logp += [0.0] * len(obs)
-    ep.version += [-1] * len(obs)
+    ep.append(obs, False, [], [], None)
     return True
 
 
@@ -288,7 +424,8 @@ def _rows(episodes: list[Episode], engine) -> Rollouts:
     attn = torch.zeros((num, t), dtype=torch.bool)
     logp = torch.zeros((num, t), dtype=torch.float32)
     version = torch.full((num, t), -1, dtype=torch.long)
-    extras: dict[str, list[float]] = {k: [] for k in EPISODE_STATS}
+    own = sorted({k for ep in episodes for k in ep.stats} - set(EPISODE_STATS))  # the environments' own counters
+    extras: dict[str, list[float]] = {k: [] for k in (*EPISODE_STATS, *own)}
     for i, ep in enumerate(episodes):
         k = len(ep.ids)
         if k:
@@ -305,8 +442,9 @@ def _rows(episodes: list[Episode], engine) -> Rollouts:
             "model_tokens": float(sum(ep.model)),
             "versions": float(len(model_versions)),
             "cut": float(ep.stop_reason not in ("done",)),
+            **{f"stop_{r}": float(ep.stop_reason == r) for r in STOP_REASONS},
         }
-        for key in EPISODE_STATS:
+        for key in extras:
             extras[key].append(row[key] if key in row else ep.stats.get(key, 0.0))
     tok = getattr(engine, "tokenizer", None)
     texts = [tok.decode(ep.ids, skip_special_tokens=False) for ep in episodes] if tok is not None else []
@@ -325,7 +463,20 @@ def _rows(episodes: list[Episode], engine) -> Rollouts:
         answers=[ep.problem.answer for ep in episodes],
         attn=attn,
         extras={k: torch.tensor(v, dtype=torch.float32) for k, v in extras.items()},
+        sampling_mask=_sampling_mask(episodes, t),
     ).to(dev)
+
+
+def _sampling_mask(episodes: list[Episode], t: int) -> SamplingMask | None:
+    """The episodes' kept sets as one (N, T) `SamplingMask` (observations: none), or None when no turn recorded one."""
+    if not any(ep.kept_ids for ep in episodes):
+        return None
+    counts = torch.zeros((len(episodes), t), dtype=torch.int32)
+    for i, ep in enumerate(episodes):
+        if ep.kept_counts:
+            counts[i, : len(ep.kept_counts)] = torch.tensor(ep.kept_counts, dtype=torch.int32)
+    ids = [x for ep in episodes for x in ep.kept_ids]
+    return SamplingMask(counts, torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32))
 
 
 class EpisodeEngine:
@@ -359,6 +510,8 @@ class EpisodeEngine:
         self.renderer, self.limits, self.overlap = renderer, limits, overlap
         self.eos_ids, self.stop_ids = list(eos_ids), list(stop_ids)
         self._calls = 0
+        self.report = Reporter()  # each environment error / timeout / context clamp said once per engine
+        self.context = model_context(engine)
 
     # the inner engine's weights, version and in-flight hook
     @property
@@ -411,6 +564,14 @@ class EpisodeEngine:
         if seed is None:
             seed = 1_000_000_007 + self._calls
         self._calls += 1
+        longest = max((len(k) for k in keys), default=0)
+        if self.context is not None and longest + self.limits.max_total_tokens > self.context:
+            self.report(
+                "context",
+                f"agent.max_total_tokens = {self.limits.max_total_tokens} after a {longest}-token prompt passes the "
+                f"model's context of {self.context} tokens: episodes are clamped to "
+                f"{max(0, self.context - longest)} tokens there (cut, counted as episode/stop_context)",
+            )
         return run_episodes(
             self.inner,
             self.make_env,
@@ -422,4 +583,19 @@ class EpisodeEngine:
             eos_ids=self.eos_ids,
             stop_ids=self.stop_ids,
             overlap=self.overlap,
+            context=self.context,
+            report=self.report,
         )
+
+
+def model_context(engine: Any) -> int | None:
+    """The context in tokens of an engine's model (prompt and response together), or None when it says none: the
+    engine's ``max_context`` if it has one, vLLM's ``max_model_len``, an HF model's ``max_position_embeddings``."""
+    own = getattr(engine, "max_context", None)
+    if isinstance(own, int):
+        return own
+    with contextlib.suppress(Exception):
+        return int(engine.llm.llm_engine.model_config.max_model_len)
+    config = getattr(getattr(engine, "model", None), "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None

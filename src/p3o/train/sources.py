@@ -246,13 +246,17 @@ class Producer:
 
 def episode_metrics(batch: Rollouts) -> dict[str, float]:
     """Agent-episode statistics of a batch ({} for single-turn rows): the mean per episode of every `extras` key
-    (``episode/turns``, ``episode/tool_calls``, ``episode/tool_errors``, ``episode/tool_latency_s``, …), the share of
-    response tokens that are observations (``episode/obs_share``), the share of episodes a limit cut
+    (``episode/turns``, ``episode/tool_calls``, ``episode/tool_errors``, ``episode/env_errors``,
+    ``episode/env_timeouts``, an environment's own counters, …), the number of the batch's episodes that ended for
+    each reason (``episode/stop_<reason>``: done, max_turns, length, turn_length, context, env_error, env_timeout),
+    the share of response tokens that are observations (``episode/obs_share``), the share of episodes a limit cut
     (``episode/cut``) and of episodes whose model tokens span ≥ 2 policy versions (``episode/multi_version``)."""
     stats = {k: v for k, v in batch.extras.items() if k != TASK_KEY}  # a mixture's task index is no statistic
     if not stats:
         return {}
-    out = {f"episode/{k}": float(v.float().mean()) for k, v in stats.items()}
+    out = {
+        f"episode/{k}": float(v.float().sum() if k.startswith("stop_") else v.float().mean()) for k, v in stats.items()
+    }
     attn = batch.attn if batch.attn is not None else batch.mask
     out["episode/obs_share"] = float(1.0 - batch.mask.sum().float() / attn.sum().clamp(min=1).float())
     if "versions" in batch.extras:
