@@ -148,19 +148,19 @@ def test_the_index_shows_the_seed_ledger_amendments_and_looks() -> None:
     assert "- Look at **stale** by stale-variants (seeds 300, 301," in index
 
 
-def test_a_report_whose_verdicts_todays_rule_changes_gets_a_generated_block(tmp_path: Path) -> None:
+def test_a_report_whose_verdicts_todays_rule_changes_keeps_the_old_labels_in_a_dated_appendix(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[3]
     report = (root / "docs" / "results" / "lm.md").read_text()
-    head = report.split("<!-- todays-rule:begin -->")[0]
+    head = report.split("<!-- old-labels:begin -->")[0]
     (tmp_path / "lm.md").write_text(head)
     (tmp_path / "lm.verdicts.json").write_bytes((root / "docs" / "results" / "lm.verdicts.json").read_bytes())
-    for _ in range(2):  # idempotent: the block is replaced in place, the report above it kept byte for byte
+    for _ in range(2):  # idempotent: the appendix is replaced in place, the report above it kept byte for byte
         assert main([str(tmp_path / "lm.verdicts.json"), "--out", str(tmp_path / "v.md")]) == 0
     text = (tmp_path / "lm.md").read_text()
-    assert text.startswith(head) and text.count("<!-- todays-rule:begin -->") == 1
+    assert text.startswith(head) and text.count("<!-- old-labels:begin -->") == 1
     row = "| c-fp8 | fp8-rollout | p3o | grpo-tm-0.4 | final_reward | 6 | +0.006 [-0.004, +0.016] | inconclusive |"
     assert row + " **negligible** |" in text
-    assert text.endswith("<!-- todays-rule:end -->\n") and report.endswith(text[len(head) :])
+    assert text.endswith("<!-- old-labels:end -->\n") and text == report
 
 
 def test_lm_studies_from_a_per_cpu_base_are_marked_summary_statistics_only(tmp_path: Path) -> None:

@@ -24,7 +24,14 @@ from p3o.experiments.grid.peak import expected_best_of_k, expected_max_normal
 from p3o.experiments.grid.spec import DECISIVE_KINDS, Claim, Experiment
 from p3o.experiments.stats.paired import t_ppf
 from p3o.experiments.stats.prereg import Preregistration, verdict_file
-from p3o.experiments.stats.verdicts import Decision, FamilyNote, decide, decisions_table, tested_count, verdict_counts
+from p3o.experiments.stats.verdicts import (
+    Decision,
+    decide,
+    family_lines,
+    record_counts,
+    records_table,
+    rule_text,
+)
 
 # ---------------------------------------------------------------------------------------------- tables
 
@@ -535,38 +542,41 @@ def _calibration_lines(summary: GridSummary) -> list[str]:
 
 
 def _verdict_lines(exp: Experiment, decisions: list[Decision], not_run: list[str] | None = None) -> list[str]:
-    """The "Verdicts" section: the decision rule in words, the verdict table, the baseline families' choices, and
-    the comparisons left without a verdict because an arm did not finish (``not_run``)."""
-    if not decisions:
+    """The "Verdicts" section of a grid's report (:func:`verdict_section` of its decisions' records)."""
+    return verdict_section([d.to_dict() for d in decisions], not_run)
+
+
+def verdict_section(
+    records: list[dict[str, Any]], not_run: list[str] | None = None, *, digits: int = 3, source: str = ""
+) -> list[str]:
+    """The "Verdicts" section from verdict records (``*.verdicts.json``): today's decision rule in words
+    (:func:`p3o.experiments.stats.verdicts.rule_text`), the verdict table with each record's ``p_adj`` and label,
+    the baseline families' choices, and the comparisons left without a verdict because an arm did not finish
+    (``not_run``). ``source``: the sentence saying where the section was rendered from ("" for ``p3o compare``).
+    ``p3o compare`` and the summary's regeneration of a report from its verdict file render it alike."""
+    if not records:
         return (
             ["## Verdicts", "", "No comparison could be decided:", "", *[f"- {x}" for x in not_run], ""]
             if not_run
             else []
         )
-    pr = exp.primary
+    metric = next((r["metric"] for r in records if r.get("role", "primary") == "primary"), "")
     lines = [
         "## Verdicts",
         "",
-        f"The decision rule (`primary:` in the experiment file): metric **{pr.metric}** "
-        f"({METRIC_LABELS.get(pr.metric, pr.metric)}), paired by seed; {1 - pr.alpha:.0%} paired-t intervals; "
-        f"Holm's correction over the {tested_count(decisions)} tested primary "
-        f"verdicts at family-wise α = {pr.alpha:g}; margin δ = {pr.margin:g}: *tracks* is TOST within ±δ and is "
-        "contradicted only by an interval entirely outside [−δ, δ]; an effect is *negligible* when its TOST, "
-        "Holm-adjusted in the same family, shows it inside ±δ. "
-        "*identical* asks for exactly equal per-seed values. Secondary metrics"
-        + (f" ({', '.join(pr.secondary)})" if pr.secondary else "")
-        + " get their verdicts beside the primary one, labelled secondary (their own Holm family). Computed by "
-        "`p3o.experiments.stats`; primary verdicts (in-study, this study's Holm family): "
-        f"{verdict_counts(decisions)}.",
+        "The decision rule (`primary:` in the experiment file): "
+        + rule_text(records, METRIC_LABELS.get(metric, ""))
+        + " Computed by `p3o.experiments.stats`; primary verdicts (in-study, this study's Holm family): "
+        f"{record_counts(records)}." + (f" {source}" if source else ""),
         "",
-        decisions_table(decisions),
+        records_table(records, digits),
         "",
-        *FamilyNote.of(decisions).lines,
+        *family_lines(records),
     ]
     if not_run:
         lines += ["", "Comparisons without a verdict (an arm did not finish every seed):", ""]
         lines += [f"- {line}" for line in not_run]
-    if FamilyNote.of(decisions).lines:
+    if family_lines(records):
         lines.append("")
     return lines
 

@@ -191,56 +191,112 @@ def verdict_label(verdict: str, role: str = "primary", exploratory: bool = False
     return text + (" (exploratory)" if exploratory else "")
 
 
-def decisions_table(decisions: Sequence[Decision], digits: int = 3, *, metric_and_n: bool = True) -> str:
-    """Markdown table of the verdicts (paired by seed; 95 % paired-t CI; Holm-adjusted p).
+def cell(text: object) -> str:
+    """``text`` as one Markdown table cell: every ``|`` escaped (``|A − B| < δ`` would split the row)."""
+    return str(text).replace("\\|", "|").replace("|", "\\|")
 
-    Columns: claim, regime, A, B, test, [metric, n,] mean A, mean B, A − B [CI], p (Holm), verdict; numbers with
-    ``digits`` decimals; a secondary verdict follows its primary one.
+
+def _num(x: object, digits: int) -> str:
+    v = math.nan if x is None else float(x)  # type: ignore[arg-type]
+    return "–" if math.isnan(v) else f"{v:.{digits}f}"
+
+
+def records_table(records: Sequence[dict[str, Any]], digits: int = 3, *, metric_and_n: bool = True) -> str:
+    """Markdown table of verdict records (``*.verdicts.json``: paired by seed; 95 % paired-t CI; Holm-adjusted p).
+
+    Columns: claim, regime, A, B, test, [metric, n,] mean A, mean B, A − B [CI], p (Holm: the record's ``p_adj``),
+    verdict (the record's; a superseded one says by which study); numbers with ``digits`` decimals; every cell
+    escaped (:func:`cell`); a secondary verdict follows its primary one.
     """
     extra_head, extra_rule = ("| metric | n ", "|---|---:") if metric_and_n else ("", "")
     rows = [
         f"| claim | regime | A | B | test {extra_head}| mean A | mean B | A − B [95% CI] | p (Holm) | verdict |\n"
         f"|---|---|---|---|---{extra_rule}|---:|---:|---|---:|---|"
     ]
-    for d in decisions:
-        r, (a, b) = d.result, d.pair
-        margin = f", δ = {r.margin:g}" if r.margin is not None and d.claim.kind != "identical" else ""
-        test = KIND_TEXT[d.claim.kind] + margin
+    for r in records:
+        margin = r.get("margin")
+        test = KIND_TEXT[r["kind"]] + (f", δ = {margin:g}" if margin is not None and r["kind"] != "identical" else "")
+        lo, hi = r["ci"]
         ci = (
             "exactly 0 on every seed"
-            if r.identical
-            else f"{r.diff:+.{digits}f} [{r.ci[0]:+.{digits}f}, {r.ci[1]:+.{digits}f}]"
+            if r.get("identical")
+            else f"{float(r['diff']):+.{digits}f} [{float(lo):+.{digits}f}, {float(hi):+.{digits}f}]"
         )
-        extra = f" {d.metric} | {r.n} |" if metric_and_n else ""
+        label = verdict_label(r["verdict"], r.get("role", "primary"), bool(r.get("exploratory")))
+        sup = r.get("superseded")
+        label += f" (superseded by {sup['by']}: not evidence)" if isinstance(sup, dict) else ""
+        p_adj = r.get("p_adj")
+        extra = f" {cell(r['metric'])} | {r['n']} |" if metric_and_n else ""
+        cells = [r.get("claim"), r.get("regime"), r.get("a"), r.get("b"), test]
         rows.append(
-            f"| {d.claim.id} | {d.regime} | {a} | {b} | {test} |{extra} {r.mean_a:.{digits}f} | "
-            f"{r.mean_b:.{digits}f} | {ci} | {format_p(d.p_adj)} | {verdict_label(d.verdict, d.role, d.exploratory)} |"
+            "| " + " | ".join(cell(c) for c in cells) + f" |{extra} {_num(r.get('mean_a'), digits)} | "
+            f"{_num(r.get('mean_b'), digits)} | {ci} | {format_p(math.nan if p_adj is None else float(p_adj))} | "
+            f"{cell(label)} |"
         )
     return "\n".join(rows)
+
+
+def decisions_table(decisions: Sequence[Decision], digits: int = 3, *, metric_and_n: bool = True) -> str:
+    """Markdown table of the verdicts (:func:`records_table` of their records, the one table every report prints)."""
+    return records_table([d.to_dict() for d in decisions], digits, metric_and_n=metric_and_n)
+
+
+def rule_text(records: Sequence[dict[str, Any]], metric_label: str = "") -> str:
+    """Today's decision rule in words, for the primary verdicts of one family (the records of one verdict file):
+    metric, α, the number of tested verdicts Holm corrects over, the margin(s) δ, and what each label means —
+    *supported* / *contradicted* (a better / worse claim) compare the **point estimate** with δ: |A − B| ≥ δ and a
+    Holm-adjusted difference-test p < α (the interval may still reach inside ±δ); *negligible* needs the
+    Holm-adjusted TOST to show the effect inside ±δ (an estimate inside ±δ enters Holm with its TOST p); *tracks*
+    and *identical* as :func:`p3o.experiments.stats.paired.verdict` decides them."""
+    prim = [r for r in records if r.get("role", "primary") == "primary"]
+    metric = prim[0]["metric"] if prim else "?"
+    alpha = float(prim[0].get("alpha", 0.05)) if prim else 0.05
+    tested = sum(1 for r in prim if r["kind"] != "identical")
+    margins = sorted({float(r["margin"]) for r in prim if r.get("margin") is not None})
+    delta = " / ".join(f"{m:g}" for m in margins) or "none"
+    second = sorted({r["metric"] for r in records if r.get("role") == "secondary"})
+    return (
+        f"metric **{metric}**" + (f" ({metric_label})" if metric_label else "") + ", paired by seed; "
+        f"{1 - alpha:.0%} paired-t intervals; Holm's correction over the {tested} tested primary verdicts at "
+        f"family-wise α = {alpha:g}; margin δ = {delta}. A better / worse claim is *supported* (or *contradicted*) "
+        "when the point estimate A − B is at least δ from 0 in the claim's (the opposite) direction and its "
+        "Holm-adjusted difference-test p is below α: the point estimate, not the interval, is compared with δ, so "
+        "the interval may still reach inside ±δ; an estimate inside ±δ enters the Holm family with its TOST p and is "
+        "*negligible* only when that Holm-adjusted TOST shows it inside ±δ; anything else is *inconclusive*. "
+        "*tracks* is TOST within ±δ and is contradicted only by an interval entirely outside [−δ, δ]; *identical* "
+        "asks for exactly equal per-seed values."
+        + (
+            f" Secondary metrics ({', '.join(second)}) get their verdicts beside the primary one, labelled secondary "
+            "(their own Holm family)."
+            if second
+            else ""
+        )
+    )
+
+
+def family_lines(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Which member each ``best`` baseline family was tested against, one line per (claim, regime)."""
+    seen: dict[tuple[str, str], str] = {}
+    for r in records:
+        base = r.get("baseline")
+        if r.get("role", "primary") != "primary" or not isinstance(base, dict) or base.get("rule") != "best":
+            continue
+        means = ", ".join(f"{m} {v:.3f}" for m, v in base["selection_means"].items())
+        seeds = ", ".join(map(str, base["selection_seeds"]))
+        seen[(r["claim"], r["regime"])] = (
+            f"- ({r['claim']}) {r['regime']}: best of `{base['family']}` on selection seeds {seeds} (mean "
+            f"{r['metric']}): **{base['selected']}** ({means})"
+        )
+    return list(seen.values())
+
+
+def record_counts(records: Sequence[dict[str, Any]]) -> str:
+    """One line: how many primary verdict records of each label ("3 supported, 0 contradicted, 1 negligible, ...")."""
+    prim = [r for r in records if r.get("role", "primary") == "primary"]
+    return ", ".join(f"{sum(1 for r in prim if r['verdict'] == v)} {v}" for v in VERDICTS)
 
 
 def verdict_counts(decisions: Sequence[Decision]) -> str:
     """One line: how many primary verdicts of each kind ("3 supported, 0 contradicted, 1 negligible, ...")."""
     prim = [d for d in decisions if d.role == "primary"]
     return ", ".join(f"{sum(1 for d in prim if d.verdict == v)} {v}" for v in VERDICTS)
-
-
-@dataclass
-class FamilyNote:
-    """Baseline families of a report, for its text: which member each ``best`` claim was tested against."""
-
-    lines: list[str] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, decisions: Sequence[Decision]) -> FamilyNote:
-        seen: dict[tuple[str, str], str] = {}
-        for d in decisions:
-            if d.role != "primary" or d.baseline is None or d.baseline.get("rule") != "best":
-                continue
-            means = ", ".join(f"{m} {v:.3f}" for m, v in d.baseline["selection_means"].items())
-            seeds = ", ".join(map(str, d.baseline["selection_seeds"]))
-            seen[(d.claim.id, d.regime)] = (
-                f"- ({d.claim.id}) {d.regime}: best of `{d.baseline['family']}` on selection seeds {seeds} (mean "
-                f"{d.metric}): **{d.baseline['selected']}** ({means})"
-            )
-        return cls(list(seen.values()))

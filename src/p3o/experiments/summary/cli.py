@@ -27,7 +27,8 @@ from p3o.experiments.summary.claims import (
     plot_forest,
     render_claims,
 )
-from p3o.experiments.summary.pages import Study, load, redecided_lines, render_block, render_index, render_page
+from p3o.experiments.summary.pages import Study, load, render_block, render_index, render_page
+from p3o.experiments.summary.reports import regenerate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,14 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _mark_reports(studies: list[Study]) -> None:
-    """Append to each report whose stored verdicts today's rule decides otherwise a generated block saying so
-    (``<!-- todays-rule:begin -->`` … ``end``), and to each whose peak verdicts the ledger marks selection-biased one
-    stating the bias (``selection-bias``); the rest of the report is kept byte for byte."""
+    """Regenerate each report's verdicts under today's rule from its verdict file, the old labels in a dated appendix
+    (:func:`p3o.experiments.summary.reports.regenerate`), and append to each whose peak verdicts the ledger marks
+    selection-biased a block stating the bias (``selection-bias``); the rest of the report is kept byte for byte."""
     for study in studies:
-        lines = redecided_lines(study)
+        regenerate(study)
         report = study.path.with_name(study.name + ".md")
-        if lines and report.is_file():
-            write_block(report, "todays-rule", "\n".join(lines))
         if study.bias and report.is_file():  # a peak chosen and scored on the same evaluations (the ledger's mark)
             b = study.bias
             write_block(

@@ -45,6 +45,7 @@ from p3o.experiments.stats.ledger import (
     study_status,
 )
 from p3o.experiments.stats.paired import VERDICTS, PairedResult, decide_family, decision_p, holm, verdict
+from p3o.experiments.stats.verdicts import cell
 from p3o.experiments.summary.blocks import END, START, links_from
 
 #: What the section of a study from a per-CPU base says (`Study.summary_only`, `Study.per_cpu_base`).
@@ -171,32 +172,6 @@ def redecide(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def redecided_lines(study: Study) -> list[str]:
-    """Markdown saying which of the study's verdicts today's rule decides otherwise than its report ([] if none)."""
-    changed = [r for r in study.records if r.get("verdict_report")]
-    if not changed:
-        return []
-    lines = [
-        "## Verdicts under today's rule",
-        "",
-        "Re-taken by code from the stored paired results of this report's verdict file, within its own Holm "
-        "families: the file was relabelled under the recorded amendments of the analysis rules "
-        "(configs/experiments/records/ledger.yaml, `rules:`; `python -m p3o.experiments.stats.relabel`), or is "
-        "re-decided by `python -m p3o.experiments.summary`; this report printed its verdicts under the older rule and "
-        "its runs are not committed, so it cannot be regenerated. Where today's rule decides otherwise (the pooled "
-        "family's verdicts are on the results pages):",
-        "",
-        "| claim | regime | A | B | metric | n | A − B [95% CI] | this report | today's rule |",
-        "|---|---|---|---|---|---:|---|---|---|",
-    ]
-    for r in changed:
-        lines.append(
-            f"| {r['claim']} | {r['regime']} | {r['a']} | {r['b']} | {r['metric']} | {r['n']} | {effect_text(r)} | "
-            f"{r['verdict_report']} | **{r['verdict']}** |"
-        )
-    return lines
-
-
 def _primary(r: dict[str, Any]) -> bool:
     return r.get("role", "primary") == "primary"
 
@@ -295,8 +270,9 @@ def render_page(studies: list[Study], command: str) -> str:
     ]
     for study, r in pooled:
         lines.append(
-            f"| {study.name} | {r['title']} | {r['regime']} | {r['a']} | {r['b']} | {r['metric']} | {r['n']} | "
-            f"{effect_text(r)} | {_p(r['p_pool'])} | **{r['verdict_pool']}** |"
+            f"| {study.name} | "
+            + " | ".join(cell(r[k]) for k in ("title", "regime", "a", "b", "metric"))
+            + f" | {r['n']} | {effect_text(r)} | {_p(r['p_pool'])} | **{r['verdict_pool']}** |"
         )
     lines.append("")
     for study in studies:
@@ -307,8 +283,11 @@ def render_page(studies: list[Study], command: str) -> str:
             f"Pre-registration: {_mode(study)}. Status in the ledger: **{STATUSES[study.status]}**{why}.",
             "",
             *([f"**Selection bias**: {study.bias['text']}.", ""] if study.bias else []),
-            *([f"**{study.base_label[0].upper()}{study.base_label[1:]}**: {SUMMARY_ONLY}.", ""]
-              if study.base_label else []),
+            *(
+                [f"**{study.base_label[0].upper()}{study.base_label[1:]}**: {SUMMARY_ONLY}.", ""]
+                if study.base_label
+                else []
+            ),
         ]
         if not study.records:
             lines += ["No verdicts: a descriptive study (its report's tables are the result).", ""]
@@ -332,8 +311,10 @@ def render_page(studies: list[Study], command: str) -> str:
                     f"{r['verdict']}{mark}; not evidence): {sup['why']}"
                 )
             lines.append(
-                f"| {r['title']} | {r['regime']} | {r['a']} | {r['b']} | {r['metric']} | {r.get('role', 'primary')} "
-                f"| {r['n']} | {effect_text(r)} | {_p(r.get('p_adj'))} | {shown} |"
+                "| "
+                + " | ".join(cell(r[k]) for k in ("title", "regime", "a", "b", "metric"))
+                + f" | {r.get('role', 'primary')} | {r['n']} | {effect_text(r)} | {_p(r.get('p_adj'))} "
+                + f"| {cell(shown)} |"
             )
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
