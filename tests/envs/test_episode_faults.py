@@ -205,3 +205,32 @@ def test_an_environment_reads_its_turn_without_the_eos_that_ended_it() -> None:
         ro = _run(Reads, engine=engine)
         assert Reads.seen and set(Reads.seen) == {text}
         assert ro.response_ids[0][ro.mask[0]].tolist()[:2] == turn
+
+
+def test_the_overlong_penalty_of_an_episode_measures_its_own_budget() -> None:
+    """Item 6: in agent mode the penalty compares the row (turns and observations: 12 tokens here) with
+    agent.max_total_tokens, not the model tokens of all turns (6) with rollout.max_new_tokens (which bounds nothing)."""
+    from types import SimpleNamespace
+
+    from p3o.config import AdvantageConfig, LoopConfig, RolloutConfig
+    from p3o.train.sources import Producer, PromptStream
+
+    renderer = IdsRenderer()
+    problems = {tuple(renderer.prompt_ids([{"content": p.prompt}])): p for p in PROBLEMS}
+    comps = SimpleNamespace(
+        prompts=[list(k) for k in problems],
+        answers=[p.answer for p in PROBLEMS],
+        reward_fn=lambda r: r.rewards.clone(),
+        pad_id=0,
+    )
+    ro = RolloutConfig(prompts_per_step=3, group_size=2, max_new_tokens=4)
+    loop = LoopConfig(overlong_penalty=True, overlong_buffer=2)
+    for total, reward in ((64, 1.0), (13, 0.5)):  # 12 tokens: far below 64; past 13 − 2 = 11 by 1 of a 2 buffer: −0.5
+        limits = EnvLimits(max_turns=3, max_turn_tokens=4, max_total_tokens=total, max_obs_tokens=8)
+        engine = EpisodeEngine(
+            FixedEngine([5, 10]), ScriptedEnv, problems, renderer=renderer, limits=limits, eos_ids=[2], stop_ids=STOPS
+        )
+        produce = Producer(ro, loop, AdvantageConfig(), 0, comps, PromptStream(3, 3, seed=0), rank=0)
+        batch, _ = produce.generate(0, 0, engine)
+        assert batch.attn.sum(-1).tolist() == [12] * 6 and batch.mask.sum(-1).tolist() == [6] * 6
+        assert batch.rewards.tolist() == [reward] * 6  # before: 6 model tokens > rollout.max_new_tokens 4, −1

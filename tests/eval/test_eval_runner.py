@@ -165,3 +165,57 @@ def test_heldout_metrics_is_the_loops_eval_formula(monkeypatch: pytest.MonkeyPat
     right = sum(CORRECT)
     assert got == pytest.approx({"eval_accuracy": right / 20, "eval_score": (right + 0.5 * (20 - right)) / 20})
     assert heldout_metrics(model, tok, [], [], "exact-int") == {}
+
+
+class KeywordEnv:
+    """An environment that remembers the keyword it was made with (`evaluate_episodes` must pass the run's)."""
+
+    stop_strings = ()
+    made: ClassVar[list[str]] = []
+
+    def __init__(self, style: str = "default") -> None:
+        self.style = style
+        KeywordEnv.made.append(style)
+
+    def reset(self, problem, seed):
+        return [{"role": "user", "content": problem.prompt}]
+
+    def step(self, turn):
+        raise AssertionError("not stepped in this test")
+
+    def close(self):
+        pass
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_evaluate_episodes_makes_the_runs_environment_with_its_keywords(monkeypatch) -> None:
+    """Issue 51 item 5: every episode's environment is made with the run's agent.env_kwargs (a run trained with
+    style=qwen is not evaluated with the default parsing)."""
+    import p3o.eval.runner as runner
+
+    monkeypatch.setattr(runner, "make_engine", lambda *a, **k: object())
+    monkeypatch.setattr(runner, "Renderer", lambda *a, **k: object())
+    monkeypatch.setattr(runner, "stop_ids", lambda *a: [])
+    monkeypatch.setattr(runner, "default_mode", lambda *a: "plain")
+
+    def run_episodes(engine, make_env, problems, n, **kw):
+        for _ in range(n):
+            make_env().close()
+        raise _Stop
+
+    monkeypatch.setattr(runner, "run_episodes", run_episodes)
+    KeywordEnv.made = []
+    with pytest.raises(_Stop):
+        runner.evaluate_episodes(
+            None,
+            type("Tok", (CharTokenizer,), {"eos_token_id": 2})(),
+            [Problem("What is 2 + 2?", "4")],
+            env=f"{Path(__file__).stem}:KeywordEnv",
+            env_kwargs={"style": "qwen"},
+            n_samples=3,
+            ks=(1,),
+        )
+    assert KeywordEnv.made == ["qwen"] * 4  # the probe and the 3 episodes

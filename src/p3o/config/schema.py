@@ -359,6 +359,9 @@ class AgentConfig:
         2.0, "wall-clock limit of one tool call (killed past it; the model reads an error)", gt=0
     )
     max_tool_output_chars: int = _f(2000, "characters of a tool's result kept (a flood is cut and counted)", ge=1)
+    env_timeout_s: float = _f(
+        60.0, "wall-clock limit of one environment step (past it the episode is cut, scored 0, counted)", gt=0
+    )
     overlap: bool = _f(
         False, "generate for ready episodes while others' tools run (faster, not reproducible; False: tick barrier)"
     )

@@ -22,7 +22,7 @@ line naming the environment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
 from p3o.errors import ConfigError
@@ -102,6 +102,11 @@ class EnvLimits:
     tool_timeout_s: float = 2.0
     max_tool_output_chars: int = 2000
     env_timeout_s: float = 60.0
+
+    @classmethod
+    def from_config(cls, agent: Any) -> EnvLimits:
+        """The limits of ``agent.*`` (an `AgentConfig` or a run's recorded one; a field it lacks keeps its default)."""
+        return cls(**{f.name: getattr(agent, f.name) for f in fields(cls) if hasattr(agent, f.name)})
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_turn_tokens", "max_total_tokens", "max_obs_tokens", "max_tool_output_chars"):

@@ -280,8 +280,7 @@ def _limits(limits_cls: Any, agent: Any) -> Any:
     """The run's `agent.*` limits as `limits_cls` (`p3o.envs.EnvLimits`; its defaults without a run)."""
     if agent is None:
         return limits_cls()
-    keys = ("max_turns", "max_turn_tokens", "max_total_tokens", "max_obs_tokens", "tool_timeout_s")
-    return limits_cls(**{k: getattr(agent, k) for k in keys}, max_tool_output_chars=agent.max_tool_output_chars)
+    return limits_cls.from_config(agent)
 
 
 if __name__ == "__main__":

@@ -366,7 +366,7 @@ def evaluate_episodes(
         part = list(problems[lo : lo + batch_prompts])
         ro = run_episodes(
             engine,
-            lambda: make_env(env, limits=limits),
+            lambda: make_env(env, limits=limits, **options),  # the run's environment, with its keywords
             part,
             n_samples,
             renderer=renderer,

@@ -221,7 +221,9 @@ class Producer:
 
     def generate(self, b: int, round_: int, engine: Any) -> tuple[Rollouts, Tensor]:
         """One round: G completions per prompt of `stream.indices(b, round_)`, (rollouts with rewards = score +
-        overlong penalty, (n,) verifier scores)."""
+        overlong penalty, (n,) verifier scores). The penalty measures a completion's tokens against
+        ``rollout.max_new_tokens``, an agent episode's row (model and observation tokens) against its own budget
+        ``agent.max_total_tokens``."""
         comps, lp, g = self.comps, self.lp, self.g
         idx, offset = self.stream.indices(b, round_)
         r = engine.generate(
@@ -238,8 +240,11 @@ class Producer:
         score = comps.reward_fn(r).float().to(r.rewards.device)
         reward = score.clone()
         if lp.overlong_penalty:
-            lengths = r.mask.sum(-1)
-            reward = reward + overlong_penalty(lengths, self.ro.max_new_tokens, lp.overlong_buffer, lp.overlong_factor)
+            lengths, budget = r.mask.sum(-1), self.ro.max_new_tokens
+            limits = getattr(engine, "limits", None)  # an EpisodeEngine: rollout.max_new_tokens bounds no episode
+            if limits is not None and r.attn is not None:  # the row (turns and observations) against its own budget
+                lengths, budget = r.attn.sum(-1), limits.max_total_tokens
+            reward = reward + overlong_penalty(lengths, budget, lp.overlong_buffer, lp.overlong_factor)
         r.rewards = reward
         return r, score
 

@@ -261,14 +261,7 @@ def _agent_rollout_side(
     weights load; a prompt's token ids name its problem for the engine.
     """
     a = cfg.agent
-    limits = EnvLimits(
-        max_turns=a.max_turns,
-        max_turn_tokens=a.max_turn_tokens,
-        max_total_tokens=a.max_total_tokens,
-        max_obs_tokens=a.max_obs_tokens,
-        tool_timeout_s=a.tool_timeout_s,
-        max_tool_output_chars=a.max_tool_output_chars,
-    )
+    limits = EnvLimits.from_config(a)
 
     options = dict(getattr(a, "env_kwargs", None) or {})
 
