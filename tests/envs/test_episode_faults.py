@@ -209,7 +209,7 @@ def test_an_environment_reads_its_turn_without_the_eos_that_ended_it() -> None:
 
 def test_the_overlong_penalty_of_an_episode_measures_its_own_budget() -> None:
     """Item 6: in agent mode the penalty compares the row (turns and observations: 12 tokens here) with
-    agent.max_total_tokens, not the model tokens of all turns (6) with rollout.max_new_tokens (which bounds nothing)."""
+    agent.max_total_tokens, not the model tokens of all turns (6) with rollout.max_new_tokens (bounding nothing)."""
     from types import SimpleNamespace
 
     from p3o.config import AdvantageConfig, LoopConfig, RolloutConfig
