@@ -220,6 +220,7 @@ OPTION_ERRORS: dict[str, list[list[str]]] = {
     "sft": [["--stepz", "3"], ["--out", "d", "--lr", "0"]],
     "mismatch": [["--top-p", "2"], ["--precison", "bf16"]],
     "doctor": [["--windoww", "3"]],
+    "serve": [["--prot", "8000"], ["--port", "x"], ["--tool_format", "hermes9"]],
     "convert-smollm2": [["--forse"], ["--force", "maybe"]],
     "docs": [["no-such-page"]],
     "examples": [["no-such-example"]],

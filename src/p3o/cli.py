@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("p3o.train.sft", "supervised warm start of the built-in tiny model"),
     "mismatch": ("p3o.eval.mismatch_cli", "how far a rollout engine's log-probs are from the fp32 trainer's"),
     "doctor": ("p3o.metrics.doctor", "off-policy findings from a run's metrics (exit 0 healthy, 1 finding)"),
+    "serve": ("p3o.serve.cli", "serve a policy over OpenAI chat completions / vLLM generate, recording every token"),
     "convert-smollm2": ("p3o.models.smollm2", "convert the SmolLM2-135M-Instruct GGUF to a safetensors checkpoint"),
     "docs": ("p3o.cli", "print a page of the documentation shipped with the package (p3o docs NAME)"),
     "examples": ("p3o.cli", "write an example's files here: own-task (data + reward of p3o docs tasks), study"),

@@ -91,3 +91,32 @@ class ScriptedEngine(SamplingEngine):
             mask[i, : len(r)] = True
         stops = torch.tensor([bool(r) and r[-1] in self.stop_token_ids for r in rows])
         return Draws(out, torch.where(mask, -0.5, 0.0), mask, torch.where(mask, self.version, -1), ~stops)
+
+
+# Llama 3.1's chat-template layout with JSON tool calls (shortened instruction): the tools as JSON in the first
+# user turn, an assistant's call as one {"name", "parameters"} object, a tool result as an ipython turn; every
+# turn closed by <|eot_id|>.
+LLAMA3_TEMPLATE = (
+    "{{- '<|begin_of_text|>' }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + ('ipython' if message.role == 'tool' else message.role) }}"
+    "{{- '<|end_header_id|>\\n\\n' }}"
+    "{{- '<|end_header_id|>\\n\\n' }}"
+    "{%- if tools and loop.first and message.role == 'user' %}"
+    '{{- \'Respond with a JSON function call {"name": function name, "parameters": arguments}.\\n\\n\' }}'
+    "{%- for t in tools %}{{- t | tojson }}{{- '\\n\\n' }}{%- endfor %}{%- endif %}"
+    "{%- if message.tool_calls %}{%- for c in message.tool_calls %}"
+    "{{- '{\"name\": \"' + c.function.name + '\", \"parameters\": ' }}{{- c.function.arguments | tojson }}{{- '}' }}"
+    "{%- endfor %}{%- else %}{{- message.content }}{%- endif %}{{- '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}

@@ -104,9 +104,10 @@ class EndpointServer:
         """The OpenAI base URL of one episode: ``<url>/episodes/<id>/v1``."""
         return f"{self.url}/episodes/{check_episode(episode_id)}/v1"
 
-    def start(self) -> EndpointServer:
-        """Bind (P3OError, one line, when the port is taken), start the batcher and uvicorn in a daemon thread."""
-        sock = bind(self.host, self.port)
+    def start(self, sock: socket.socket | None = None) -> EndpointServer:
+        """Bind (P3OError, one line, when the port is taken; or serve on `sock`, a socket `bind` made), start the
+        batcher and uvicorn in a daemon thread."""
+        sock = sock if sock is not None else bind(self.host, self.port)
         self.port = sock.getsockname()[1]
         self.batcher.start()
         config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off")
