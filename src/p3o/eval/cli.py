@@ -232,8 +232,8 @@ def _plan(args: EvalOptions, run_cfg: Any, run_dir: Path | None) -> _Plan:
     data_seed = run_cfg.seed if run_cfg is not None else 0
     agent = run_cfg.agent if run_cfg is not None else None
     env = args.env or (agent.env if agent is not None else None)
-    own = env_problems(env, "test", seed=data_seed, n=args.n_problems) if env and task.name == env else None
-    if own is not None:  # a built-in environment's own held-out problems (calc, guess)
+    own = env_problems(task.name, "test", seed=data_seed, n=args.n_problems) if env else None
+    if own is not None:  # a built-in environment's own held-out problems (calc, calc-small, guess), for any env
         problems = own
     else:
         train = load_train_problems(task, seed=data_seed, n=task.n_train) if run_cfg is not None else None

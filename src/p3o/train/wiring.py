@@ -236,18 +236,17 @@ def _task_problems(cfg: Any) -> tuple[list[Any], list[Any]]:
 
 
 def _env_problems(cfg: Any) -> tuple[list[Any], list[Any]] | None:
-    """A built-in environment's own problems when ``task.name`` names it (``task.name calc`` with ``agent.env calc``:
-    `p3o.envs.env_problems`, disjoint train / test splits), else None (the task's problems)."""
+    """A built-in environment's own problems when ``task.name`` names one (``task.name calc-small``:
+    `p3o.envs.env_problems`, disjoint train / test splits), whichever environment ``agent.env`` runs on them (a
+    built-in or your own ``package.module:Name``), else None (the task's problems)."""
     env = getattr(getattr(cfg, "agent", None), "env", None)
     if not env:
         return None
     make_env(env, **dict(cfg.agent.env_kwargs or {})).close()  # an unknown name or option: one line, before the task
-    if cfg.task.name != env:
-        return None
-    train = env_problems(env, "train", seed=cfg.seed, n=cfg.task.n_train)
+    train = env_problems(cfg.task.name, "train", seed=cfg.seed, n=cfg.task.n_train)
     if train is None:
         return None
-    held_out = env_problems(env, "test", seed=cfg.seed, n=cfg.task.n_eval) if cfg.task.n_eval > 0 else []
+    held_out = env_problems(cfg.task.name, "test", seed=cfg.seed, n=cfg.task.n_eval) if cfg.task.n_eval > 0 else []
     return train, held_out or []
 
 
