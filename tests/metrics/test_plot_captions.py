@@ -23,3 +23,19 @@ def test_captions_are_drawn(tmp_path, monkeypatch):
     monkeypatch.setattr(Axes, "text", lambda self, x, y, s, *a, **k: drawn.append(s) or text(self, x, y, s, *a, **k))
     plot_run(tmp_path)
     assert sorted(drawn) == sorted(CAPTIONS.values())
+
+
+def test_the_agent_panels_draw_each_stop_reason(tmp_path, monkeypatch):
+    """Issue 51 item 8: episode/stop_<reason> counts are curves of their own, one per reason the run logged."""
+    rows = [
+        {"step": s, "episode/turns": 2.0, "episode/stop_done": 14.0 - s, "episode/stop_env_error": float(s)}
+        for s in (1, 2)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    labels: list[str] = []
+    from matplotlib.axes import Axes
+
+    plot = Axes.plot
+    monkeypatch.setattr(Axes, "plot", lambda self, *a, **k: labels.append(k.get("label")) or plot(self, *a, **k))
+    plot_run(tmp_path)
+    assert {"done", "env_error"} <= set(labels)

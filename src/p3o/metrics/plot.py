@@ -46,8 +46,11 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("episode/tool_calls", "tool calls"),
             ("episode/tool_errors", "tool errors"),
             ("episode/parse_errors", "malformed calls"),
+            ("episode/env_errors", "environment errors"),
+            ("episode/env_timeouts", "environment timeouts"),
         ],
     ),
+    ("Episode ends", "episodes per batch", [("episode/stop_*", "{}")]),
     (
         "Episode tokens",
         "share",
@@ -70,7 +73,8 @@ CAPTIONS: dict[str, str] = {
     "Effective sample size": "ESS of ratios π_θ/π_rollout: 1 = on-policy, falling = off-policy",
     "Policy lag": "policy updates between sampling and training (0 = on-policy)",
     "Response length": "mean tokens per response (capped at rollout.max_new_tokens)",
-    "Agent episodes": "agent runs: model turns, tool calls and errors per episode (p3o docs agents)",
+    "Agent episodes": "agent runs: turns, tool calls, tool and environment errors per episode (p3o docs agents)",
+    "Episode ends": "agent runs: why each episode ended (done, max_turns, length, turn_length, context, env_*)",
     "Episode tokens": "observation share of tokens (never trained), episodes spanning versions, cut by a limit",
     "Tasks": "task mixture: training accuracy and held-out pass@1 of each task (p3o docs tasks)",
 }
