@@ -376,6 +376,11 @@ class AgentConfig:
     serve_port: int = _f(0, "port of the harness endpoint (0: a free one; URL and key in run_dir/endpoint.json)", ge=0)
     serve_api_key: str | None = _f(None, "bearer key of the harness endpoint (None: generated per run, never logged)")
     tool_format: str = _f("auto", "tool-call format of the endpoint: auto (the tokenizer's), qwen3, llama3, none")
+    serve_gather_s: float = _f(
+        0.25,
+        "the endpoint waits up to this long for every running harness episode's next call (one engine call)",
+        ge=0,
+    )
 
 
 @dataclass

@@ -136,6 +136,7 @@ def run_harness(
     timeout_s: float,
     concurrency: int = 64,
     run_id: str = "",
+    on_episode: Callable[[int], None] | None = None,
 ) -> list[HarnessEpisode]:
     """Run `n` episodes of every problem through the endpoint; one `HarnessEpisode` each, problem-major.
 
@@ -146,6 +147,8 @@ def run_harness(
         model: the served model name; a request naming another is counted (``wrong_model``).
         timeout_s: wall-clock limit of one episode; concurrency: episodes at once.
         run_id: prefix of the episode ids (ids are ``<run_id><uuid4 hex>``: unique, never reused).
+        on_episode: called with +1 when an episode starts and −1 when it ends (the endpoint's batcher waits for the
+            running episodes' next calls: `p3o.train.harness_source.GatherBatcher`).
     """
     episodes = [
         HarnessEpisode(problem=p, group=b, episode_id=f"{run_id}{uuid.uuid4().hex}")
@@ -153,11 +156,11 @@ def run_harness(
         for _ in range(n)
     ]
     if episodes:
-        asyncio.run(_run_all(harness, episodes, base_url, api_key, model, timeout_s, max(1, concurrency)))
+        asyncio.run(_run_all(harness, episodes, base_url, api_key, model, timeout_s, max(1, concurrency), on_episode))
     return episodes
 
 
-async def _run_all(harness, episodes, base_url, api_key, model, timeout_s, concurrency) -> None:
+async def _run_all(harness, episodes, base_url, api_key, model, timeout_s, concurrency, on_episode) -> None:
     # optional: httpx and openai (extra serve), the clients a harness is handed
     import httpx
     import openai
@@ -192,14 +195,23 @@ async def _run_all(harness, episodes, base_url, api_key, model, timeout_s, concu
 
             async def one(ep: HarnessEpisode) -> None:
                 async with gate:
-                    url = base_url(ep.episode_id)
-                    if is_async(harness):
-                        client = openai.AsyncOpenAI(base_url=url, api_key=api_key, http_client=http, max_retries=0)
-                        call = harness(client, model, ep.problem)
-                    else:
-                        client = openai.OpenAI(base_url=url, api_key=api_key, http_client=sync_http, max_retries=0)
-                        call = loop.run_in_executor(threads, harness, client, model, ep.problem)
-                    await _episode(ep, call, timeout_s)
+                    if on_episode is not None:
+                        on_episode(1)
+                    try:
+                        await one_episode(ep)
+                    finally:
+                        if on_episode is not None:
+                            on_episode(-1)
+
+            async def one_episode(ep: HarnessEpisode) -> None:
+                url = base_url(ep.episode_id)
+                if is_async(harness):
+                    client = openai.AsyncOpenAI(base_url=url, api_key=api_key, http_client=http, max_retries=0)
+                    call = harness(client, model, ep.problem)
+                else:
+                    client = openai.OpenAI(base_url=url, api_key=api_key, http_client=sync_http, max_retries=0)
+                    call = loop.run_in_executor(threads, harness, client, model, ep.problem)
+                await _episode(ep, call, timeout_s)
 
             await asyncio.gather(*(one(ep) for ep in episodes))
         finally:
@@ -282,6 +294,7 @@ class HarnessEngine:
         self.faults: dict[str, int] = {k: 0 for k in FAULTS}
         self.late_rows = 0
         self.episodes_run = 0
+        self.active = 0  # episodes running now (read by the endpoint's batcher to gather their next calls)
 
     @property
     def version(self) -> int:
@@ -333,6 +346,7 @@ class HarnessEngine:
             timeout_s=self.timeout_s,
             concurrency=self.concurrency,
             run_id=self.run_id,
+            on_episode=self._count,
         )
         recorded = [self.server.store.pop(ep.episode_id) for ep in episodes]  # popped for failed episodes too
         self._drop_late(episodes)
@@ -343,6 +357,9 @@ class HarnessEngine:
                 self.faults[ep.fault] += 1
         self.episodes_run += len(episodes)
         return harness_rows(episodes, recorded, [list(p) for p in prompt_ids], n, self.pad_token_id)
+
+    def _count(self, delta: int) -> None:
+        self.active += delta
 
     def _drop_late(self, episodes: list[HarnessEpisode]) -> None:
         """Pop and drop what abandoned episodes (a thread past its limit) recorded since their batch ended."""

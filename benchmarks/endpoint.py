@@ -1,0 +1,259 @@
+"""Harness episodes through p3o's endpoint vs p3o's tick runner (and TRL's GRPOTrainer with tools), side by side in
+one run, on the same model and the same episodes; ratios printed.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/endpoint.py                       # 32 episodes × 3 turns, 50 ms tool
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/endpoint.py --episodes 64 --repeats 3 --trl-steps 2
+
+Every episode runs `--turns` model turns of at most `--turn-tokens` tokens on the shipped agent base (``tiny-agent``:
+its turns end at its end-of-turn token, as a chat model's do; tokens/s and turns are printed beside episodes/s), one
+HF engine (fp32, in process, temperature 1); after each turn but the last a tool that takes `--latency` seconds
+answers ``"42"``; a turn cut at `--turn-tokens` ends its episode (the tick runner's rule, kept by the harness). Rows:
+
+* ``tick runner``: `p3o.envs.run_episodes` (``agent.env``): every waiting episode in one engine call per tick, the
+  tools of a tick in parallel threads;
+* ``endpoint + harness``: `p3o.envs.harness.HarnessEngine` (``agent.harness``): each episode an ``openai`` SDK loop
+  (``async def``; ``asyncio.sleep(latency)`` as its tool) against `p3o.serve.EndpointServer` on the same engine, all
+  episodes at once; the server batches concurrent requests into engine calls. Its rows come from the server's records.
+  overhead = tick-runner episodes/s ÷ endpoint episodes/s − 1 (issue 52 asks ≤ 15 % at a 50 ms tool);
+* ``TRL GRPOTrainer (tools=)`` with `--trl-steps` > 0: TRL 1.16's multi-turn tool loop (``tools=[calculator]``, its
+  own transformers generation: TRL's vLLM path does not run on this CPU, see docs/benchmarks.md) on the same model,
+  `--episodes` / 4 prompts × 4 generations per step; seconds per RL step (generation + update) and episodes/s; p3o's
+  s per step is a ``p3o train --agent.harness`` step of the same size (the endpoint's episodes + one update).
+
+Medians over `--repeats` (after one warm-up round each). Run it on a quiet machine; it prints the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class SlowToolEnv:
+    """`turns` model turns; after each but the last, a tool that sleeps `latency` s and answers ``"42"``."""
+
+    stop_strings: tuple[str, ...] = ()
+
+    def __init__(self, turns: int, latency: float) -> None:
+        self.turns, self.latency, self.t = turns, latency, 0
+
+    def reset(self, problem: Any, seed: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": problem.prompt}]
+
+    def step(self, turn: str) -> Any:
+        from p3o.envs import Step
+
+        self.t += 1
+        if self.t >= self.turns:
+            return Step(reward=1.0, done=True)
+        time.sleep(self.latency)
+        return Step(observation=[{"role": "user", "content": "42"}], info={"tool_calls": 1.0})
+
+    def close(self) -> None:
+        pass
+
+
+def make_harness(turns: int, turn_tokens: int, latency: float):
+    """The endpoint's side of the same episode: an openai-SDK loop (the tool: an asyncio sleep, then ``"42"``)."""
+
+    async def harness(client: Any, model: str, problem: Any) -> float:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": problem.prompt}]
+        for t in range(turns):
+            out = await client.chat.completions.create(
+                model=model, messages=messages, max_tokens=turn_tokens, temperature=1.0
+            )
+            if t == turns - 1 or out.choices[0].finish_reason == "length":
+                break  # the tick runner's rule: a turn cut at its token limit ends the episode
+            await asyncio.sleep(latency)
+            messages += [{"role": "assistant", "content": out.choices[0].message.content or ""}]
+            messages += [{"role": "user", "content": "42"}]
+        return 1.0
+
+    return harness
+
+
+def _median(fn, repeats: int) -> tuple[float, Any]:
+    fn()  # warm-up
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def bench_p3o(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """episodes/s and sampled tokens/s of the tick runner and of the endpoint + harness, same engine settings."""
+    from p3o.envs import EnvLimits, Renderer, run_episodes
+    from p3o.envs.harness import HarnessEngine
+    from p3o.models import load_policy
+    from p3o.rollout import HFEngine
+    from p3o.serve import EndpointServer
+    from p3o.tasks.calc import calc_problem
+    from p3o.train.harness_source import GatherBatcher
+
+    model, tok = load_policy(args.model)
+    problems = [calc_problem(i, "test", kind="small") for i in range(args.episodes)]
+    limits = EnvLimits(max_turns=args.turns, max_turn_tokens=args.turn_tokens, max_total_tokens=400, max_obs_tokens=16)
+    eos = [int(tok.eos_token_id)]
+    tick_engine = HFEngine(model, tok, precision="fp32", temperature=1.0)
+    renderer = Renderer(tok, mode="chat", max_obs_tokens=16)
+
+    def tick() -> Any:
+        return run_episodes(
+            tick_engine, lambda: SlowToolEnv(args.turns, args.latency), problems, 1,
+            renderer=renderer, limits=limits, seed=0, eos_ids=eos,
+        )  # fmt: skip
+
+    server = EndpointServer(HFEngine(model, tok, precision="fp32", temperature=1.0), tok, model_name=args.model)
+    prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+    by_prompt = {tuple(ids): p for ids, p in zip(prompts, problems)}
+    harness = make_harness(args.turns, args.turn_tokens, args.latency)
+    engine = HarnessEngine(server, harness, by_prompt, timeout_s=600, concurrency=args.episodes)
+    if args.gather_s > 0:  # what p3o train does (agent.serve_gather_s)
+        GatherBatcher.around(server.batcher, expect=lambda: engine.active, max_wait_s=args.gather_s)
+    server.start()
+    try:
+
+        def endpoint() -> Any:
+            return engine.generate(prompts, 1)
+
+        out = {}
+        calls = {}
+        for name, fn in (("tick runner", tick), ("endpoint + harness", endpoint)):
+            n0 = server.counters()["engine_calls"]
+            t, r = _median(fn, args.repeats)
+            calls[name] = (server.counters()["engine_calls"] - n0) / (args.repeats + 1)
+            out[name] = {"episodes_s": args.episodes / t, "tokens_s": float(r.mask.sum()) / t, "seconds": t,
+                         "turns": float(r.extras["turns"].mean())}  # fmt: skip
+        assert engine.faults == dict.fromkeys(engine.faults, 0), engine.faults
+        out["endpoint + harness"]["engine_calls"] = calls["endpoint + harness"]
+    finally:
+        server.stop()
+    return out
+
+
+def bench_p3o_step(args: argparse.Namespace) -> float:
+    """Seconds per RL step of ``p3o train --agent.harness`` with --episodes episodes per step (sync, steady state)."""
+    from p3o.config import load_config
+    from p3o.train.loop import run
+
+    steps = 1 + max(1, args.trl_steps)
+    mod = Path(tempfile.mkdtemp(prefix="p3o-bench-"))
+    (mod / "bench_harness.py").write_text(
+        "from benchmarks_endpoint_shim import make_harness\n"
+        f"solve = make_harness({args.turns}, {args.turn_tokens}, {args.latency})\n"
+    )
+    (mod / "benchmarks_endpoint_shim.py").write_text(Path(__file__).read_text())
+    sys.path.insert(0, str(mod))
+    argv = [
+        "--model.name", args.model, "--task.name", "calc-small", "--agent.harness", "bench_harness:solve",
+        "--steps", str(steps), "--rollout.prompts_per_step", str(args.episodes // 4), "--rollout.group_size", "4",
+        "--task.n_eval", "0", "--log.progress", "false", "--log.plot", "false", "--log.tensorboard", "false",
+        "--ckpt.every", "0", "--loop.mode", "sync", "--run_dir", str(mod / "run"),
+    ]  # fmt: skip
+    out = run(load_config(argv))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return statistics.median(r["time_s"] for r in rows[1:]) if len(rows) > 1 else rows[0]["time_s"]
+
+
+def bench_trl(args: argparse.Namespace) -> dict[str, float]:
+    """TRL GRPOTrainer with ``tools=`` on the same model: seconds per step and episodes/s (median after step 1)."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from p3o.models import load_policy
+    from p3o.tasks.calc import calc_problem
+
+    model, tok = load_policy(args.model)
+
+    def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression.
+
+        Args:
+            expression: e.g. 47 * 6
+        """
+        time.sleep(args.latency)
+        return "42"
+
+    prompts = [[{"role": "user", "content": calc_problem(i, "test", kind="small").prompt}] for i in range(256)]
+    data = Dataset.from_dict({"prompt": prompts})
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            stamps.append(time.perf_counter())
+
+    per_step = args.episodes
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="p3o-trl-"), per_device_train_batch_size=per_step, num_generations=4,
+        max_completion_length=args.turn_tokens * args.turns, max_steps=1 + args.trl_steps, temperature=1.0,
+        learning_rate=1e-6, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=False,
+        gradient_checkpointing=False, max_tool_calling_iterations=args.turns - 1, dataloader_num_workers=0,
+    )  # fmt: skip
+
+    def reward(completions: list[Any], **kw: Any) -> list[float]:
+        return [1.0] * len(completions)
+
+    trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=config, train_dataset=data,
+                          tools=[calculator], callbacks=[Clock()])  # fmt: skip
+    t0 = time.perf_counter()
+    trainer.train()
+    steps = [b - a for a, b in zip([t0, *stamps[:-1]], stamps)][1:] or [stamps[0] - t0]
+    s = statistics.median(steps)
+    return {"s_per_step": s, "episodes_s": per_step / s}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny-agent")
+    ap.add_argument("--episodes", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--turn-tokens", type=int, default=24)
+    ap.add_argument("--latency", type=float, default=0.05)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gather-s", type=float, default=0.25, help="agent.serve_gather_s (0: the plain 5 ms window)")
+    ap.add_argument("--trl-steps", type=int, default=0, help="TRL GRPOTrainer steps (0: skip the TRL rows)")
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    print(f"# load average at start: {os.getloadavg()}; torch threads {torch.get_num_threads()}")
+    rows = bench_p3o(args)
+    tick, ep = rows["tick runner"], rows["endpoint + harness"]
+    print(f"{'pipeline':<28}{'episodes/s':>12}{'tokens/s':>12}{'turns':>8}")
+    for name, r in rows.items():
+        print(f"{name:<28}{r['episodes_s']:>12.2f}{r['tokens_s']:>12.1f}{r['turns']:>8.2f}")
+    print(f"endpoint engine calls per round of {args.episodes} episodes: {ep['engine_calls']:.1f}")
+    overhead = tick["episodes_s"] / ep["episodes_s"] - 1
+    ratio = ep["episodes_s"] / tick["episodes_s"]
+    print(f"endpoint overhead vs the tick runner: {overhead:+.1%} (episodes/s ratio {ratio:.3f})")
+    result: dict[str, Any] = {"rows": rows, "overhead": overhead, "args": vars(args)}
+    if args.trl_steps > 0:
+        p3o_step = bench_p3o_step(args)
+        trl = bench_trl(args)
+        print(f"{'RL step (' + str(args.episodes) + ' episodes)':<28}{'s/step':>12}{'episodes/s':>12}")
+        print(f"{'p3o train --agent.harness':<28}{p3o_step:>12.2f}{args.episodes / p3o_step:>12.2f}")
+        print(f"{'TRL GRPOTrainer (tools=)':<28}{trl['s_per_step']:>12.2f}{trl['episodes_s']:>12.2f}")
+        print(f"TRL s/step ÷ p3o s/step: {trl['s_per_step'] / p3o_step:.2f}")
+        result["p3o_s_per_step"], result["trl"] = p3o_step, trl
+    print(f"# load average at end: {os.getloadavg()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
