@@ -16,12 +16,14 @@ import dataclasses
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from p3o.errors import ConfigError, P3OError
+from p3o.rollout.hf import process_logits
 from p3o.serve.tools import BadRequest
 from p3o.types import Rollouts
 
@@ -48,6 +50,7 @@ class Draw:
     versions: list[int]
     stopped: bool
     kept: list[list[int]] | None = None
+    top: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Job:
     n: int
     max_tokens: int
     sampling: Sampling
+    top: int = 0
     future: cf.Future = field(default_factory=cf.Future)
 
 
@@ -134,36 +138,77 @@ class Batcher:
         s = group[0].sampling
         prompts = [j.prompt_ids for j in group for _ in range(j.n)]
         t_max = max(j.max_tokens for j in group)
+        budgets = [j.max_tokens for j in group for _ in range(j.n)]
         lock = getattr(self.engine, "_lock", None) or contextlib.nullcontext()
+        top = max(j.top for j in group)
+        if top and getattr(self.engine, "model", None) is None:
+            raise BadRequest(f"top_logprobs: {type(self.engine).__name__} gives no alternatives (the HF engine does)")
         with lock:
-            saved = getattr(self.engine, "settings", None)
-            if saved is not None:
-                try:
-                    self.engine.settings = dataclasses.replace(saved, temperature=s.temperature, top_p=s.top_p,
-                                                               top_k=s.top_k)  # fmt: skip
-                except ConfigError as err:
-                    raise BadRequest(str(err).replace("rollout.", "")) from err
-            elif (s.temperature, s.top_p, s.top_k) != (1.0, 1.0, 0):
-                raise BadRequest(f"{type(self.engine).__name__} samples with its own settings only")
-            try:
+            with self._settings(s):
                 ro = self.engine.generate(prompts, 1, seed=s.seed, max_new_tokens=t_max)
-            finally:
-                if saved is not None:
-                    self.engine.settings = saved
-        rows = _rows(ro)
-        if len(rows) != len(prompts):
-            raise P3OError(f"engine returned {len(rows)} rows for {len(prompts)} prompts")
+            rows = [_cut(d, b) for d, b in zip(_rows(ro), budgets)]
+            if len(rows) != len(prompts):
+                raise P3OError(f"engine returned {len(rows)} rows for {len(prompts)} prompts")
+            if top:  # under the lock: the alternatives come from the weights that sampled
+                for p, d in zip(prompts, rows):
+                    d.top = alternatives(self.engine.model, p, d.ids, top, s)
         out, i = [], 0
         for j in group:
-            mine = []
-            for d in rows[i : i + j.n]:
-                if len(d.ids) > j.max_tokens:
-                    k = j.max_tokens
-                    d = Draw(d.ids[:k], d.logprobs[:k], d.versions[:k], False, d.kept[:k] if d.kept else d.kept)
-                mine.append(d)
-            out.append(mine)
+            out.append(rows[i : i + j.n])
             i += j.n
         return out
+
+    @contextlib.contextmanager
+    def _settings(self, s: Sampling) -> Iterator[None]:
+        """The engine's sampling settings set to `s` for one call (the caller holds the engine's lock); an HF
+        engine records each token's kept set when `s` truncates (top-p / top-k), as its own settings would."""
+        saved = getattr(self.engine, "settings", None)
+        record = getattr(self.engine, "_record_mask", None)
+        if saved is None:
+            if (s.temperature, s.top_p, s.top_k) != (1.0, 1.0, 0):
+                raise BadRequest(f"{type(self.engine).__name__} samples with its own settings only")
+            yield
+            return
+        try:
+            new = dataclasses.replace(saved, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+        except ConfigError as err:
+            raise BadRequest(str(err).replace("rollout.", "")) from err
+        self.engine.settings = new
+        if record is not None:
+            self.engine._record_mask = new.records_sampling_mask
+        try:
+            yield
+        finally:
+            self.engine.settings = saved
+            if record is not None:
+                self.engine._record_mask = record
+
+
+def _cut(d: Draw, budget: int) -> Draw:
+    """A draw cut back to its job's token budget (the call's limit was the largest budget)."""
+    if len(d.ids) <= budget:
+        return d
+    return Draw(d.ids[:budget], d.logprobs[:budget], d.versions[:budget], False,
+                d.kept[:budget] if d.kept is not None else None)  # fmt: skip
+
+
+@torch.no_grad()
+def alternatives(model: Any, prompt: list[int], ids: list[int], k: int, s: Sampling) -> list[list[tuple[int, float]]]:
+    """The k most likely ids and their log-probs at each sampled position, under the distribution sampled from
+    (logits / τ, then top-k and top-p; the raw distribution when τ = 0): one forward pass over prompt + ids.
+
+    Returns:
+        T lists of k (id, log-prob) pairs, T = len(ids).
+    """
+    if not ids:
+        return []
+    seq = torch.tensor([prompt + ids[:-1]], dtype=torch.long, device=next(model.parameters()).device)
+    logits = model(input_ids=seq).logits[0, len(prompt) - 1 :].float()  # (T, V)
+    if s.temperature > 0:
+        logits = process_logits(logits, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+    lp = torch.log_softmax(logits, dim=-1)
+    vals, idx = lp.topk(min(k, lp.shape[-1]), dim=-1)
+    return [list(zip(i.tolist(), v.tolist())) for i, v in zip(idx, vals)]
 
 
 def _rows(ro: Rollouts) -> list[Draw]:

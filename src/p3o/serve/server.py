@@ -85,6 +85,7 @@ class EndpointServer:
                                         "wrong_model", "tool_calls", "tool_parse_errors", "unrecorded")}  # fmt: skip
         self._renderers: dict[str | None, Renderer] = {}
         self._lock = threading.Lock()
+        self._tok = threading.Lock()  # a fast tokenizer's encode mutates its state: one encode at a time
         self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
 
@@ -203,8 +204,8 @@ class EndpointServer:
         canon = [canonical(m) for m in body["messages"]]
         pending = await asyncio.to_thread(
             self.store.prepare_chat, episode, canon, key,
-            lambda: _rendered(lambda: renderer.prompt_ids(msgs)),
-            lambda k, eos: _rendered(lambda: renderer.observation(msgs[k:], eos).ids),
+            lambda: self._encode(lambda: renderer.prompt_ids(msgs)),
+            lambda k, eos: self._encode(lambda: renderer.observation(msgs[k:], eos).ids),
         )  # fmt: skip
         parse = bool(req.tools) and req.tool_choice != "none"
         finished, draws = await self._serve(pending, req, parse_tools=parse)
@@ -259,7 +260,7 @@ class EndpointServer:
         """Check the budget, sample, finish each choice (stops, tool calls); the pending row is freed on error."""
         try:
             budget = self._budget(len(pending.prompt_ids), req.max_tokens)
-            job = Job(pending.prompt_ids, req.n, budget, req.sampling)
+            job = Job(pending.prompt_ids, req.n, budget, req.sampling, req.top_logprobs)
             draws = await asyncio.wrap_future(self.batcher.submit(job))
             finished = [self._finish(d, req, parse_tools) for d in draws]
         except BaseException:
@@ -296,17 +297,23 @@ class EndpointServer:
                 (k, cut_text), stopped = hit, True
                 ids = ids[:k]
         lps, vers = d.logprobs[: len(ids)], d.versions[: len(ids)]
+        top = d.top[: len(ids)] if d.top is not None else None
         reason = "stop" if stopped else "length"
         if parse_tools:
             parsed = self.tool_format.parse(ids, self.eos_ids | extra)
             self.count("tool_parse_errors", parsed.malformed)
             self.count("tool_calls", len(parsed.tool_calls))
             return Finished(ids, lps, vers, "tool_calls" if parsed.tool_calls else reason, parsed.content,
-                            parsed.reasoning, parsed.tool_calls)  # fmt: skip
+                            parsed.reasoning, parsed.tool_calls, top)  # fmt: skip
         if cut_text is None:
             cut_text = self.tokenizer.decode([t for t in ids if t not in self.eos_ids | extra],
                                              skip_special_tokens=True)  # fmt: skip
-        return Finished(ids, lps, vers, reason, cut_text)
+        return Finished(ids, lps, vers, reason, cut_text, top=top)
+
+    def _encode(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` (a render: it encodes) with the tokenizer to itself, a template's refusal as a 400."""
+        with self._tok:
+            return _rendered(fn)
 
     def _renderer(self, tools: list[dict[str, Any]] | None, key: str | None) -> Renderer:
         with self._lock:
@@ -324,7 +331,7 @@ class EndpointServer:
         out = []
         for p in prompt:
             if isinstance(p, str) and p:
-                out.append(list(self.tokenizer.encode(p)))
+                out.append(self._encode(lambda p=p: list(self.tokenizer.encode(p))))
             elif isinstance(p, list) and p and all(isinstance(i, int) and not isinstance(i, bool) for i in p):
                 out.append(self._check_ids(p, "prompt"))
             else:
