@@ -180,3 +180,58 @@ def test_trl_state_without_per_step_logs_names_logging_steps(tmp_path: Path, cap
     assert main([str(tmp_path), "--no-plot"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "logging_steps=1" in err
+
+
+def _fresh_mismatch_rows(n: int = 13) -> list[dict]:
+    """Issue 51 item 12's run: lag-0 tokens with a mean |Δlogp| of ~0.013 nats, flat (no sync trend), some stale."""
+    rows = []
+    for s in range(1, n + 1):
+        d = 0.0132 + 0.004 * ((-1) ** s)
+        rows.append(
+            {
+                "step": s,
+                "offpolicy/ess": 0.997,
+                "offpolicy/lag_mean": 0.7,
+                "offpolicy/tokens_lag_0": 300.0,
+                "offpolicy/dlogp_mean_lag_0": d,
+                "offpolicy/tokens_stale": 200.0,
+                "offpolicy/ess_lag_0": 0.999,
+                "offpolicy/ess_stale": 0.995,
+            }
+        )
+    return rows
+
+
+def test_an_inflight_run_is_not_called_an_engine_fault(tmp_path: Path, capsys) -> None:
+    """Issue 51 item 12: the same fresh-token mismatch is 'engine mismatch' on a run without in-flight updates and
+    'in-flight weight updates' (advice: measure the engine without them) on a run with rollout.inflight_updates."""
+    rows = _fresh_mismatch_rows()
+    run = _run_dir(tmp_path, rows)
+    assert main([str(run), "--no-plot"]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == "unhealthy: engine mismatch (engine_mismatch)"
+    cfg = (run / "config.yaml").read_text() + "  inflight_updates: true\n  workers: 1\n"  # under rollout:
+    (run / "config.yaml").write_text(cfg, encoding="utf-8")
+    assert main([str(run), "--no-plot"]) == 1
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("unhealthy: in-flight weight updates") and "engine mismatch" not in first
+    assert "rollout.inflight_updates false" in out and "already matches the trainer" not in out
+    plain = [{k.removeprefix("offpolicy/"): v for k, v in r.items()} for r in rows]
+    (f,) = find(plain, config={"rollout": {"inflight_updates": True}}, only=("engine_mismatch",))
+    assert f.cause == "inflight" and CAUSES["inflight"] == 9
+
+
+def test_the_objective_advice_asks_the_registry_what_the_objective_does() -> None:
+    """The engine / staleness advice reads how an objective bounds its weights from the objective registry, not from
+    its name: P3O with its ESS cap gets no objective advice, P3O run with objective.cap clip is told what a clip is."""
+    from p3o.config.objective import objective_keys
+    from p3o.metrics.advice import objective_bounds
+
+    assert objective_keys(fresh=True) == objective_keys()  # the snapshot it reads is the registry's
+    assert [objective_bounds(n) for n in ("p3o", "grpo", "dapo", "gspo", "minpro", "cispo", "nosuch")] == [
+        "ess", "clip", "clip", "clip", "soft", "soft", None,
+    ]  # fmt: skip
+    ess = {"objective": {"name": "p3o"}, "rollout": {"precision": "fp32"}}
+    clip = {"objective": {"name": "p3o", "cap": "clip"}, "rollout": {"precision": "fp32"}}
+    assert "use P3O" not in suggest("engine_mismatch", "engine", "p3o", config=ess)
+    assert "this run uses 'p3o'" in suggest("engine_mismatch", "engine", "p3o", config=clip)

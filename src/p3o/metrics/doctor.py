@@ -80,7 +80,7 @@ PREFIXES = ("offpolicy/", "train/offpolicy/", "actor/offpolicy/", "objective/", 
 #: The keys that make a row an off-policy row.
 OFFPOLICY_KEYS = ("ess", "ratio_min", "ratio_max", "dlogp_mean", "lag_mean", "kl_clamped")
 #: The order causes are named in the verdict line (the most specific first; no learning signal before all).
-_CAUSE_ORDER = ("unsolved", "solved", "tied", "sync", "both", "engine", "staleness", "undetermined")
+_CAUSE_ORDER = ("unsolved", "solved", "tied", "sync", "inflight", "both", "engine", "staleness", "undetermined")
 
 
 class BadInput(Exception):

@@ -45,7 +45,7 @@ The statistics (lr_t = logp_t − rollout_logp_t, ρ_t = e^{lr_t}, over valid to
   step's ``signal`` (``zero_adv_groups``, ``num_groups``, ``reward_mean``): the no-signal finding's input;
 * ``tokens``: valid tokens counted; ``finding_<name>``: 1.0 while that finding fires (rules: :func:`find`);
   ``cause_<name>``: its cause while it fires (:data:`CAUSES`: 1 staleness, 2 engine, 3 both, 4 weights not reaching
-  the engine, 5 undetermined), else 0.
+  the engine, 5 undetermined, 9 in-flight updates), else 0.
 
 Empty sets give NaN (an ESS of an empty lag bucket, a decile no response reached). The findings follow the rules in
 :func:`find` over the last ``window`` steps; docs/metrics.md lists them with their thresholds and the attribution.
@@ -66,6 +66,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from p3o.metrics.advice import SOURCES, suggest
 from p3o.metrics.rules import (  # the rules and constants, re-exported: p3o.metrics.monitor is their public home
     CAUSE_TEXT,
     CAUSES,
@@ -77,7 +78,6 @@ from p3o.metrics.rules import (  # the rules and constants, re-exported: p3o.met
     RULES,
     RUN_RULES,
     SIGNAL_RULES,
-    SOURCES,
     WINDOW_RULES,
     Finding,
     cause_text,
@@ -87,7 +87,6 @@ from p3o.metrics.rules import (  # the rules and constants, re-exported: p3o.met
     split_keys,
     staleness_origin,
     strip_prefixes,
-    suggest,
 )
 from p3o.objectives import ess_from_parts, ess_parts, prefix_log_stat
 
@@ -135,8 +134,8 @@ class OffPolicyMonitor:
             suggestions name.
 
     Each closed step's row carries ``finding_<name>`` (1.0 while it fires) and ``cause_<name>`` (its cause as a
-    number, :data:`CAUSES`: 1 staleness, 2 engine, 3 both, 4 weights not reaching the engine, 5 undetermined; 0
-    while it does not fire) for every name of :attr:`FINDINGS`.
+    number, :data:`CAUSES`: 1 staleness, 2 engine, 3 both, 4 weights not reaching the engine, 5 undetermined, 9
+    in-flight updates; 0 while it does not fire) for every name of :attr:`FINDINGS`.
     """
 
     FINDINGS = (

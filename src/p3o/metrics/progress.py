@@ -31,8 +31,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from p3o.metrics.advice import suggest
 from p3o.metrics.logger import to_number
-from p3o.metrics.rules import CAUSE_TEXT, CAUSES, suggest
+from p3o.metrics.rules import CAUSE_TEXT, CAUSES
 
 __all__ = ["ProgressBar", "finding_line", "progress_line"]
 

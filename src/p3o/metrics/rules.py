@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from p3o.metrics.advice import _get, suggest
+
 #: Lag buckets (inclusive lower, inclusive upper; None = no upper bound) and their key suffixes.
 LAG_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 0), (1, 1), (2, 3), (4, 7), (8, None))
 N_POSITION_BUCKETS = 10
@@ -74,9 +76,11 @@ CAUSES: dict[str, int] = {
     "unsolved": 6,
     "solved": 7,
     "tied": 8,
+    "inflight": 9,
 }
-#: How the causes read in a verdict line and a table. The last three are the no-signal finding's: the groups carry
-#: no advantage because the model never solves the task, always solves it, or its samples tie within each group.
+#: How the causes read in a verdict line and a table. unsolved, solved and tied are the no-signal finding's: the groups
+#: carry no advantage because the model never solves the task, always solves it, or its samples tie within each group.
+#: inflight: a run with in-flight weight updates, whose fresh tokens' mismatch is theirs (:func:`find`).
 CAUSE_TEXT: dict[str, str] = {
     "staleness": "staleness",
     "engine": "engine mismatch",
@@ -86,14 +90,11 @@ CAUSE_TEXT: dict[str, str] = {
     "unsolved": "the model never solves the task",
     "solved": "the model always solves the task",
     "tied": "every sample of a group gets the same reward",
+    "inflight": "in-flight weight updates (tokens after a push read KV from the older weights), not the engine",
 }
-#: The no-signal finding's causes (:func:`_no_signal`).
-SIGNAL_CAUSES = ("unsolved", "solved", "tied")
 #: Where a stale token's lag comes from (:func:`staleness_origin`): optimizer updates on its own batch before it was
 #: scored (p3o's mini-batches, the monitor's ``lag_in_batch_mean``), or policy versions between sampling and training.
 ORIGINS = ("mini-batches", "policy lag", "policy lag and mini-batches")
-#: Where the fixes live, per trainer (the source the metrics came from): the settings a suggestion names.
-SOURCES = ("p3o", "trl", "verl")
 
 
 @dataclass(frozen=True)
@@ -147,199 +148,6 @@ RULES: dict[str, float] = {
     "signal_low": 0.1,  # ... with mean reward ≤ this: the model never solves the task; ≥ signal_high: always
     "signal_high": 0.9,
 }
-
-# what to do, per cause and trainer: (staleness, engine, sync). "generic": a loop of one's own.
-_FIX: dict[str, dict[str, str]] = {
-    "staleness": {
-        "p3o": "lower loop.max_lag (async; loop.staleness in stale mode) and update.epochs / update.num_mini_batches",
-        "trl": "lower GRPOConfig.steps_per_generation (toward gradient_accumulation_steps) and num_iterations "
-        "(toward 1)",
-        "verl": "lower async_training.staleness_threshold (fully async) and actor_rollout_ref.actor.ppo_epochs / the "
-        "mini-batches per step",
-        "generic": "train on fresher data: fewer optimizer steps per generated batch, a smaller maximum lag",
-    },
-    "engine": {
-        "p3o": "record rollout log-probs in fp32 (rollout.precision fp32, rollout.kv_cache_dtype auto), "
-        "rollout.logprob_mode processed with top-p/top-k, train.temperature equal to rollout.temperature",
-        "trl": "keep the ratio against vLLM's own log-probs (P3OGRPOTrainer does; a plain GRPOTrainer: "
-        "vllm_importance_sampling_correction=True, its default); colocated vLLM runs in bf16 whatever the "
-        "checkpoint (TRL passes it no dtype): for fp32 log-probs serve it with `trl vllm-serve --dtype float32` "
-        "(vllm_mode='server', with --kv-cache-dtype auto)",
-        "verl": "actor_rollout_ref.rollout.dtype float32 (or bfloat16 on both sides), and "
-        "algorithm.rollout_correction (rollout_is=token, rollout_is_threshold=inf) so the ratio sees the mismatch",
-        "generic": "record the engine's log-probs in fp32, with the trainer's temperature and processed log-probs "
-        "under top-p/top-k",
-    },
-    "sync": {
-        "p3o": "the engine's load_weights is not taking the pushed weights (LoRA adapters not merged? a quantised "
-        "copy not re-quantised?): compare the engine's log-probs with the trainer's right after a push",
-        "trl": "TRL's weight sync is not reaching vLLM (LoRA not merged, a repacked CPU backend): use "
-        "P3OGRPOTrainer (its CheckedVLLMSync probes the sync) or p3o.integrations.trl.reload_vllm_weights",
-        "verl": "verl's weight sync is not reaching the rollout engine (LoRA adapters, e.g. verl #7495: check "
-        "actor_rollout_ref.rollout.load_format and layered_summon)",
-        "generic": "the rollout engine is not loading the pushed weights: check the weight sync",
-    },
-}
-
-_OBJECTIVE_ADVICE = {
-    "staleness": "train with a soft objective (P3O, MinPRO, CISPO, M2PO), not a hard clip (p3o docs metrics, "
-    "'Which objective when')",
-    "engine": "with a mismatched engine use P3O or a wide clip",
-}
-
-_EXTRA = {
-    "position_drift": "suspect the KV cache or attention precision (an FP8 KV cache: kv_cache_dtype auto); shorter "
-    "responses; P3O's ESS cap bounds the late tokens' weights",
-    "prefix_decay": "MinPRO-style prefix weights would silence the later tokens of long responses",
-    "nonfinite": "NaN/inf log-probs: check the engine's dtype and the tokenizer (ids out of the vocabulary)",
-    "kl_clamped": "ratios beyond e^20: a tokenizer, temperature or precision mismatch between engine and trainer",
-    "ess_degenerate": "empty or non-finite ESS sums: NaN/inf log-probs somewhere",
-}
-
-
-# p3o's staleness fix when the lag's origin is known (staleness_origin)
-_FIX_P3O_ORIGIN = {
-    "mini-batches": "fewer optimizer steps per rollout batch: lower update.num_mini_batches (each mini-batch after "
-    "the first is scored by a policy the earlier ones moved) and update.epochs",
-    "policy lag": "lower loop.max_lag (async; loop.staleness in stale mode)",
-}
-
-
-_TINY_NOTE = (
-    "; the built-in tiny model knows only the built-in arithmetic wording: p3o docs tasks, 'Which models learn which "
-    "data'"
-)
-_SIGNAL_FIX = {
-    "unsolved": "a task the model can solve some of the time: an easier task or a stronger base model (task and model"
-    + _TINY_NOTE
-    + "), a prompt format or template the model knows, a larger group so that a rare success shows up",
-    "solved": "a harder task (nothing is left to learn here), or evaluate the model instead of training it",
-    "tied": "a larger group, a higher sampling temperature, or a reward that tells samples apart (partial credit)",
-}
-# where the no-signal fixes live, per trainer
-_SIGNAL_SETTINGS = {
-    "p3o": {"group": "rollout.group_size", "task": "task.name / model.name", "template": "task.template"},
-    "trl": {"group": "GRPOConfig.num_generations", "task": "the dataset / the model", "template": "the chat template"},
-    "verl": {"group": "actor_rollout_ref.rollout.n", "task": "data.train_files / the model", "template": "the prompt"},
-}
-#: Objectives whose weights are soft (a cap, a truncation, a second-moment budget): not what a staleness finding
-#: asks to move away from. Hard clips: the PPO family.
-SOFT_OBJECTIVES = frozenset({"p3o", "p3o_two_anchor", "minpro", "cispo", "m2po", "m2po_clip", "topr", "sapo"})
-HARD_CLIPS = frozenset({"grpo", "dapo", "gspo", "decoupled_ppo", "dppo", "gmpo", "clip_cov", "kl_cov"})
-
-
-def _get(config: Mapping[str, Any] | None, dotted: str) -> Any:
-    """``config["a"]["b"]`` for ``"a.b"`` (None when a level is missing or not a mapping)."""
-    obj: Any = config
-    for part in dotted.split("."):
-        obj = obj.get(part) if isinstance(obj, Mapping) else None
-    return obj
-
-
-def _p3o_staleness_fix(origin: str, config: Mapping[str, Any] | None) -> str:
-    """p3o's staleness fix, only the settings that this run's config can still lower (all of them without one)."""
-    mode = _get(config, "loop.mode")
-    if mode is None:  # no config, or one that does not say its loop: every setting that could lower the lag
-        return _FIX_P3O_ORIGIN.get(origin, _FIX["staleness"]["p3o"])
-    lag_key = {"async": "loop.max_lag", "stale": "loop.staleness", "reuse": "loop.reuse_epochs"}.get(str(mode))
-    parts = []
-    if lag_key and origin != "mini-batches" and (_get(config, lag_key) or 0) > (1 if mode == "reuse" else 0):
-        parts.append(f"lower {lag_key} (this run: {_get(config, lag_key)})")
-    mini = [f"update.{k} (this run: {_get(config, 'update.' + k)})" for k in ("num_mini_batches", "epochs")]
-    mini = [m for k, m in zip(("num_mini_batches", "epochs"), mini) if (_get(config, "update." + k) or 1) > 1]
-    if mini and origin != "policy lag":
-        parts.append("fewer optimizer steps per rollout batch: lower " + " and ".join(mini))
-    if not parts:
-        return f"this run's settings already give the least lag they can (loop.mode {mode}, one update per batch)"
-    return "; ".join(parts)
-
-
-def _p3o_engine_fix(config: Mapping[str, Any] | None) -> str:
-    """p3o's engine fix, only the settings where this run's engine differs from the trainer (all without a config)."""
-    if config is None:
-        return _FIX["engine"]["p3o"]
-    parts = []
-    if _get(config, "rollout.precision") not in (None, "fp32"):
-        parts.append(f"rollout.precision fp32 (this run: {_get(config, 'rollout.precision')})")
-    if _get(config, "rollout.kv_cache_dtype") not in (None, "auto"):
-        parts.append(f"rollout.kv_cache_dtype auto (this run: {_get(config, 'rollout.kv_cache_dtype')})")
-    sampled = (_get(config, "rollout.top_p") or 1.0) < 1.0 or (_get(config, "rollout.top_k") or 0) > 0
-    if sampled and _get(config, "rollout.logprob_mode") == "raw":
-        parts.append("rollout.logprob_mode processed (this run samples with top-p / top-k but records raw log-probs)")
-    t_roll, t_train = _get(config, "rollout.temperature"), _get(config, "train.temperature")
-    if t_roll is not None and t_train is not None and t_roll != t_train:
-        parts.append(f"train.temperature equal to rollout.temperature (this run: {t_train} vs {t_roll})")
-    compute = _get(config, "train.mixed_precision")
-    if compute not in (None, "no"):
-        parts.append(f"the trainer computes in {compute} (train.mixed_precision): the ratios see its rounding too")
-    if not parts:
-        return (
-            "this run's engine already matches the trainer's settings (fp32, same temperature): measure the "
-            "engine's own numerics with p3o mismatch"
-        )
-    return "; ".join(parts)
-
-
-def _objective_advice(cause: str, config: Mapping[str, Any] | None) -> str:
-    """The objective to train with, for ``cause`` (staleness / engine), unless the run already trains with it."""
-    objective = _get(config, "objective.name")
-    if cause == "staleness":
-        if objective in SOFT_OBJECTIVES:
-            return ""  # it already trains with a soft objective
-        if objective in HARD_CLIPS:
-            return f"this run uses the hard clip '{objective}': " + _OBJECTIVE_ADVICE["staleness"]
-        return _OBJECTIVE_ADVICE["staleness"]
-    if objective == "p3o":
-        return ""
-    if objective in HARD_CLIPS:
-        return f"this run uses '{objective}': " + _OBJECTIVE_ADVICE["engine"]
-    return _OBJECTIVE_ADVICE["engine"]
-
-
-def suggest(
-    name: str,
-    cause: str,
-    source: str | None = None,
-    origin: str = "",
-    config: Mapping[str, Any] | None = None,
-) -> str:
-    """What to do about finding ``name`` with ``cause``, naming the settings of ``source`` (``p3o``, ``trl``,
-    ``verl``; None: generic words); ``origin`` (:func:`staleness_origin`) narrows p3o's staleness fix.
-
-    ``config`` (a p3o run's config as a nested mapping: config.yaml) makes the advice fit the run: a setting is named
-    only when the run can still change it (no "lower loop.max_lag" on a sync run, no "fp32" on an fp32 engine), and an
-    objective only when the run does not already train with it (no "use P3O" on a P3O run).
-    """
-    src = source if source in SOURCES else "generic"
-    if cause in SIGNAL_CAUSES:
-        words = _SIGNAL_SETTINGS.get(src, {})
-        text = _SIGNAL_FIX[cause]
-        if words:
-            text = text.replace("a larger group", f"a larger group ({words['group']})")
-            text = text.replace("(task and model;", f"({words['task']};")
-            text = text.replace("a format or template", f"a format or template ({words['template']})")
-            text = text.replace("template the model knows", f"template the model knows ({words['template']})")
-        model = _get(config, "model.name")
-        if model is not None and not str(model).startswith("tiny"):  # the tiny model's limits are not this run's
-            text = text.replace(_TINY_NOTE, "; see p3o docs tasks, 'Which models learn which data'")
-        group = _get(config, "rollout.group_size")
-        if group is not None and cause != "solved":
-            text += f" (this run: {group} samples per prompt)"
-        return text
-    fit = config if src == "p3o" else None
-    parts = []
-    if name in _EXTRA and (name != "position_drift" or cause in ("engine", "both", "undetermined")):
-        parts.append(_EXTRA[name])
-    if cause in ("staleness", "both", "undetermined"):
-        fix = _p3o_staleness_fix(origin, fit) if src == "p3o" else _FIX["staleness"][src]
-        parts.append("; ".join(p for p in (fix, _objective_advice("staleness", config)) if p))
-    if cause in ("engine", "both", "undetermined") and name not in ("nonfinite", "kl_clamped", "ess_degenerate"):
-        fix = _p3o_engine_fix(fit) if src == "p3o" else _FIX["engine"][src]
-        parts.append("; ".join(p for p in (fix, _objective_advice("engine", config)) if p))
-    if cause == "sync":
-        parts.append(_FIX["sync"][src])
-    text = "; ".join(p for p in parts if p)
-    return ("staleness or engine (no lag recorded): " + text) if cause == "undetermined" else text
 
 
 def staleness_origin(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -827,7 +635,9 @@ def find(
     tail share, 1 − m) is also ≥ 2 × the fresh tokens' (the engine's mismatch is in stale tokens too). Fresh tokens
     carry it -> ``engine``; stale ones only -> ``staleness``; both -> ``both``; no lags -> ``undetermined``.
     ``engine_mismatch`` and ``nonfinite`` / ``kl_clamped`` / ``ess_degenerate`` are ``engine``;
-    ``weights_not_synced`` is ``sync``, and while it fires the findings the fresh tokens carry are ``sync`` too.
+    ``weights_not_synced`` is ``sync``, and while it fires the findings the fresh tokens carry are ``sync`` too; in a
+    run with ``rollout.inflight_updates`` (``config``) they are ``inflight``: a token sampled after a push in the
+    middle of a turn attends to KV the older weights computed, so the fresh tokens' mismatch is the push's.
     Suggestions name the settings of ``source`` (``p3o``, ``trl``, ``verl``; None: generic). ``unlagged``: the cause
     when the rows carry no lags, for callers that know it (a fresh engine's unlagged rows: ``engine``).
     A staleness finding's message names its origin when the rows carry ``lag_in_batch_mean``
@@ -858,6 +668,10 @@ def find(
     if any(f.cause == "sync" for f in out) or _weights_not_synced(rows, th) is not None:
         # the fresh tokens' mismatch is the stale engine's: name the sync, not the engine's precision
         out = [dataclasses.replace(f, cause="sync") if f.cause == "engine" else f for f in out]
+    elif _get(config, "rollout.inflight_updates") is True:
+        # a token sampled after a mid-turn push is tagged with the new version but attends to the older weights' KV
+        # cache: its log-prob is of neither version alone, so lag-0 tokens differ from the trainer by construction
+        out = [dataclasses.replace(f, cause="inflight") if f.cause == "engine" else f for f in out]
     origin = staleness_origin(rows)
     return [
         dataclasses.replace(
