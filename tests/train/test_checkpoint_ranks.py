@@ -78,7 +78,7 @@ def test_one_rank_failing_a_read_sends_every_rank_to_the_same_checkpoint(tmp_pat
 def _hashes(rank: int, tmp: Path) -> dict:
     """The files each rank hashes while saving a sharded checkpoint, and while loading it."""
     import p3o.models.checkpoints as mc
-    from p3o.train import checkpoint
+    from p3o.train import checkpoint, intact
     from p3o.train.placement import Placement, PlacementSettings
 
     seen: list[str] = []
@@ -88,13 +88,13 @@ def _hashes(rank: int, tmp: Path) -> dict:
         seen.append(Path(path).name)
         return digest(path, *a)
 
-    mc.file_digest = checkpoint.file_digest = logged
+    mc.file_digest = checkpoint.file_digest = intact.file_digest = logged  # the save's hashes, then the load's
     model = make_tiny_lm(seed=0)
     Placement(model, PlacementSettings("fsdp"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     checkpoint.save_sharded_checkpoint(tmp / "run", 1, model=model, optimizer=opt)
     saved, seen[:] = list(seen), []
-    getattr(checkpoint, "_VERDICTS", {}).clear()  # rank 0's memory of its own save's check
+    intact._VERDICTS.clear()  # rank 0's memory of its own save's check
     checkpoint.load_checkpoint(tmp / "run", model=model, optimizer=opt)
     return {"save": saved, "load": list(seen)}
 
@@ -114,7 +114,7 @@ def _rank0_reads(rank: int, tmp: Path) -> dict:
 
     from p3o import dist
     from p3o.errors import P3OError
-    from p3o.train import checkpoint
+    from p3o.train import checkpoint, weights
     from p3o.train.placement import Placement, PlacementSettings
 
     src = make_tiny_lm(seed=1)
@@ -129,8 +129,8 @@ def _rank0_reads(rank: int, tmp: Path) -> dict:
         save_file({k: v.clone() for k, v in src.state_dict().items() if k not in drop}, str(bad / "model.safetensors"))
     dist.barrier()
     reads: list[str] = []
-    rw, rs = checkpoint._read_weights, checkpoint._read_state
-    checkpoint._read_weights = lambda p: reads.append("weights") or rw(p)
+    rw, rs = weights.read_weights, checkpoint._read_state
+    weights.read_weights = lambda p: reads.append("weights") or rw(p)
     checkpoint._read_state = lambda p, m: reads.append("state") or rs(p, m)
     model = make_tiny_lm(seed=0)
     Placement(model, PlacementSettings("fsdp"))
@@ -143,7 +143,7 @@ def _rank0_reads(rank: int, tmp: Path) -> dict:
     moments = sum(float(a.full_tensor().abs().sum()) for a in avg)
     want = sum(float(s["exp_avg"].abs().sum()) for s in opt.state.values())
     try:
-        checkpoint._load_full_into_sharded(model, tmp / "bad")
+        weights.load_full_into_sharded(model, tmp / "bad")
         missing = "loaded"
     except P3OError as err:
         missing = str(err)

@@ -40,6 +40,10 @@ the loop state, and meta.json records every shard file, so the damage check and 
 (DCP reads the saved shards into whatever placement the model has now), and a ``policy/`` checkpoint loads into a
 sharded model (its full tensors are scattered, its AdamW state re-keyed by parameter name).
 
+Where the parts live: the RNG states in :mod:`p3o.train.rng`, the intact-checkpoint verdicts (the same on every
+rank) in :mod:`p3o.train.intact`, reading weights and the loads into a sharded model in :mod:`p3o.train.weights`;
+every name above is imported from here.
+
 Security: ``trainer_state.pt`` is read with ``torch.load(weights_only=True)``: tensors and plain Python values
 (dict, list, tuple, str, int, float, bool, None) only, so loading a checkpoint never runs code from it.
 ``save_checkpoint`` refuses a ``loop_state`` holding anything else (buffered ``Rollouts`` are stored as plain dicts,
@@ -52,7 +56,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import time
@@ -64,15 +67,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_file, save_model
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-    set_state_dict,
-)
+from safetensors.torch import save_model
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from transformers.utils import logging as hf_logging
 
 from p3o import dist
@@ -93,6 +89,9 @@ from p3o.models.checkpoints import (  # the layout and its read-only lookups liv
 )
 from p3o.models.checkpoints import is_complete_checkpoint as is_complete
 from p3o.models.lora import is_lora
+from p3o.train.intact import agreed_damage, candidates, intact_checkpoint, together
+from p3o.train.rng import gather_rng_states, rng_state, set_rng_state
+from p3o.train.weights import load_full_into_sharded, load_optimizer_into_sharded, load_sharded, read_weights
 
 __all__ = [
     "CKPT_DIR",
@@ -230,7 +229,7 @@ def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
     adapter directory (``adapter_model.safetensors``) into its adapters; the base weights are left as they are.
     """
     policy_dir = Path(policy_dir)
-    state = _read_weights(policy_dir)
+    state = read_weights(policy_dir)
     model = _unwrap(model)
     has_adapters = (policy_dir / "adapter_config.json").is_file()
     if has_adapters != is_lora(model):
@@ -249,17 +248,6 @@ def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
         raise P3OError(f"{policy_dir}: weights do not match the model ({what})")
 
 
-def _read_weights(policy_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the ``*.safetensors`` files in ``policy_dir`` (read fully before any model changes)."""
-    files = sorted(policy_dir.glob("*.safetensors"))
-    if not files:
-        raise P3OError(f"{policy_dir}: no *.safetensors weights found")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
-
-
 def _load_adapters(model: torch.nn.Module, state: dict[str, torch.Tensor], policy_dir: Path) -> None:
     """Load a PEFT adapter state dict into a PEFT model; a missing or unexpected adapter tensor raises P3OError."""
     from peft import set_peft_model_state_dict  # optional: peft (extra lora); only a LoRA run gets here
@@ -270,52 +258,6 @@ def _load_adapters(model: torch.nn.Module, state: dict[str, torch.Tensor], polic
     if missing or unexpected:
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise P3OError(f"{policy_dir}: adapters do not match the model ({what}; same model.lora.* as the run?)")
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# RNG
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's Python, NumPy, torch CPU (and CUDA when available) generator states.
-
-    Plain values and tensors only (``torch.load(weights_only=True)`` reads them): NumPy's MT19937 state is kept as
-    ``(name, keys (624,) int64 tensor, pos, has_gauss, cached_gaussian)``.
-    """
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": (str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def gather_rng_states() -> dict[int, dict[str, Any]]:
-    """``{rank: rng_state() of that rank}`` on every rank (a collective: all ranks call it); ``{0: ...}`` alone."""
-    return dict(enumerate(dist.all_gather_object(rng_state())))
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore the generator states captured by :func:`rng_state` (CUDA only when present on both sides)."""
-    random.setstate(state["python"])
-    name, keys, *rest = state["numpy"]
-    keys = keys.numpy() if isinstance(keys, torch.Tensor) else keys
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"]
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-        else:
-            warnings.warn(
-                f"checkpoint has CUDA RNG states for {len(cuda)} devices, this machine has "
-                f"{torch.cuda.device_count()}; CUDA RNG not restored",
-                stacklevel=2,
-            )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -436,21 +378,6 @@ def _write_error(run_dir: str | Path, name: str, err: BaseException) -> Checkpoi
     return CheckpointWriteError(f"checkpoint {name} could not be written ({why}); nothing of it was kept, {kept}")
 
 
-def intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """(the newest intact checkpoint of a run or None, [(damaged checkpoint, why)] newer than it, newest first).
-
-    Intact: complete (meta.json, trainer_state.pt, policy/) and every file as its meta.json records
-    (:func:`p3o.models.checkpoints.checkpoint_damage`). Reads every file once (sha256); loads nothing.
-    """
-    damaged: list[tuple[Path, str]] = []
-    for ckpt in _candidates(Path(run_dir)):
-        why = _damage(ckpt)
-        if why is None:
-            return ckpt, damaged
-        damaged.append((ckpt, why))
-    return None, damaged
-
-
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 
 
@@ -506,13 +433,6 @@ def _prune(root: Path, keep_last: int, keep: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _candidates(run_dir: Path) -> list[Path]:
-    """Every complete checkpoint of a run, newest first (the ``latest`` pointer's first)."""
-    latest = latest_checkpoint(run_dir)
-    others = [p for p in reversed(list_checkpoints(run_dir)) if p != latest]
-    return ([latest] if latest is not None else []) + others
-
-
 def _resolve(path_or_run_dir: str | Path) -> list[Path]:
     """Candidate checkpoint directories, newest first: one explicit checkpoint, or every checkpoint of a run."""
     path = Path(path_or_run_dir)
@@ -522,7 +442,7 @@ def _resolve(path_or_run_dir: str | Path) -> list[Path]:
         return [path]
     if not path.exists():
         raise P3OError(f"{path}: no such run directory or checkpoint")
-    return _candidates(path)
+    return candidates(path)
 
 
 def load_checkpoint(
@@ -544,14 +464,14 @@ def load_checkpoint(
 
     Returns ``{"step": int, "loop_state": dict | None, "path": Path}``. Reads with ``torch.load(weights_only=True)``.
     """
-    candidates = _together(_resolve, path_or_run_dir, decide=True)  # rank 0 picks, every rank follows
+    candidates = together(_resolve, path_or_run_dir, decide=True)  # rank 0 picks, every rank follows
     errors: list[str] = []
     for ckpt in candidates:
         try:
-            why = _agreed_damage(ckpt)
+            why = agreed_damage(ckpt)
             if why is not None:
                 raise P3OError(why)
-            state = _together(_load_one, ckpt, model, optimizer, map_location)  # on every rank, or fail together
+            state = together(_load_one, ckpt, model, optimizer, map_location)  # on every rank, or fail together
         except Exception as err:  # a damaged or unreadable checkpoint (on any rank): every rank tries the previous one
             why = str(err) if isinstance(err, P3OError) else f"{type(err).__name__}: {str(err)[:160]}"
             if len(candidates) == 1:
@@ -585,14 +505,14 @@ def _load_one(
         return state
 
     # unsharded ranks (DDP) each need the whole AdamW state: each reads; a sharded model reads on rank 0 alone
-    state = _together(read, decide=True) if sharded else read()
+    state = together(read, decide=True) if sharded else read()
     optim = held.get("optim")
     if model is not None and (ckpt / SHARDED_DIR).is_dir():
-        _load_sharded(ckpt / SHARDED_DIR, model, optimizer)
+        load_sharded(ckpt / SHARDED_DIR, _unwrap(model), optimizer)
     elif sharded:
-        _load_full_into_sharded(model, ckpt / POLICY_DIR)
+        load_full_into_sharded(_unwrap(model), ckpt / POLICY_DIR)
         if optimizer is not None and dist.broadcast_object(optim is not None):
-            _load_optimizer_into_sharded(model, optimizer, optim)
+            load_optimizer_into_sharded(_unwrap(model), optimizer, optim)
     elif model is not None:  # safetensors reads every file before the model changes: a bad one leaves it
         load_policy_weights(model, ckpt / POLICY_DIR)
         if optimizer is not None and optim is not None:
@@ -605,94 +525,6 @@ def _read_trainer_state(path: Path, map_location: Any) -> dict[str, Any]:
     if not isinstance(state, dict) or "step" not in state:
         raise P3OError(f"{STATE_FILE}: not a p3o trainer state")
     return state
-
-
-def _together(fn: Any, *args: Any, decide: bool = False) -> Any:
-    """Every rank calls it: `fn(*args)`'s result, or the same P3OError on every rank when it raised on any (naming
-    the first rank that failed), so no rank goes on alone. `decide`: rank 0 alone runs `fn` and broadcasts its result
-    (or its error). At world size 1, `fn(*args)` itself. `fn`'s own collectives must not depend on its failing."""
-    if dist.world_size() == 1:
-        return fn(*args)
-    result, err = None, None
-    if dist.is_main() or not decide:
-        try:
-            result = fn(*args)
-        except Exception as e:  # every rank must learn of it before raising
-            err = str(e) if isinstance(e, P3OError) else f"{type(e).__name__}: {str(e)[:160]}"
-    if decide:
-        result, err = dist.broadcast_object((result, err))
-        errs = [err]
-    else:
-        errs = dist.all_gather_object(err)
-    failed = [(r, e) for r, e in enumerate(errs) if e is not None]
-    if failed:
-        rank, why = failed[0]
-        raise P3OError(why if decide or dist.world_size() == 1 else f"rank {rank}: {why}")
-    return result
-
-
-_VERDICTS: dict[tuple[Any, ...], str | None] = {}  # a checkpoint's files as they stand -> its damage verdict
-
-
-def _meta_key(ckpt: Path) -> tuple[Any, ...] | None:
-    """The checkpoint as it stands on disk: its path and every file's (name, size, mtime); a verdict is reused only
-    while none of them changed."""
-    try:
-        files = sorted((p.relative_to(ckpt).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
-                       for p in ckpt.rglob("*") if p.is_file())  # fmt: skip
-        return (str(ckpt.resolve()), *files)
-    except OSError:
-        return None
-
-
-def _damage(ckpt: Path, share: tuple[int, int] = (0, 1)) -> str | None:
-    """:func:`checkpoint_damage` of the files (rank, world) = `share` checks (every world-th file of meta.json's
-    record from the rank-th); the whole verdict is remembered while the checkpoint's files stay as they are, so a
-    resume check and the load after it hash each file once."""
-    key = _meta_key(ckpt)
-    if key is not None and key in _VERDICTS:
-        return _VERDICTS[key]
-    if share != (0, 1):
-        return _share_damage(ckpt, *share)
-    why = checkpoint_damage(ckpt)  # the whole record, read and checked by models.checkpoints
-    if key is not None:
-        _VERDICTS[key] = why
-    return why
-
-
-def _share_damage(ckpt: Path, rank: int, world: int) -> str | None:
-    """The first damage among every world-th file of meta.json's record from the rank-th (a meta.json that cannot
-    be read, or is not a mapping, is rank 0's to report)."""
-    try:
-        recorded = json.loads((ckpt / META_FILE).read_text()).get("files")
-        mine = sorted(recorded.items())[rank::world] if isinstance(recorded, dict) else []
-    except (OSError, ValueError, AttributeError) as err:
-        return f"{META_FILE} unreadable or not a mapping ({type(err).__name__})" if rank == 0 else None
-    whys = (_file_damage(ckpt / rel, rel, rec) for rel, rec in mine)
-    return next((w for w in whys if w is not None), None)
-
-
-def _file_damage(f: Path, rel: str, rec: dict[str, Any]) -> str | None:
-    """Why file `f` (`rel` in meta.json, whose record is `rec`) differs from its record, or None."""
-    size = f.stat().st_size if f.is_file() else None
-    if size is None:
-        return f"{rel} missing"
-    if size != rec.get("size"):
-        return f"{rel} has {size} bytes, {rec.get('size')} recorded"
-    return None if file_digest(f) == rec.get("sha256") else f"{rel} does not match its recorded sha256"
-
-
-def _agreed_damage(ckpt: Path) -> str | None:
-    """Every rank calls it: `ckpt`'s damage verdict, the same on every rank. Rank 0's remembered verdict when it has
-    one (its resume check hashed it); else every rank hashes its share of the files and the verdicts are gathered."""
-    if dist.world_size() == 1:
-        return _damage(ckpt)
-    key = _meta_key(ckpt) if dist.is_main() else None
-    known = dist.broadcast_object((True, _VERDICTS[key]) if key in _VERDICTS else (False, None))
-    if known[0]:
-        return known[1]
-    whys = [w for w in dist.all_gather_object(_damage(ckpt, (dist.rank(), dist.world_size()))) if w is not None]
-    return whys[0] if whys else None
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -756,76 +588,3 @@ def save_sharded_checkpoint(
         _prune(root, keep_last, keep=final)
     dist.barrier()
     return final
-
-
-def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-    """Load a ``sharded/`` checkpoint into `model` (and `optimizer`) whatever their placement now: FSDP at any
-    world size, or one process (DCP reads the shards it needs)."""
-
-    model = _unwrap(model)
-    if optimizer is None:
-        msd = get_model_state_dict(model)
-        dcp.load({"model": msd}, checkpoint_id=str(path))
-        set_model_state_dict(model, msd)
-        return
-    msd, osd = get_state_dict(model, optimizer)
-    sd = {"model": msd, "optim": osd}
-    dcp.load(sd, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-
-
-def _load_full_into_sharded(model: torch.nn.Module, policy_dir: Path) -> None:
-    """A ``policy/`` checkpoint (written unsharded) into a sharded model: rank 0 reads its full tensors and checks
-    the keys (a missing or unexpected key raises P3OError on every rank), then broadcasts them tensor by tensor into
-    every rank's shards (``broadcast_from_rank0``): no other rank reads or holds the whole model."""
-
-    model = _unwrap(model)
-    held: dict[str, dict[str, torch.Tensor]] = {}
-
-    def read() -> None:
-        if (policy_dir / "adapter_config.json").is_file():
-            raise P3OError(
-                f"{policy_dir}: LoRA adapters saved without train.strategy fsdp cannot be resumed under fsdp; resume "
-                "with the run's strategy"
-            )
-        held["state"] = _full_state_for(model, _read_weights(policy_dir), policy_dir)
-
-    _together(read, decide=True)
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
-    set_model_state_dict(model, held.get("state", {}), options=options)
-
-
-def _full_state_for(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
-    """`state` (full tensors by key) checked against `model`'s keys: tied weights dropped by save_pretrained
-    (lm_head -> embed_tokens, the same parameter under another name) are filled in; any other missing or unexpected
-    key raises P3OError (nothing keeps its initial value silently)."""
-    params = model.state_dict(keep_vars=True)
-    unexpected = [k for k in state if k not in params]
-    loaded = {id(params[k]): k for k in state if k in params}
-    for k, v in params.items():
-        if k not in state and id(v) in loaded:
-            state[k] = state[loaded[id(v)]]
-    missing = [k for k in params if k not in state]
-    if missing or unexpected:
-        what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
-        raise P3OError(f"{where}: weights do not match the model ({what})")
-    return state
-
-
-def _load_optimizer_into_sharded(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any] | None
-) -> None:
-    """An unsharded AdamW state (keyed by parameter index, as ``optimizer.state_dict()`` writes it; held by rank 0
-    alone, None elsewhere) into the optimizer of a sharded model: re-keyed by parameter name, then broadcast from
-    rank 0 into every rank's shards."""
-
-    model = _unwrap(model)
-    osd: dict[str, Any] = {}
-    if saved is not None:
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        osd = {
-            "state": {names[int(i)]: st for i, st in saved["state"].items()},
-            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in saved["param_groups"]],
-        }
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=dist.world_size() > 1)
-    set_optimizer_state_dict(model, optimizer, osd, options=options)
