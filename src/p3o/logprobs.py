@@ -486,23 +486,11 @@ def token_logprobs(
         raise TypeError(f"token_logprobs needs an nn.Linear output head, got {type(head).__name__}")
     n, t = response_ids.shape
     mask = response_mask.bool()
-    pmask = prompt_mask.bool()
-    hidden = None
-    if share_prompts:
-        first, inverse = prompt_groups(prompt_ids, pmask)
-        if first.numel() < n:
-            hidden = _shared_response_hidden(model, prompt_ids, pmask, response_ids, mask, first, inverse)
-    if hidden is None:
-        hidden = _response_hidden(model, prompt_ids, pmask, response_ids, mask)  # (N, T, H)
+    hidden = _hidden(model, prompt_ids, prompt_mask.bool(), response_ids, mask, share_prompts)  # (N, T, H)
     want = mask if loss_mask is None else loss_mask.bool() & mask
     flat = want.reshape(-1).nonzero().squeeze(-1)  # (M,) indices of the tokens whose log-probs are wanted
     h = hidden.reshape(n * t, -1).index_select(0, flat)  # (M, H)
     y = response_ids.reshape(-1).index_select(0, flat)  # (M,)
-    sets: tuple[Tensor, Tensor] | Truncation | None = kept if isinstance(kept, Truncation) else None
-    if isinstance(kept, SamplingMask):
-        assert kept.counts.shape == (n, t), (kept.counts.shape, (n, t))
-        per_token = SamplingMask(kept.counts.reshape(-1, 1), kept.ids).select(flat)  # the wanted tokens' sets
-        sets = (per_token.counts.reshape(-1), per_token.ids)
     lp, ent, *extra = chunked_head_logprobs(
         h,
         head.weight,
@@ -511,16 +499,46 @@ def token_logprobs(
         temperature=temperature,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
-        kept=sets,
+        kept=_wanted_sets(kept, flat, (n, t)),
     )
-    logp = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), lp).view(n, t)
-    entropy = None
-    if ent is not None:
-        entropy = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), ent).view(n, t)
+    logp = _on_grid(lp, flat, (n, t))
+    entropy = None if ent is None else _on_grid(ent, flat, (n, t))
     if not extra:
         return logp, entropy
-    mass = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), extra[0].exp()).view(n, t)
+    mass = _on_grid(extra[0].exp(), flat, (n, t))
     if len(extra) == 1:
         return logp, entropy, mass
-    outside = torch.zeros(n * t, dtype=torch.float32, device=h.device).index_put((flat,), extra[1]).view(n, t)
-    return logp, entropy, mass, outside
+    return logp, entropy, mass, _on_grid(extra[1], flat, (n, t))
+
+
+def _hidden(
+    model: nn.Module, prompt_ids: Tensor, pmask: Tensor, response_ids: Tensor, mask: Tensor, share_prompts: bool
+) -> Tensor:
+    """(N, T, H) hidden states of the response positions: each run of identical prompts computed once
+    (`_shared_response_hidden`) when `share_prompts` and some rows share one and the backbone allows it, else one
+    plain pass over [prompt | response] (`_response_hidden`)."""
+    if share_prompts:
+        first, inverse = prompt_groups(prompt_ids, pmask)
+        if first.numel() < response_ids.shape[0]:
+            hidden = _shared_response_hidden(model, prompt_ids, pmask, response_ids, mask, first, inverse)
+            if hidden is not None:
+                return hidden
+    return _response_hidden(model, prompt_ids, pmask, response_ids, mask)
+
+
+def _wanted_sets(
+    kept: SamplingMask | Truncation | None, flat: Tensor, shape: tuple[int, int]
+) -> tuple[Tensor, Tensor] | Truncation | None:
+    """`kept` as `chunked_head_logprobs` takes it for the M wanted tokens `flat` (indices into the (N, T) = `shape`
+    grid): a SamplingMask's recorded sets as (counts (M,), ids), a Truncation as it is, None as None."""
+    if not isinstance(kept, SamplingMask):
+        return kept
+    assert kept.counts.shape == shape, (kept.counts.shape, shape)
+    per_token = SamplingMask(kept.counts.reshape(-1, 1), kept.ids).select(flat)  # the wanted tokens' sets
+    return (per_token.counts.reshape(-1), per_token.ids)
+
+
+def _on_grid(values: Tensor, flat: Tensor, shape: tuple[int, int]) -> Tensor:
+    """(N, T) = `shape` float32 holding `values` (M,) at the flat positions `flat` (M,), 0 elsewhere."""
+    n, t = shape
+    return torch.zeros(n * t, dtype=torch.float32, device=values.device).index_put((flat,), values).view(n, t)
