@@ -51,14 +51,7 @@ def build_app(server: Any) -> FastAPI:
     app = FastAPI(title="p3o serve", docs_url=None, redoc_url=None, openapi_url=None)
     key = f"Bearer {server.api_key}".encode()
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Any:
-        server.count("requests")
-        given = request.headers.get("authorization", "").encode()
-        if not secrets.compare_digest(given, key):
-            server.count("unauthorized")
-            return error(401, "a valid 'Authorization: Bearer <key>' header is required", code="invalid_api_key")
-        return await call_next(request)
+    app.add_middleware(_BearerKey, key=key, server=server)
 
     async def _run(kind: str, request: Request, episode: str | None) -> Any:
         try:
@@ -94,6 +87,27 @@ def build_app(server: Any) -> FastAPI:
                                    ("generate", "POST", "/inference/v1/generate")):  # fmt: skip
             app.add_api_route(prefix + path, _endpoint(_run, kind, with_episode), methods=[method])
     return app
+
+
+class _BearerKey:
+    """ASGI middleware: an HTTP request without ``Authorization: Bearer <key>`` is answered 401 before anything of
+    it is read (a plain ASGI layer: FastAPI's ``@app.middleware`` costs a task per request)."""
+
+    def __init__(self, app: Any, *, key: bytes, server: Any) -> None:
+        self.app, self.key, self.server = app, key, server
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.server.count("requests")
+        given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        if secrets.compare_digest(given, self.key):
+            await self.app(scope, receive, send)
+            return
+        self.server.count("unauthorized")
+        answer = error(401, "a valid 'Authorization: Bearer <key>' header is required", code="invalid_api_key")
+        await answer(scope, receive, send)
 
 
 def _endpoint(run: Any, kind: str, with_episode: bool) -> Any:

@@ -1,7 +1,8 @@
 """One thread in front of the engine: the requests that arrive together and sample alike go in one `generate` call.
 
 A request becomes a `Job` (its prompt ids, n, its token budget and its `Sampling`). The batcher thread takes the
-first waiting job, waits ``window_s`` for more, and runs every job with the same sampling settings (temperature,
+first waiting job, waits up to ``window_s`` for more while other requests are on their way (read, rendered; none: it
+runs at once), and runs every job with the same sampling settings (temperature,
 top-p, top-k; a seeded job runs alone, so its draws depend on its seed only) as one engine call: each prompt is
 repeated n times, the call's token limit is the largest budget, and each row is cut back to its own job's budget.
 The engine's sampling settings are set for the call under its lock (`SamplingEngine._lock`, which `load_weights`
@@ -16,7 +17,7 @@ import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,8 @@ class Batcher:
         self.max_batch = int(max_batch)
         self.counts = {"engine_calls": 0, "batched_jobs": 0, "sampled_tokens": 0}
         self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._arriving = 0
+        self._arriving_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -95,6 +98,26 @@ class Batcher:
         self._queue.put(job)
         return job.future
 
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[Callable[[], None]]:
+        """Around a request, from its arrival: it is on its way until the callable it yields is called (right after
+        its `submit`) or it ends. While any request is on its way, the batcher waits up to ``window_s`` for it
+        before running a call; with none, a job runs at once."""
+        with self._arriving_lock:
+            self._arriving += 1
+        left = [False]
+
+        def arrived() -> None:
+            with self._arriving_lock:
+                if not left[0]:
+                    left[0] = True
+                    self._arriving -= 1
+
+        try:
+            yield arrived
+        finally:
+            arrived()
+
     def _loop(self) -> None:
         while True:
             first = self._queue.get()
@@ -104,9 +127,14 @@ class Batcher:
             deadline = time.monotonic() + self.window_s
             while len(jobs) < self.max_batch:
                 try:
-                    nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:  # wait only while requests are on their way (being read or rendered)
+                    if self._arriving <= 0 or time.monotonic() >= deadline:
+                        break
+                    try:
+                        nxt = self._queue.get(timeout=min(0.001, max(0.0, deadline - time.monotonic())))
+                    except queue.Empty:
+                        continue
                 if nxt is None:
                     self._queue.put(None)
                     break
