@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from p3o.experiments.summary.blocks import END, START
@@ -23,6 +24,7 @@ from p3o.experiments.summary.claims import (
 )
 from p3o.experiments.summary.cli import main
 from p3o.experiments.summary.pages import load, render_block
+from p3o.experiments.summary.words import closing_words, lm_only_flips
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -86,7 +88,7 @@ def test_claims_table_and_plot_regenerate_byte_identically(tmp_path: Path) -> No
     assert "- **LM testbed**: a tiny model" in block and "- **simulator**: a toy" in block
     # three lists: the stale claim decided (contradicted) on the LM testbed, with its effect; the untested one not
     assert (
-        "- [P3O holds on stale data](docs/paper-claims.md#s) (P3O): **contradicted 1** (stale-64 ≠), p3o − grpo "
+        "- [P3O holds on stale data](docs/paper-claims.md#s) (P3O): **contradicted 1** (stale-64 ≠ †), p3o − grpo "
         "-0.300 [-0.310, -0.290]" in block
     )
     assert "- [Untested](docs/paper-claims.md#t) (MinPRO): LM testbed not yet run; simulator not run" in block
@@ -136,7 +138,8 @@ def test_the_front_page_and_claims_table_are_what_the_verdict_files_give(monkeyp
     results = ROOT / "docs" / "results"
     lines = front_page(claims, studies, readme, page, instruments, caveats)
     pages = {"the papers' claims": page, "results": results / "README.md", "every verdict": results / "verdicts.md"}
-    block = render_block(studies, readme, pages, lines, claim_row_keys(claims, studies))
+    lead = closing_words(claims, studies, caveats)
+    block = render_block(studies, readme, pages, lines, claim_row_keys(claims, studies), lead)
     text = readme.read_text()
     assert block in text
     command = _generated_by(page)
@@ -207,3 +210,40 @@ def test_every_row_of_the_mapping_names_its_instrument_and_matches_its_studies(m
         assert all(f.study.instrument == row["instrument"] for f in found), row["regime"]
         if row.get("status") == "testbed cannot bite" and row["instrument"] == "lm":
             assert row.get("ess") is not None, row["regime"]
+
+
+def test_the_front_page_renders_as_three_lists_and_says_what_the_lm_verdicts_say(monkeypatch) -> None:
+    """Issue 53: a blank line before each heading (CommonMark renders the instruments and three lists, not one list),
+    at most 25 lines, the LM testbed's verdicts in words with the pooled family's simulator share and the verdict an
+    LM-only family flips (computed), the testbed's exceptions named, caveat marks carried, the tested ε named and
+    no number typed in the mapping's sentences."""
+    markdown_it = pytest.importorskip("markdown_it")
+    monkeypatch.chdir(ROOT)
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- verdicts:start -->\n", 1)[1].split("<!-- verdicts:end -->", 1)[0]
+    lines = block.splitlines()
+    assert len(lines) <= 26 and len([line for line in lines if line.strip()]) <= 25
+    tokens = markdown_it.MarkdownIt("commonmark").parse(block)
+    lists = [t for t in tokens if t.type == "bullet_list_open" and t.level == 0]
+    assert len(lists) == 4  # the instruments, then the three lists
+    heads = [i for i, line in enumerate(lines) if line.startswith("**Decided") or line.startswith("**Not tested")]
+    assert len(heads) == 3 and all(lines[i - 1] == "" for i in heads)
+    studies = load(_summary_files())
+    flips = lm_only_flips(studies)
+    assert [(s.name, r["claim"], r["b"], r["verdict_pool"], lm["verdict_pool"]) for s, r, lm in flips] == [
+        ("vllm", "vllm-kvfp8", "grpo-tm-0.2", "inconclusive", "supported")
+    ]
+    words = lines[0]
+    assert words.startswith("**In words**: on the LM testbed the pooled verdicts support **no claim of either paper**")
+    assert (
+        "also holds the simulator's 106 verdicts" in words and "LM-only family of its 86 verdicts 1 verdict" in words
+    )
+    assert "+0.069 [+0.045, +0.093]: inconclusive (Holm p 0.0507) → supported" in words
+    assert "(except minpro-stale5 (n = 4); vllm (8 prompts × 8 samples))" in block
+    stale = next(line for line in lines if "#p3o-stale)" in line)
+    assert "n = 2 (minpro-stale2) †" in stale and "† every arm ends below the base it started from" in words
+    multi = next(line for line in lines if "#multi-step)" in line)
+    assert "the ε tested is 0.2" in multi and "GRPO ε 0.2 − ε 0.6 is -0.007 [-0.008, -0.006] (negligible)" in multi
+    mapping = MAP.read_text()
+    assert "+0.038" not in mapping and "{-diff:synthetic/b-eps-mismatch}" in mapping
+    assert "ε 0.6 − ε 0.2: +0.038)" in block

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ import yaml
 
 from p3o.errors import ConfigError
 from p3o.experiments.summary.blocks import links_from, wrap
-from p3o.experiments.summary.pages import INSTRUMENT_NAMES, Study, effect_text, pool, superseded
+from p3o.experiments.summary.pages import INSTRUMENT_NAMES, Study, effect_text, pool, study_file, superseded
 
 #: Verdict colours of the forest plot.
 COLORS = {
@@ -307,7 +308,12 @@ def _biases(found: list[Found]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def row_cell(row: dict[str, Any], found: list[Found], caveats: dict[str, dict[str, str]] | None = None) -> str:
+def row_cell(
+    row: dict[str, Any],
+    found: list[Found],
+    caveats: dict[str, dict[str, str]] | None = None,
+    studies: list[Study] | None = None,
+) -> str:
     """One row of ours as the front page shows it: how its verdicts fall (the pooled family's), or "cannot be tested
     here (ESS …)", or its status; then its label and, when its regime is not the claim's, how it differs (≠)."""
     if found:
@@ -319,7 +325,8 @@ def row_cell(row: dict[str, Any], found: list[Found], caveats: dict[str, dict[st
         what = str(row.get("status", "not yet run"))
     differs = f"; ≠ {row['differs']}" if row.get("differs") else ""
     differs += "".join(f"; {b}" for b in _biases(found))
-    what = f"{row['substance']}: {what}" if row.get("substance") else what
+    if row.get("substance"):
+        what = f"{render_text(row['substance'], studies) if studies is not None else row['substance']}: {what}"
     return f"{what} ({row_label(row)}{differs}){_caveat(row, caveats or {})}"
 
 
@@ -340,7 +347,9 @@ def claim_table(
         cells = []
         for inst in instruments:
             mine = [
-                row_cell(row, found, caveats) for c, row, found in rows if c is claim and row_instrument(row) == inst
+                row_cell(row, found, caveats, studies)
+                for c, row, found in rows
+                if c is claim and row_instrument(row) == inst
             ]
             cells.append(" · ".join(mine) if mine else "not run")
         lines.append(f"| [{claim['claim']}]({link}#{claim['id']}) ({claim['paper']}) | " + " | ".join(cells) + " |")
@@ -401,6 +410,71 @@ def _instrument_summary(rows: list[tuple[dict[str, Any], list[Found]]]) -> str:
     return "; ".join(parts) or "not run"
 
 
+#: A placeholder of a generated sentence: ``{verdict:study/claim}``, ``{diff:study/claim}`` (A − B),
+#: ``{-diff:study/claim}`` (B − A) or ``{effect:study/claim}`` (A − B [95 % CI]); ``/regime`` or ``/b=arm`` narrow it.
+PLACEHOLDER = re.compile(r"\{(verdict|diff|-diff|effect):([^}]+)\}")
+
+
+def render_text(text: str, studies: list[Study]) -> str:
+    """``text`` with every placeholder (:data:`PLACEHOLDER`) filled from the primary verdict it names, as the pooled
+    family shows it (the claims page's verdict): a sentence of the mapping types no number or label of its own.
+    ConfigError when a placeholder names no verdict, or more than one."""
+
+    def fill(m: re.Match[str]) -> str:
+        study, claim, *rest = m.group(2).split("/")
+        key: dict[str, Any] = {"study": study, "claim": claim}
+        for part in rest:
+            k, _, v = part.rpartition("=")
+            key[k or "regime"] = v
+        found = find(studies, key)
+        if len(found) != 1:
+            raise ConfigError(f"paper claims: {m.group(0)} names {len(found)} primary verdicts, not one")
+        f, r = found[0], found[0].record
+        if m.group(1) == "verdict":
+            return f.verdict
+        if m.group(1) == "effect":
+            return _effect(f)
+        return f"{float(r['diff']) * (-1 if m.group(1) == '-diff' else 1):+.3f}"
+
+    return PLACEHOLDER.sub(fill, text)
+
+
+#: How the LM testbed's definition states its defaults (prompts × samples per step, paired seeds).
+_PROMPTS = re.compile(r"(\d+) prompts × (\d+) samples")
+_SEEDS = re.compile(r"(\d+) fresh paired seeds")
+
+
+def testbed_exceptions(studies: list[Study], text: str) -> str:
+    """The testbed's definition ``text`` with the pooled LM studies whose settings differ from the defaults it states
+    named at the end of the sentence that states the seeds: "... per comparison (except minpro-stale5 (n = 4);
+    vllm (8 prompts × 8 samples))" (``text`` unchanged when every study matches). Seeds: the n of the study's
+    primary verdicts; prompts × samples: its study file's ``base``."""
+    prompts, seeds = _PROMPTS.search(text), _SEEDS.search(text)
+    out = []
+    for study in studies:
+        prim = [r for r in study.records if r.get("role", "primary") == "primary"]
+        if not study.pooled or study.instrument != "lm" or not prim:
+            continue
+        what = []
+        src = study_file(study.name)
+        base = (yaml.safe_load(src.read_text()) or {}).get("base", {}) if src is not None else {}
+        if prompts is not None and isinstance(base, dict):
+            p, g = base.get("rollout.prompts_per_step"), base.get("rollout.group_size")
+            if (p is not None and str(p) != prompts.group(1)) or (g is not None and str(g) != prompts.group(2)):
+                what.append(f"{p or prompts.group(1)} prompts × {g or prompts.group(2)} samples")
+        ns = sorted({int(r["n"]) for r in prim})
+        if seeds is not None and ns != [int(seeds.group(1))]:
+            what.append("n = " + " / ".join(map(str, ns)))
+        if what:
+            out.append(f"{study.name} ({', '.join(what)})")
+    if not out:
+        return text
+    said = " (except " + "; ".join(out) + ")"
+    anchor = seeds or prompts
+    end = text.find(". ", anchor.end()) if anchor is not None else -1
+    return text[:end] + said + text[end:] if end >= 0 else text.rstrip(".") + said + "."
+
+
 def front_page(
     claims: list[dict[str, Any]],
     studies: list[Study],
@@ -416,8 +490,16 @@ def front_page(
     decides nothing here; ≠ marks a regime that is not the claim's (how: docs/paper-claims.md). The count line
     follows it (:func:`p3o.experiments.summary.pages.render_block`)."""
     link = os.path.relpath(page, readme.parent)
-    lines = [f"- **{INSTRUMENT_NAMES.get(k, k)}**: {v}" for k, v in instruments.items()]
+    lines = [
+        f"- **{INSTRUMENT_NAMES.get(k, k)}**: {testbed_exceptions(studies, v) if k == 'lm' else v}"
+        for k, v in instruments.items()
+    ]
     rows = rows_of(claims, studies)
+    marks = {name: f" {c['mark']}" for name, c in (caveats or {}).items()}
+
+    def cav(shown: list[dict[str, Any]]) -> str:
+        return "".join(dict.fromkeys(marks.get(row.get("caveat"), "") for row in shown))
+
     lists: dict[str, list[str]] = {"lm": [], "synthetic": [], "none": []}
     for claim in claims:
         mine = {inst: [(row, found) for c, row, found in rows if c is claim and row_instrument(row) == inst]
@@ -441,17 +523,19 @@ def front_page(
             ne = " ≠" if any(row.get("differs") for row, _ in decided["lm"]) else ""
             sim = decided["synthetic"]
             other = f"; simulator: {_tally([f for _, f in sim])}" if sim else ""
-            lists["lm"].append(f"- {name}: **{_tally(found)}** ({labels}{ne}), {_effects(found)}{other}")
+            shown = cav([row for row, _ in decided["lm"]])
+            lists["lm"].append(f"- {name}: **{_tally(found)}** ({labels}{ne}{shown}), {_effects(found)}{other}")
         elif decided["synthetic"]:
             found = [f for _, f in decided["synthetic"]]
-            subst = [row["substance"] for row, _ in decided["synthetic"] if row.get("substance")]
+            subst = [render_text(row["substance"], studies) for row, _ in decided["synthetic"] if row.get("substance")]
             ne = " ≠" if any(row.get("differs") for row, _ in decided["synthetic"]) else ""
             what = subst[0] if subst else f"**{_tally(found)}**, {_effects(found)}"
-            lists["synthetic"].append(f"- {name}: {what}{ne}; LM testbed: {_instrument_summary(mine['lm'])}")
+            shown = cav([row for row, _ in decided["synthetic"]] + [row for row, _ in mine["lm"]])
+            lists["synthetic"].append(f"- {name}: {what}{ne}; LM testbed: {_instrument_summary(mine['lm'])}{shown}")
         else:
             lists["none"].append(
                 f"- {name}: LM testbed {_instrument_summary(mine['lm'])}; simulator "
-                f"{_instrument_summary(mine['synthetic'])}"
+                f"{_instrument_summary(mine['synthetic'])}{cav([row for row, _ in mine['lm'] + mine['synthetic']])}"
             )
     heads = {
         "lm": "**Decided on the LM testbed** (pooled verdicts; ≠: the regime is not the claim's):",
@@ -459,7 +543,7 @@ def front_page(
         "none": "**Not tested here** (decided nowhere; the measured reason):",
     }
     for key, head in heads.items():
-        lines += [head, *(lists[key] or ["- none"])]
+        lines += ["", head, *(lists[key] or ["- none"])]  # a blank line first: each heading starts its own list
     return lines
 
 

@@ -29,6 +29,7 @@ from p3o.experiments.summary.claims import (
 )
 from p3o.experiments.summary.pages import Study, load, render_block, render_index, render_page
 from p3o.experiments.summary.reports import regenerate
+from p3o.experiments.summary.words import closing_words
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             args.index.write_text(render_index(studies, command, args.index, {"verdicts": args.out, **extra}))
             pages = {"results": args.index, **pages}
         readme = args.readme or Path("README.md")
-        statements, in_rows = None, None
+        statements, in_rows, lead = None, None, ""
         if args.claims is not None:
             claims = load_mapping(args.claims_map)
             forest = args.forest or args.out.parent / "figures" / "paper-claims-forest.png"
@@ -105,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             args.claims.write_text(page)
             statements = front_page(claims, studies, readme, args.claims, instruments, caveats)
             in_rows = claim_row_keys(claims, studies)
+            lead = closing_words(claims, studies, caveats)
             pages = {"the papers' claims": args.claims, **pages}
-        block = render_block(studies, readme, pages, statements, in_rows)
+        block = render_block(studies, readme, pages, statements, in_rows, lead)
         if args.readme is not None:
             update_readme(args.readme, block)
         if args.block is not None:

@@ -370,6 +370,8 @@ def render_index(studies: list[Study], command: str, index: Path, pages: dict[st
         + (f"; **failed their bite condition** (reported, not pooled): {', '.join(failed)}" if failed else "")
         + ". The verdict counts below are **in-study** (each study's own Holm family), not the pooled family's.",
         "",
+        delta_rule(pooled),
+        "",
         "| study | report | mode | status | seeds | primary verdicts (in-study) | study file |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -396,6 +398,35 @@ def render_index(studies: list[Study], command: str, index: Path, pages: dict[st
         )
     lines += ledger_lines(Path("configs/experiments"))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def delta_rule(pooled: list[tuple[Study, dict[str, Any]]]) -> str:
+    """How *supported* / *contradicted* treat the margin δ, in words, with the pooled family's decided verdicts
+    whose interval still reaches inside ±δ counted (and the first one shown): the point estimate is compared with δ,
+    not the interval (:func:`p3o.experiments.stats.paired.verdict`)."""
+    straddle = [
+        (s, r)
+        for s, r in pooled
+        if r["kind"] in ("better", "worse")
+        and r["verdict_pool"] in ("supported", "contradicted")
+        and r.get("margin")
+        and min(abs(float(r["ci"][0])), abs(float(r["ci"][1]))) < float(r["margin"])
+    ]
+    example = ""
+    if straddle:
+        s, r = straddle[0]
+        example = (
+            f"; {len(straddle)} of the pooled family's decided verdicts are so, e.g. {s.name}'s {r['a']} − {r['b']} "
+            f"({r['regime']}), {effect_text(r)} with δ = {float(r['margin']):g}: {r['verdict_pool']}"
+        )
+    return (
+        "**How the labels treat δ**: a better / worse claim is *supported* (or *contradicted*) when the **point "
+        "estimate** A − B is at least δ from 0 in the claim's (the opposite) direction and its Holm-adjusted "
+        "difference-test p is below α; the interval is not compared with δ, so a supported or contradicted "
+        f"verdict's 95 % interval may still reach inside ±δ{example}. *negligible* needs the Holm-adjusted TOST to "
+        "show the effect inside ±δ; *tracks* is TOST within ±δ and is contradicted only by an interval entirely "
+        "outside [−δ, δ] (`p3o.experiments.stats.paired.verdict`)."
+    )
 
 
 def ledger_lines(root: Path) -> list[str]:
@@ -512,19 +543,20 @@ def render_block(
     pages: dict[str, Path],
     lines_in: list[str] | None = None,
     in_rows: set[tuple[Any, ...]] | None = None,
+    lead: str = "",
 ) -> str:
-    """The README block: ``lines_in`` (the claims' front page, :func:`p3o.experiments.summary.claims.front_page`),
-    then one line of counts of the pooled family per instrument (:func:`count_line`) with links to the pages that
-    hold every verdict."""
+    """The README block: one paragraph — ``lead`` (what the verdicts say in words,
+    :func:`p3o.experiments.summary.words.closing_words`) and one line of counts of the pooled family per instrument
+    (:func:`count_line`) with links to the pages that hold every verdict — then ``lines_in`` (the claims' front page,
+    :func:`p3o.experiments.summary.claims.front_page`: its lists interrupt the paragraph; each heading has a blank
+    line before it). No blank line follows the start marker or precedes the end marker (an HTML comment starts and
+    ends its own block in CommonMark, and may interrupt a paragraph or list), so the block stays short."""
 
     rel = links_from(readme)
 
-    lines = [START, ""]
-    lines += [*(lines_in or []), ""] if lines_in else []
     links = [f"[{role}]({rel(p)})" for role, p in pages.items()]
     where = f": {', '.join(links)}" if links else " (docs/results/)"
-    lines.append(
+    head = (f"{lead} " if lead else "") + (
         f"{count_line(studies, in_rows)} Every verdict, with `p3o compare --check FILE` to recompute it{where}."
     )
-    lines += ["", END]
-    return "\n".join(lines)
+    return "\n".join([START, head, *(lines_in or []), END])
