@@ -34,9 +34,12 @@ add stale4-mb8          "--steps 30 --loop.mode stale --loop.staleness 4 --updat
 add ray-fixed-mb16      "--steps 30 ${RAY[*]} --loop.schedule fixed --loop.max_lag 2 --update.num_mini_batches 16"
 add ray-fixed-mb8-lr4e-4 "--steps 30 ${RAY[*]} --loop.schedule fixed --loop.max_lag 2 --update.num_mini_batches 8 --optim.lr 4e-4"
 add mb4-lag2            "--steps 30 --update.num_mini_batches 4"
-add ray-fixed-guess     "--steps 30 ${RAY[*]} --loop.schedule fixed --loop.max_lag 2 --update.num_mini_batches 8 --agent.env guess --agent.max_turns 6 --agent.max_turn_tokens 8 --agent.max_total_tokens 96"
+add ray-fixed-guess     "--steps 30 ${RAY[*]} --loop.schedule fixed --loop.max_lag 2 --update.num_mini_batches 8 --agent.env guess --task.name guess --agent.max_turns 6 --agent.max_turn_tokens 8 --agent.max_total_tokens 96"
 # the study's unit: 60 steps with the in-loop held-out evaluation (256 problems, full episodes) at 0, 20, 40, 60
 add cost-ray-fixed-mb8-60 "--steps 60 ${RAY[*]} --loop.schedule fixed --loop.max_lag 2 --update.num_mini_batches 8 --task.n_eval 256 --log.eval_every 20"
+# the study's unit as registered (30 steps, evaluations at 0, 10, 20, 30), in its two regimes
+add cost-lag8-30        "--steps 30 --loop.max_lag 8 --task.n_eval 256 --log.eval_every 10"
+add cost-inflight-mb8-lr4e-4-30 "--steps 30 ${RAY[*]} --loop.schedule fixed --loop.max_lag 2 --update.num_mini_batches 8 --optim.lr 4e-4 --task.n_eval 256 --log.eval_every 10"
 
 want=("$@")
 [ ${#want[@]} -eq 0 ] && want=("${ORDER[@]}")

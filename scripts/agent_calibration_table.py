@@ -37,10 +37,10 @@ def row(run: Path) -> dict[str, float | str] | None:
     if not (run / "final").is_dir() or not metrics.is_file():
         return None
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("ess") is not None]
+    evals = [(int(r["step"]), float(r["eval_accuracy"])) for r in rows if r.get("eval_accuracy") is not None]
+    rows = [r for r in rows if r.get("ess") is not None]  # training steps (an evaluation-only row has no ess)
     ess = [float(r["ess"]) for r in rows]
     multi = [float(r.get("episode/multi_version") or 0.0) for r in rows]
-    evals = [(int(r["step"]), float(r["eval_accuracy"])) for r in rows if r.get("eval_accuracy") is not None]
     return {
         "run": run.name,
         "steps": len(rows),
