@@ -114,9 +114,10 @@ def check_token_in_token_out(ro, recorded_calls) -> None:
         assert int(obs.sum()) == int(ro.extras["obs_tokens"][i])
 
 
-def scripted_episodes(engine, on_tick=None, n=2, max_turn_tokens=6):
-    """`n` scripted episodes of two short problems on `engine` (seed 3; `on_tick` e.g. pushes weights)."""
-    problems = [Problem(prompt="abc", answer="1"), Problem(prompt="de", answer="2")]
+def scripted_episodes(engine, on_tick=None, n=2, max_turn_tokens=6, prompts=("abc", "de")):
+    """`n` scripted episodes of each of `prompts` (one id per character) on `engine` (seed 3; `on_tick` e.g. pushes
+    weights)."""
+    problems = [Problem(prompt=p, answer=str(i + 1)) for i, p in enumerate(prompts)]
     limits = EnvLimits(max_turns=3, max_turn_tokens=max_turn_tokens, max_total_tokens=64, max_obs_tokens=8)
     return run_episodes(
         engine,

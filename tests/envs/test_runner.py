@@ -25,7 +25,9 @@ def test_token_in_token_out_and_masks() -> None:
     ro = scripted_episodes(rec)
     assert len(ro) == 4 and ro.multi_turn
     check_token_in_token_out(ro, rec.calls)
-    assert ro.rewards.tolist() == [1.0] * 4 or (ro.extras["turns"] < 3).any()
+    done = ro.extras["stop_done"] == 1  # the scripted environment pays 1.0 on its third step, which ends the episode
+    assert ro.rewards.tolist() == done.float().tolist() and (ro.extras["turns"][done] == 3).all()
+    assert (ro.extras["stop_done"] + ro.extras["stop_turn_length"] + ro.extras["stop_length"] == 1).all()
     assert set(EPISODE_STATS) <= set(ro.extras)
     lp, _ = token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.attn, loss_mask=ro.mask)
     torch.testing.assert_close(lp[ro.mask], ro.rollout_logp[ro.mask], atol=1e-5, rtol=0)

@@ -34,6 +34,7 @@ VLLM_CHECKS = [
     "load_weights_from_another_thread_between_generates",
     "partial_rollouts_hold_two_versions_with_their_own_logprobs",
     "agent_episodes_are_token_in_token_out",
+    "agent_episodes_across_a_kv_block_reuse_no_stale_prefix",
     "sampling_frequencies_match_processed_distribution",
     "stops_masks_truncation_and_layout",
     "fixed_seed_reproduces_the_batch",

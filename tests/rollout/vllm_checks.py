@@ -284,12 +284,9 @@ def partial_rollouts_hold_two_versions_with_their_own_logprobs() -> None:
     eng.close()
 
 
-@check
-def agent_episodes_are_token_in_token_out() -> None:
-    """Multi-turn episodes on vLLM (`p3o.envs.run_episodes`): every row is the engine's own ids of each turn plus the
-    observation ids, nothing re-tokenised; observations carry mask 0; the recorded log-probs equal the trainer's
-    (fp32) at every model token with the observations read as context; a weight push between two turns stamps the
-    later turns with the new version."""
+def _episodes_across_a_push(prompts: tuple[str, ...]) -> None:
+    """Scripted episodes of `prompts` on vLLM with a weight push before the second turn: token in / token out, and
+    every model token's record is its own version's log-prob (the trainer's, fp32) with the observations as context."""
     from episode_fakes import STOPS, Recording, check_token_in_token_out, scripted_episodes
 
     torch.set_num_threads(1)
@@ -301,7 +298,7 @@ def agent_episodes_are_token_in_token_out() -> None:
         if tick == 1:
             eng.load_weights(new.state_dict(), version=1)
 
-    ro = scripted_episodes(rec, on_tick=push)
+    ro = scripted_episodes(rec, on_tick=push, prompts=prompts)
     check_token_in_token_out(ro, rec.calls)
     v, m = ro.policy_version, ro.mask
     assert any(set(v[i][m[i]].tolist()) == {0, 1} for i in range(len(ro))), "no episode spans the push"
@@ -313,6 +310,24 @@ def agent_episodes_are_token_in_token_out() -> None:
     diff = (own - ro.rollout_logp)[m].abs().max().item()
     assert diff <= 1e-4, f"a model token's record is not its own version's log-prob: {diff:.2e}"
     eng.close()
+
+
+@check
+def agent_episodes_are_token_in_token_out() -> None:
+    """Multi-turn episodes on vLLM (`p3o.envs.run_episodes`): every row is the engine's own ids of each turn plus the
+    observation ids, nothing re-tokenised; observations carry mask 0; the recorded log-probs equal the trainer's
+    (fp32) at every model token with the observations read as context; a weight push between two turns stamps the
+    later turns with the new version."""
+    _episodes_across_a_push(("abc", "de"))
+
+
+@check
+def agent_episodes_across_a_kv_block_reuse_no_stale_prefix() -> None:
+    """Issue 51 item 11: the same with 150-token prompts, past the CPU KV block of 128 tokens, so the prefix cache
+    holds a whole block of each history: after the push, a later turn must not reuse the block the old weights
+    computed (the prefix-cache reset on load; without it the records are ~0.35 nats off, with it ~5e-7)."""
+    long = "".join(chr(97 + (7 * i) % 26) for i in range(150))
+    _episodes_across_a_push((long, long[::-1]))
 
 
 @check
