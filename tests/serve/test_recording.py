@@ -4,10 +4,13 @@ header, and top log-probs from the weights that sampled."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 from serve_fixtures import MODEL, ScriptedEngine, client
 
 from p3o.serve import EndpointServer
+from p3o.serve.batcher import Batcher, Job, Sampling
 from p3o.serve.episodes import Choice, EpisodeStore, canonical
 
 USER = [{"role": "user", "content": "What is 12 * 7?"}]
@@ -101,3 +104,24 @@ def test_a_concurrent_call_of_the_same_row_forks_and_an_unrelated_one_rewrites()
     assert [r.reason for r in rows] == ["start", "fork"]
     assert rows[0].ids == [5, 6, 2, 9, 7, 2] and rows[0].mask == [True, True, True, False, True, True]
     assert rows[0].versions == [0, 0, 0, -1, 1, 1] and rows[1].prompt_ids == [1, 2, 3, 5, 6, 2, 9]
+
+
+def test_the_batcher_waits_for_the_expected_requests_then_runs_them_in_one_call(base):
+    from serve_fixtures import ScriptedEngine
+
+
+    tok = base[1]
+    engine = ScriptedEngine(tok, [[5, tok.eos_token_id]])
+    batcher = Batcher(engine, window_s=0.001)
+    batcher.gather(expect=lambda: 3, max_wait_s=5.0)
+    batcher.start()
+    try:
+        first = batcher.submit(Job([1, 2], 1, 4, Sampling()))
+        time.sleep(0.05)  # the first waits: two more are expected
+        assert not first.done() and batcher.counts["engine_calls"] == 0
+        rest = [batcher.submit(Job([1, 3], 1, 4, Sampling())) for _ in range(2)]
+        draws = [f.result(timeout=30) for f in (first, *rest)]
+        assert batcher.counts == {"engine_calls": 1, "batched_jobs": 3, "sampled_tokens": 6}
+        assert all(d[0].ids == [5, tok.eos_token_id] and d[0].stopped for d in draws)
+    finally:
+        batcher.stop()

@@ -79,6 +79,8 @@ class Batcher:
         self.counts = {"engine_calls": 0, "batched_jobs": 0, "sampled_tokens": 0}
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._arriving = 0
+        self._expect: Callable[[], int] | None = None
+        self._max_wait_s = 0.0
         self._arriving_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -118,29 +120,42 @@ class Batcher:
         finally:
             arrived()
 
+    def gather(self, expect: Callable[[], int], max_wait_s: float) -> None:
+        """Wait for the requests a caller expects: having a first job, the batcher runs the call once it holds
+        ``expect()`` jobs (e.g. the episodes now running, each about to send its next turn; at least ``window_s``
+        then) or ``max_wait_s`` has passed, so the turns of concurrent episodes share one engine call as the tick
+        runner's do. Without it, the batcher waits only for requests on their way (`arriving`)."""
+        self._expect, self._max_wait_s = expect, float(max_wait_s)
+
+    def _collect(self, first: Job) -> list[Job]:
+        """The jobs of the next engine call: `first` and those that join it (see `gather` and `arriving`)."""
+        jobs, t0 = [first], time.monotonic()
+        expect = self._expect
+        while len(jobs) < self.max_batch:
+            elapsed = time.monotonic() - t0
+            if expect is not None:
+                wait = self._max_wait_s
+                if (len(jobs) >= expect() and elapsed >= min(self.window_s, wait)) or elapsed >= wait:
+                    break
+            elif self._queue.empty() and (self._arriving <= 0 or elapsed >= self.window_s):
+                break  # nothing queued and nothing on its way (being read or rendered)
+            try:
+                nxt = self._queue.get(timeout=0.001)
+            except queue.Empty:
+                continue
+            if nxt is None:
+                self._queue.put(None)
+                break
+            jobs.append(nxt)
+        return jobs
+
     def _loop(self) -> None:
         while True:
             first = self._queue.get()
             if first is None:
                 return
-            jobs = [first]
-            deadline = time.monotonic() + self.window_s
-            while len(jobs) < self.max_batch:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:  # wait only while requests are on their way (being read or rendered)
-                    if self._arriving <= 0 or time.monotonic() >= deadline:
-                        break
-                    try:
-                        nxt = self._queue.get(timeout=min(0.001, max(0.0, deadline - time.monotonic())))
-                    except queue.Empty:
-                        continue
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                jobs.append(nxt)
             groups: dict[Any, list[Job]] = {}
-            for j in jobs:
+            for j in self._collect(first):
                 key = (j.sampling.temperature, j.sampling.top_p, j.sampling.top_k)
                 groups.setdefault(key if j.sampling.seed is None else id(j), []).append(j)
             for group in groups.values():

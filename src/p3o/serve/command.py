@@ -25,7 +25,8 @@ def run(args: Any) -> int:
         torch.set_num_threads(int(args.threads))
     model, tok = load_policy(args.model, seed=args.seed)
     settings = EngineSettings(engine=args.engine, precision=args.precision, seed=args.seed)
-    engine = make_engine(settings, model, tok)
+    extra = {"max_model_len": args.max_model_len} if args.engine == "vllm" and args.max_model_len else {}
+    engine = make_engine(settings, model, tok, **extra)
     server = EndpointServer(engine, tok, model_name=args.model, api_key=args.api_key, host=args.host,
                             port=args.port, max_model_len=args.max_model_len, tool_format=args.tool_format,
                             window_s=args.window_ms / 1000.0)  # fmt: skip

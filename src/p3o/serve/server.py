@@ -383,9 +383,12 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _model_len(engine: Any, tokenizer: Any) -> int:
-    """The model's context length: ``max_position_embeddings`` of the engine's model, else the tokenizer's."""
+    """The model's context length: ``max_position_embeddings`` of the engine's model (vLLM: its model config's
+    ``max_model_len``), else the tokenizer's ``model_max_length``."""
     cfg = getattr(getattr(engine, "model", None), "config", None)
-    n = getattr(cfg, "max_position_embeddings", None) or getattr(engine, "max_model_len", None)
+    vllm = getattr(getattr(getattr(engine, "llm", None), "llm_engine", None), "model_config", None)  # VLLMEngine
+    n = getattr(cfg, "max_position_embeddings", None) or getattr(vllm, "max_model_len", None)
+    n = n or getattr(engine, "max_model_len", None)
     n = n or getattr(tokenizer, "model_max_length", None)
     if not isinstance(n, int) or n <= 0 or n > 10**8:
         raise P3OError("serve: the model's context length is unknown; give max_model_len (--max_model_len)")
