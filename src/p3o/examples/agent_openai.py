@@ -22,7 +22,7 @@ async def solve(client, model: str, problem, max_turns: int = 3) -> dict:
     """One episode: the model may call the calculator; reward 1 when its last `#### <value>` is the answer."""
     messages, calls = [{"role": "user", "content": problem.prompt}], 0
     for _ in range(max_turns):
-        reply = await client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=40)
+        reply = await client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=64)
         msg = reply.choices[0].message
         messages.append(msg.model_dump(exclude_none=True))
         for call in msg.tool_calls or []:
