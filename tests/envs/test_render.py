@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from gguf_meta import gguf_string
+from qwen3_template import QWEN3_TEMPLATE
 
 from p3o.envs.builtin import calc_transcript
 from p3o.envs.render import Renderer, stop_ids
@@ -77,6 +78,33 @@ def test_qwen_style_tool_responses_share_one_user_turn_and_match_the_full_render
     )
     assert text.count("<|im_start|>user") == 1
     assert "# Tools" in qwen_tok.decode(r.prompt_ids(PROMPT))
+
+
+def test_qwen3s_published_template_appends_exactly_and_differs_only_where_it_rewrites_the_history(chatml_tok):
+    """Issue 51 item 11: Qwen3's own template layout (qwen3_template.py). The observations the renderer appends are
+    the template's, token for token; the full render of the finished conversation differs from the token stream only
+    where the template rewrites history (the last assistant turn gets an empty <think> block), and the stream is what
+    the model sampled."""
+    import copy
+
+    tok = copy.deepcopy(chatml_tok)
+    tok.chat_template = QWEN3_TEMPLATE
+    r = Renderer(tok, mode="chat", tools=TOOLS)
+    call = '<tool_call>\n{"name": "calc", "arguments": {"expression": "4821 * 37"}}\n</tool_call>'
+    turns = [f"Two calls.{call}{call}", "#### 178377"]
+    obs = [[{"role": "tool", "content": "178377"}, {"role": "tool", "content": "178377"}]]
+    got = _episode(r, turns, obs, ("</tool_call>",))
+    text = tok.decode(r.observation_ids(obs[0], turn_ended_with_eos=False))
+    assert text == (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n178377\n</tool_response>\n<tool_response>\n178377\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    prompt = tok.decode(r.prompt_ids(PROMPT))
+    assert "You may call one or more functions" in prompt and prompt.endswith("<|im_start|>assistant\n")
+    full = tok.decode(_full(tok, turns, obs, tools=TOOLS))
+    stream = tok.decode(got)
+    think = "<think>\n\n</think>\n\n"  # the template's rewrite of the last assistant turn: the only difference
+    assert full == stream.replace("assistant\n#### 178377", "assistant\n" + think + "#### 178377") + "\n"
 
 
 def test_plain_mode_inlines_tool_results_and_opens_a_chatml_turn_for_feedback(chatml_tok) -> None:
