@@ -109,7 +109,6 @@ def test_a_concurrent_call_of_the_same_row_forks_and_an_unrelated_one_rewrites()
 def test_the_batcher_waits_for_the_expected_requests_then_runs_them_in_one_call(base):
     from serve_fixtures import ScriptedEngine
 
-
     tok = base[1]
     engine = ScriptedEngine(tok, [[5, tok.eos_token_id]])
     batcher = Batcher(engine, window_s=0.001)

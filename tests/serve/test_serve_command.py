@@ -51,3 +51,41 @@ def test_a_port_in_use_is_one_line_and_exit_2(capsys):
         sock.close()
     err = capsys.readouterr().err.strip()
     assert err == f"p3o serve: error: serve: port {port} on 127.0.0.1 is already in use (choose another with --port)"
+
+
+@pytest.mark.slow
+def test_p3o_serve_on_the_chat_base_answers_tools_with_structured_tool_calls(tmp_path):
+    """The issue's check, on the shipped chat base (Qwen3-style `<tool_call>` markers as single tokens): a chat
+    completion with `tools` comes back with structured tool_calls, prompt_token_ids, token_ids, log-probs, versions."""
+    from p3o.models.bases import shipped_dir
+
+    if shipped_dir("tiny-chat") is None:
+        pytest.skip("tiny-chat is not shipped yet (issue 52 item 6)")
+    from p3o.examples.agent_openai import TOOLS
+
+    info = tmp_path / "serve.json"
+    proc = subprocess.Popen([sys.executable, "-m", "p3o", "serve", "--model", "tiny-chat", "--port", "0",
+                             "--api_key", "K-test-key", "--info", str(info)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not info.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.2)
+        served = json.loads(info.read_text())
+        key = {"Authorization": "Bearer K-test-key"}
+        calls = []
+        for seed in range(8):  # a trained base calls the calculator on most calc problems
+            body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "What is 4821 * 37?"}],
+                    "tools": TOOLS, "max_tokens": 64, "seed": seed, "logprobs": True}  # fmt: skip
+            r = httpx.post(served["base_url"] + "/chat/completions", json=body, headers=key, timeout=120).json()
+            ch = r["choices"][0]
+            assert r["prompt_token_ids"] and ch["token_ids"] and len(ch["p3o"]["versions"]) == len(ch["token_ids"])
+            assert len(ch["logprobs"]["content"]) == len(ch["token_ids"])
+            if ch["finish_reason"] == "tool_calls":
+                calls += ch["message"]["tool_calls"]
+        assert calls and all(c["function"]["name"] == "calculator" for c in calls)
+        assert all(isinstance(json.loads(c["function"]["arguments"]), dict) for c in calls)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)

@@ -6,7 +6,7 @@
     POST /v1/completions              a prompt (text or ids) in
     POST /inference/v1/generate       vLLM's token-in-token-out route (``token_ids`` + ``sampling_params``)
 
-Every route but none requires ``Authorization: Bearer <key>``: without it the answer is 401 and nothing of the
+Every route requires ``Authorization: Bearer <key>``: without it the answer is 401 and nothing of the
 request is read or recorded. A keyless ``/v1`` call is recorded under the episode an ``X-Episode-Id`` (or verifiers'
 ``X-Session-ID``) header names, else not at all. Errors are OpenAI's JSON: ``{"error": {"message", "type", "param",
 "code"}}`` with 400 (a bad request, an overlong prompt, an unknown tool format), 401, 404 (another model) or 500.
