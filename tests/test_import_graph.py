@@ -284,10 +284,9 @@ def test_the_docs_draw_the_same_floors() -> None:
 # +6 (issues 45, 46, 47): the unbiased peak's scoring (scipy, the training stack) and the start-up paths of the CLI.
 # +5 (issue 47): `p3o mismatch` measures (torch) once its options are read; the CLI parses the options of the
 # commands it answers from a snapshot, and writes the snapshots, only when asked (pydantic, the registry: heavy).
-# +4 (issue 52, harnesses): openai and httpx for a harness's clients, the endpoint in a harness run (extra serve),
-# the verifiers adapter (extra verifiers): all optional. +1 (issue 52, serving): `p3o serve` loads torch and the
-# ASGI stack once its options are read (heavy).
-LOCAL_IMPORT_CEILING = 100
+# +3 (issue 52, harnesses): openai and httpx for a harness's clients, the endpoint in a harness run (extra serve):
+# all optional. +1 (issue 52, serving): `p3o serve` loads torch and the ASGI stack once its options are read (heavy).
+LOCAL_IMPORT_CEILING = 99
 REASONS = ("optional", "heavy", "call-time", "cycle", "pinned")
 
 

@@ -6,8 +6,7 @@ A harness is ``agent.harness: package.module:function``:
 
 (a plain ``def`` gets an ``openai.OpenAI`` and runs in a thread). ``client`` is bound to its episode's base URL on
 the endpoint (``/episodes/<id>/v1``) and the run's key; it returns the episode's reward, or a dict with ``reward``
-and extra numeric metrics (averaged per episode into ``harness/<name>``). ``verifiers:<module>`` is a `verifiers`
-environment run the same way (`p3o.envs.verifiers_harness`).
+and extra numeric metrics (averaged per step into ``episode/<name>``).
 
 `run_harness` runs n episodes of every problem concurrently (asyncio, at most ``concurrency`` at once, each under
 ``timeout_s``) and hands back one `HarnessEpisode` per episode, in order (rows b·n … b·n + n − 1 are problem b's).
@@ -83,15 +82,16 @@ class HarnessEpisode:
 
 
 def load_harness(spec: str) -> Harness:
-    """The harness ``spec`` names: ``package.module:function`` (async or plain), or ``verifiers:<module>`` (a
-    `verifiers` environment, `p3o.envs.verifiers_harness.VerifiersHarness`). A wrong spec: one-line ConfigError."""
+    """The harness ``spec`` names: ``package.module:function`` (async or plain). A wrong spec, or
+    ``verifiers:<module>`` (not run yet): one-line ConfigError."""
     if not isinstance(spec, str) or ":" not in spec:
         raise ConfigError(f"agent.harness: {spec!r} is not package.module:function (or verifiers:<module>)")
     module_name, _, attr = spec.partition(":")
     if module_name == "verifiers":
-        from p3o.envs.verifiers_harness import VerifiersHarness  # optional: verifiers (extra verifiers)
-
-        return VerifiersHarness(attr)
+        raise ConfigError(
+            f"agent.harness: {spec!r}: verifiers environments are not run yet (p3o docs harness, 'verifiers "
+            "environments'); wrap your agent as package.module:function"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # a user module's import error, named in one line
