@@ -15,10 +15,13 @@ answers ``"42"``; a turn cut at `--turn-tokens` ends its episode (the tick runne
   (``async def``; ``asyncio.sleep(latency)`` as its tool) against `p3o.serve.EndpointServer` on the same engine, all
   episodes at once; the server batches concurrent requests into engine calls. Its rows come from the server's records.
   overhead = tick-runner episodes/s ÷ endpoint episodes/s − 1 (issue 52 asks ≤ 15 % at a 50 ms tool);
-* ``TRL GRPOTrainer (tools=)`` with `--trl-steps` > 0: TRL 1.16's multi-turn tool loop (``tools=[calculator]``, its
-  own transformers generation: TRL's vLLM path does not run on this CPU, see docs/benchmarks.md) on the same model,
-  `--episodes` / 4 prompts × 4 generations per step; seconds per RL step (generation + update) and episodes/s; p3o's
-  s per step is a ``p3o train --agent.harness`` step of the same size (the endpoint's episodes + one update).
+* RL steps, with `--trl-steps` > 0, on `--chat-model` (``tiny-chat``: Qwen3-style tool calls) and calc-small,
+  `--episodes` / 4 problems × 4 episodes per step, the calculator tool (the example harness's, `--latency` s each):
+  ``p3o train --config agent-openai`` (sync, the endpoint + the example harness) against TRL 1.16's
+  ``GRPOTrainer(tools=[calculator])`` (its multi-turn tool loop on its own transformers generation: TRL's vLLM path
+  does not run on this CPU, see docs/benchmarks.md; the tokenizer gets TRL's Qwen3 response template, as TRL's docs
+  say for a template it does not recognise). Seconds per RL step (generation + update), episodes/s and tool calls
+  per episode side by side.
 
 Medians over `--repeats` (after one warm-up round each). Run it on a quiet machine; it prints the load average.
 """
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -145,28 +149,24 @@ def bench_p3o(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     return out
 
 
-def bench_p3o_step(args: argparse.Namespace) -> float:
-    """Seconds per RL step of ``p3o train --agent.harness`` with --episodes episodes per step (sync, steady state)."""
+def bench_p3o_step(args: argparse.Namespace) -> dict[str, float]:
+    """Seconds per RL step of ``p3o train --config agent-openai`` (the example harness: calculator tool, calc-small)
+    on `--chat-model` with --episodes episodes per step (4 per problem), sync, no evaluation; median after step 1."""
     from p3o.config import load_config
     from p3o.train.loop import run
 
-    steps = 1 + max(1, args.trl_steps)
-    mod = Path(tempfile.mkdtemp(prefix="p3o-bench-"))
-    (mod / "bench_harness.py").write_text(
-        "from benchmarks_endpoint_shim import make_harness\n"
-        f"solve = make_harness({args.turns}, {args.turn_tokens}, {args.latency})\n"
-    )
-    (mod / "benchmarks_endpoint_shim.py").write_text(Path(__file__).read_text())
-    sys.path.insert(0, str(mod))
     argv = [
-        "--model.name", args.model, "--task.name", "calc-small", "--agent.harness", "bench_harness:solve",
-        "--steps", str(steps), "--rollout.prompts_per_step", str(args.episodes // 4), "--rollout.group_size", "4",
-        "--task.n_eval", "0", "--log.progress", "false", "--log.plot", "false", "--log.tensorboard", "false",
-        "--ckpt.every", "0", "--loop.mode", "sync", "--run_dir", str(mod / "run"),
+        "--config", "agent-openai", "--model.name", args.chat_model, "--steps", str(1 + max(1, args.trl_steps)),
+        "--rollout.prompts_per_step", str(args.episodes // 4), "--rollout.group_size", "4", "--task.n_eval", "0",
+        "--log.progress", "false", "--log.plot", "false", "--log.tensorboard", "false", "--ckpt.every", "0",
+        "--loop.mode", "sync", "--run_dir", tempfile.mkdtemp(prefix="p3o-bench-") + "/run",
     ]  # fmt: skip
     out = run(load_config(argv))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(r["time_s"] for r in rows[1:]) if len(rows) > 1 else rows[0]["time_s"]
+    steps = [r["time_step_s"] + r.get("time_gen_s", 0.0) for r in rows[1:]] or [rows[0]["time_s"]]
+    s = statistics.median(steps)
+    return {"s_per_step": s, "episodes_s": args.episodes / s, "tool_calls": rows[-1].get("episode/tool_calls", 0.0),
+            "model_tokens": rows[-1].get("episode/model_tokens", 0.0)}  # fmt: skip
 
 
 def bench_trl(args: argparse.Namespace) -> dict[str, float]:
@@ -174,11 +174,14 @@ def bench_trl(args: argparse.Namespace) -> dict[str, float]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_template
 
+    from p3o.examples.agent_openai import calculator as example_calculator
     from p3o.models import load_policy
     from p3o.tasks.calc import calc_problem
 
-    model, tok = load_policy(args.model)
+    model, tok = load_policy(args.chat_model)
+    tok.response_template = qwen3_template  # tiny-chat's layout is Qwen3's; TRL matches known templates by their text
 
     def calculator(expression: str) -> str:
         """Evaluate an arithmetic expression.
@@ -187,10 +190,15 @@ def bench_trl(args: argparse.Namespace) -> dict[str, float]:
             expression: e.g. 47 * 6
         """
         time.sleep(args.latency)
-        return "42"
+        return example_calculator(expression)
 
-    prompts = [[{"role": "user", "content": calc_problem(i, "test", kind="small").prompt}] for i in range(256)]
-    data = Dataset.from_dict({"prompt": prompts})
+    def reward(completions: list[Any], answer: list[str], **kw: Any) -> list[float]:
+        found = [re.search(r"####\s*(-?\d+)", str(c[-1].get("content", "")) if c else "") for c in completions]
+        return [float(bool(m) and m[1] == a) for m, a in zip(found, answer)]
+
+    problems = [calc_problem(i, "train", kind="small") for i in range(256)]
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p.prompt}] for p in problems],
+                              "answer": [p.answer for p in problems]})  # fmt: skip
     stamps: list[float] = []
 
     class Clock(TrainerCallback):
@@ -200,13 +208,10 @@ def bench_trl(args: argparse.Namespace) -> dict[str, float]:
     per_step = args.episodes
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="p3o-trl-"), per_device_train_batch_size=per_step, num_generations=4,
-        max_completion_length=args.turn_tokens * args.turns, max_steps=1 + args.trl_steps, temperature=1.0,
+        max_completion_length=64 * args.turns, max_steps=1 + args.trl_steps, temperature=1.0,
         learning_rate=1e-6, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=False,
         gradient_checkpointing=False, max_tool_calling_iterations=args.turns - 1, dataloader_num_workers=0,
     )  # fmt: skip
-
-    def reward(completions: list[Any], **kw: Any) -> list[float]:
-        return [1.0] * len(completions)
 
     trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=config, train_dataset=data,
                           tools=[calculator], callbacks=[Clock()])  # fmt: skip
@@ -214,7 +219,10 @@ def bench_trl(args: argparse.Namespace) -> dict[str, float]:
     trainer.train()
     steps = [b - a for a, b in zip([t0, *stamps[:-1]], stamps)][1:] or [stamps[0] - t0]
     s = statistics.median(steps)
-    return {"s_per_step": s, "episodes_s": per_step / s}
+    logs = [h for h in trainer.state.log_history if "tools/call_frequency" in h]
+    calls = statistics.mean(float(h["tools/call_frequency"]) for h in logs) if logs else float("nan")
+    length = statistics.mean(float(h["completions/mean_length"]) for h in logs) if logs else float("nan")
+    return {"s_per_step": s, "episodes_s": per_step / s, "tool_call_frequency": calls, "mean_length": length}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency", type=float, default=0.05)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gather-s", type=float, default=0.25, help="agent.serve_gather_s (0: the plain 5 ms window)")
-    ap.add_argument("--trl-steps", type=int, default=0, help="TRL GRPOTrainer steps (0: skip the TRL rows)")
+    ap.add_argument("--trl-steps", type=int, default=0, help="RL steps of each trainer (0: skip the RL-step rows)")
+    ap.add_argument(
+        "--chat-model", default="tiny-chat", help="the model of the RL-step rows (a tool-calling chat base)"
+    )
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -244,10 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.trl_steps > 0:
         p3o_step = bench_p3o_step(args)
         trl = bench_trl(args)
-        print(f"{'RL step (' + str(args.episodes) + ' episodes)':<28}{'s/step':>12}{'episodes/s':>12}")
-        print(f"{'p3o train --agent.harness':<28}{p3o_step:>12.2f}{args.episodes / p3o_step:>12.2f}")
-        print(f"{'TRL GRPOTrainer (tools=)':<28}{trl['s_per_step']:>12.2f}{trl['episodes_s']:>12.2f}")
-        print(f"TRL s/step ÷ p3o s/step: {trl['s_per_step'] / p3o_step:.2f}")
+        print(f"RL step of {args.episodes} episodes on {args.chat_model} (calc-small, calculator tool):")
+        print(f"{'pipeline':<28}{'s/step':>10}{'episodes/s':>12}{'tool calls/episode':>20}")
+        print(f"{'p3o train --agent.harness':<28}{p3o_step['s_per_step']:>10.2f}{p3o_step['episodes_s']:>12.2f}"
+              f"{p3o_step['tool_calls']:>20.2f}")  # fmt: skip
+        print(f"{'TRL GRPOTrainer (tools=)':<28}{trl['s_per_step']:>10.2f}{trl['episodes_s']:>12.2f}"
+              f"{trl['tool_call_frequency']:>20.2f}")  # fmt: skip
+        print(f"TRL s/step ÷ p3o s/step: {trl['s_per_step'] / p3o_step['s_per_step']:.2f}")
         result["p3o_s_per_step"], result["trl"] = p3o_step, trl
     print(f"# load average at end: {os.getloadavg()}")
     if args.json:
