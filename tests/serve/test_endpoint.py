@@ -3,6 +3,7 @@ it records is what the trainer computes; weights, rewrites, keys, limits, stream
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import json
 import shutil
@@ -193,3 +194,37 @@ def test_a_port_in_use_is_one_line(served):
         bind("127.0.0.1", served.port)
     with pytest.raises(P3OError, match="already in use"):
         EndpointServer(served.engine, served.tokenizer, model_name=MODEL, port=served.port).start()
+
+
+def test_the_renderers_generate_client_reads_the_generate_route(served):
+    """verifiers' TrainClient calls `renderers.client.generate`: run that client itself against the endpoint (it
+    checks every log-prob entry's `token_id:<id>` token, reads max_model_len from /v1/models), then bridge the next
+    turn by ids as the Qwen3 renderer does: the same row goes on."""
+    renderers = pytest.importorskip("renderers")
+    from renderers.client import generate
+    from renderers.configs import DefaultRendererConfig
+
+    tok = served.tokenizer
+    renderer = renderers.create_renderer(tok, DefaultRendererConfig())
+    params = {"max_tokens": 12, "temperature": 1.0, "seed": 1}
+    fix = [tok.eos_token_id]
+    tail = tok.encode("\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+
+    async def two_turns() -> tuple[dict, dict]:
+        c = openai.AsyncOpenAI(base_url=served.episode_url("rv-1"), api_key=served.api_key, max_retries=0)
+        first = await generate(client=c, renderer=renderer, messages=USER, model=MODEL, sampling_params=params)
+        ended = first["completion_ids"][-1] == tok.eos_token_id
+        bridged = first["prompt_ids"] + first["completion_ids"] + ([] if ended else fix) + tail
+        second = await generate(client=c, renderer=renderer, messages=USER, model=MODEL, prompt_ids=bridged,
+                                sampling_params=params)  # fmt: skip
+        return first, second
+
+    out, out2 = asyncio.run(two_turns())
+    assert out["prompt_ids"] == tok.encode(tok.apply_chat_template(USER, tokenize=False, add_generation_prompt=True),
+                                           add_special_tokens=False)  # fmt: skip
+    assert out["completion_ids"] and len(out["completion_logprobs"]) == len(out["completion_ids"])
+    if out["completion_ids"][-1] != tok.eos_token_id:
+        tail = fix + tail
+    (row,) = served.store.pop("rv-1")
+    assert row.calls == 2 and row.ids == out["completion_ids"] + tail + out2["completion_ids"]
+    assert row.logprobs[: len(out["completion_ids"])] == pytest.approx(out["completion_logprobs"])
