@@ -6,8 +6,8 @@
 # The runs use the source of one commit (COMMIT, default the one the recorded table was measured at), unpacked by
 # `git archive` into OUT/src and put first on PYTHONPATH, so that edits in the working tree do not move them.
 # A run whose final/ and wall_s exist is not run again (rerun the script after an interruption; an unfinished run
-# starts over: --overwrite). Every run: seed 3100 (calibration only, never a study seed), no held-out evaluation
-# unless its options say so, no checkpoints, one thread (OMP_NUM_THREADS=1).
+# starts over: --overwrite). Every run: seed 3100 (calibration only, never a study seed; a later --seed 3101 in a
+# run's options for the second seed), no held-out evaluation unless its options say so, no checkpoints, one thread (OMP_NUM_THREADS=1).
 # Runs go to OUT/NAME (default runs/agent-calibration); each one's wall time to NAME/wall_s, its options to
 # OUT/options/NAME.
 set -uo pipefail
@@ -40,6 +40,9 @@ add cost-ray-fixed-mb8-60 "--steps 60 ${RAY[*]} --loop.schedule fixed --loop.max
 # the study's unit as registered (30 steps, evaluations at 0, 10, 20, 30), in its two regimes
 add cost-lag8-30        "--steps 30 --loop.max_lag 8 --task.n_eval 256 --log.eval_every 10"
 add cost-inflight-mb8-lr4e-4-30 "--steps 30 ${RAY[*]} --loop.schedule fixed --loop.max_lag 2 --update.num_mini_batches 8 --optim.lr 4e-4 --task.n_eval 256 --log.eval_every 10"
+# the two biting settings on a second calibration seed (3101: how far a 30-step mean moves with the seed)
+add lag8-s3101          "--steps 30 --loop.max_lag 8 --seed 3101"
+add ray-fixed-mb8-lr4e-4-s3101 "--steps 30 ${RAY[*]} --loop.schedule fixed --loop.max_lag 2 --update.num_mini_batches 8 --optim.lr 4e-4 --seed 3101"
 
 want=("$@")
 [ ${#want[@]} -eq 0 ] && want=("${ORDER[@]}")
