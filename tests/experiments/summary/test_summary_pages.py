@@ -135,8 +135,8 @@ def test_verdicts_are_retaken_by_todays_rule_and_each_change_is_listed() -> None
     assert ("lag-grid", "lag-p3o-vs-family", "negligible", "inconclusive") in changed
     assert len(changed) == 9
     page = (root / "docs" / "results" / "verdicts.md").read_text()
-    assert "**negligible** (today's rule; the report says inconclusive)" in page
-    assert "**inconclusive** (today's rule; the report says negligible)" in page
+    assert "**negligible** (today's rule; inconclusive before the rule amendment, the report's appendix)" in page
+    assert "**inconclusive** (today's rule; negligible before the rule amendment, the report's appendix)" in page
 
 
 def test_the_index_shows_the_seed_ledger_amendments_and_looks() -> None:

@@ -188,7 +188,7 @@ def mark(f: Found) -> str:
     if f.superseded:
         return f"{role_mark(f)} (not evidence; its study's verdict was {f.record['verdict']})"
     was = None if f.pooled else f.record.get("verdict_report")
-    return role_mark(f) + (f" (today's rule; its report says {was})" if was else "")
+    return role_mark(f) + (f" (today's rule; {was} before the rule amendment, its report's appendix)" if was else "")
 
 
 def test_text(f: Found, with_regime: bool = False) -> str:

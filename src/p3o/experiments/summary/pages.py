@@ -302,7 +302,7 @@ def render_page(studies: list[Study], command: str) -> str:
         for r in study.records:
             mark = " (exploratory)" if r.get("exploratory") else ""
             if r.get("verdict_report"):
-                mark += f" (today's rule; the report says {r['verdict_report']})"
+                mark += f" (today's rule; {r['verdict_report']} before the rule amendment, the report's appendix)"
             shown = f"**{r['verdict']}**{mark}"
             sup = superseded(r)
             if sup:
