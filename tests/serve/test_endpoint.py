@@ -111,6 +111,7 @@ def test_overlong_bad_input_and_another_model_are_openai_errors(served):
                                   "function": {"name": "f", "parameters": {"type": "object"}}}])  # fmt: skip
     assert err.value.code == "unknown_tool_format"
     after = served.counters()
+    assert after["unknown_tool_format"] == before["unknown_tool_format"] + 1
     assert after["overlong"] == before["overlong"] + 1 and after["bad_request"] == before["bad_request"] + 3
     assert after["wrong_model"] == before["wrong_model"] + 1 and served.store.pop("bad-1") == []
 

@@ -49,6 +49,11 @@ UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalt
                "echo": False, "suffix": None, "best_of": None, "use_beam_search": False}  # fmt: skip
 
 
+COUNTERS = ("requests", "ok", "unauthorized", "bad_request", "overlong", "unknown_tool_format", "wrong_model",
+            "server_errors", "tool_calls", "tool_parse_errors", "unrecorded")  # fmt: skip
+"""The server's own counters (`EndpointServer.counters` adds the store's and the batcher's)."""
+
+
 def key_prefix(key: str) -> str:
     """What may be logged of a key: its first 6 characters."""
     return f"{key[:6]}…"
@@ -81,8 +86,7 @@ class EndpointServer:
         self.batcher = Batcher(engine, window_s=window_s)
         self.eos_ids = {int(i) for i in (getattr(engine, "stop_token_ids", None) or [tokenizer.eos_token_id])}
         self.log = log or (lambda line: None)
-        self._counts: dict[str, int] = {k: 0 for k in ("requests", "ok", "unauthorized", "bad_request", "overlong",
-                                        "wrong_model", "tool_calls", "tool_parse_errors", "unrecorded")}  # fmt: skip
+        self._counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._renderers: dict[str | None, Renderer] = {}
         self._lock = threading.Lock()
         self._tok = threading.Lock()  # a fast tokenizer's encode mutates its state: one encode at a time
@@ -167,10 +171,10 @@ class EndpointServer:
             self._counts[key] = self._counts.get(key, 0) + k
 
     def counters(self) -> dict[str, int]:
-        """requests, ok, unauthorized (401), bad_request (400s, overlong included), overlong, wrong_model (404),
-        tool_calls, tool_parse_errors, unrecorded (calls without an episode), the store's (split_rewrite,
-        split_fork, rows, dropped_episodes, open_episodes) and the batcher's (engine_calls, batched_jobs,
-        sampled_tokens)."""
+        """requests, ok, unauthorized (401), bad_request (400s, overlong included), overlong, unknown_tool_format,
+        wrong_model (404), server_errors (500), tool_calls, tool_parse_errors, unrecorded (calls without an
+        episode), the store's (split_rewrite, split_fork, rows, dropped_episodes, open_episodes) and the batcher's
+        (engine_calls, batched_jobs, sampled_tokens)."""
         with self._lock:
             out = dict(self._counts)
         return {**out, **self.store.counters(), **self.batcher.counts}
@@ -200,6 +204,7 @@ class EndpointServer:
         _refuse_unsupported(body)
         msgs = template_messages(body["messages"])
         if req.tools and self.tool_format.name == "none":
+            self.count("unknown_tool_format")
             raise BadRequest("'tools': this model's tokenizer speaks no known tool-call format (qwen3 '<tool_call>' "
                              "markers as single tokens, or llama3); see --tool_format", code="unknown_tool_format",
                              param="tools")  # fmt: skip
