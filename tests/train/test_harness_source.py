@@ -189,7 +189,7 @@ def test_every_fault_is_counted_and_nothing_of_a_failed_episode_is_trained(serve
     assert engine.faults == {f: 2 for f in FAULTS} and server.counters()["wrong_model"] == before + 2
     for k, fault in enumerate(FAULTS):
         rows = [2 * k, 2 * k + 1]
-        assert r.extras[f"fault_{fault}"][rows].tolist() == [1.0, 1.0], fault
+        assert r.extras[f"stop_{fault}"][rows].tolist() == [1.0, 1.0], fault
         assert not r.mask[rows].any() and r.rewards[rows].tolist() == [0.0, 0.0]  # nothing to train on, no reward
     ok = [2 * len(FAULTS), 2 * len(FAULTS) + 1]
     assert r.mask[ok].any(dim=1).all() and r.rewards[ok].tolist() == [1.0, 1.0]
@@ -224,11 +224,44 @@ def test_a_harness_importing_only_openai_trains_end_to_end(tmp_path: Path, monke
     out = run(load_config(argv))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
-    for key in ("turns", "failed", "version_span", *(f"fault_{f}" for f in FAULTS)):
+    for key in ("turns", "failed", "version_span", "stop_done", *(f"stop_{f}" for f in FAULTS)):
         assert f"episode/{key}" in last, key
-    assert last["episode/failed"] == 0.0 and last["episode/turns"] == 1.0 and "eval_accuracy" in last
+    assert last["episode/failed"] == 0.0 and last["episode/stop_done"] == 1.0 and last["episode/turns"] == 1.0
+    assert "eval_accuracy" in last
     info = out / "endpoint.json"
     assert stat.S_IMODE(os.stat(info).st_mode) == 0o600
     key = json.loads(info.read_text())["api_key"]
     leaked = [p for p in out.rglob("*") if p.is_file() and p != info and key.encode() in p.read_bytes()]
     assert not leaked  # the key is written once, for the harness, and nowhere else
+
+
+def test_a_rewritten_history_splits_the_row_and_the_producer_keeps_its_rows_in_the_problems_group(server) -> None:
+    """A harness that rewrites its history (its second call does not extend the first) gets two rows for one
+    episode; the producer numbers every row by its problem (HarnessEngine.relative_group_ids), so the batch keeps
+    all rows, each in its problem's group, with the episode's reward (fails before: P·G group ids for P·G + k rows)."""
+    from types import SimpleNamespace
+
+    from p3o.config import AdvantageConfig, LoopConfig, RolloutConfig
+    from p3o.train.sources import Producer, PromptStream
+
+    async def rewrites(client, model, problem):
+        await client.chat.completions.create(model=model, messages=[{"role": "user", "content": problem.prompt}],
+                                             max_tokens=4)  # fmt: skip
+        again = [{"role": "user", "content": "Once more: " + problem.prompt}]  # a rewritten history: a new row
+        await client.chat.completions.create(model=model, messages=again, max_tokens=4)
+        return 1.0 if problem.answer.endswith(("0", "2", "4", "6", "8")) else 0.0
+
+    problems = [calc_problem(i, "test", kind="small") for i in range(2)]
+    engine, prompts = _engine(server, rewrites, problems)
+    comps = SimpleNamespace(prompts=prompts, answers=[p.answer for p in problems], pad_id=engine.pad_token_id,
+                            reward_fn=lambda r: r.rewards.clone())  # fmt: skip
+    ro = RolloutConfig(prompts_per_step=2, group_size=2)
+    produce = Producer(ro, LoopConfig(mode="sync"), AdvantageConfig(), 0, comps, PromptStream(2, 2, seed=0))
+    batch, info = produce(0, engine)
+    assert len(batch) == 8  # 2 problems × 2 episodes × 2 rows
+    assert batch.extras["split"].tolist().count(1.0) == 4 and info["episode/split"] == 0.5
+    groups = batch.group_ids.tolist()
+    assert sorted(groups.count(g) for g in set(groups)) == [4, 4]  # each problem's 4 rows in one group
+    for g in set(groups):
+        rows = [i for i, x in enumerate(groups) if x == g]
+        assert len({batch.answers[i] for i in rows}) == 1 and len({float(batch.rewards[i]) for i in rows}) == 1

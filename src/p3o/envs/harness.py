@@ -250,10 +250,15 @@ def fail(ep: HarnessEpisode, fault: str, error: str) -> None:
 # -- episodes as training rows ---------------------------------------------------------------------------------------
 
 ROW_STATS = ("turns", "tool_calls", "obs_tokens", "model_tokens", "versions", "version_span", "split", "failed")
-"""Per-row `Rollouts.extras` of a harness batch (plus ``fault_<kind>`` for each of `FAULTS` and each numeric metric
+"""Per-row `Rollouts.extras` of a harness batch (plus ``stop_<how>``, 1 for how the episode ended: ``stop_done`` or
+``stop_<fault>`` for each of `FAULTS`, the plot's "Episode ends" panel; and each numeric metric
 the harness returned, 0 where an episode has none): the endpoint's row statistics; ``version_span`` = newest − oldest
 policy version among the row's sampled tokens (verifiers' PolicySpan); ``split`` 1 for a row that is not its
 episode's first (a rewritten history, a concurrent fork, an n > 1 branch); ``failed`` 1 for a failed episode's row."""
+
+
+STOPS = ("stop_done", *(f"stop_{f}" for f in FAULTS))
+"""How a harness episode ended, one extras key each (1 on its rows): finished, or failed by one of `FAULTS`."""
 
 
 class HarnessEngine:
@@ -377,7 +382,7 @@ def harness_rows(
     episodes: Sequence[HarnessEpisode], recorded: Sequence[Sequence[Any]], prompts: list[list[int]], n: int, pad: int
 ) -> Rollouts:
     """`Rollouts` of a harness batch: every recorded row of each successful episode, one empty row (mask 0) per failed
-    one, in episode order; group id = the episode's problem index; extras `ROW_STATS`, ``fault_<kind>`` and the
+    one, in episode order; group id = the episode's problem index; extras `ROW_STATS`, ``stop_<how>`` and the
     harness's own metrics. ``recorded[i]``: episode i's `p3o.serve.episodes.Row` list (prompt_ids, ids, mask,
     logprobs, versions, reason, stats)."""
     flat: list[tuple[HarnessEpisode, Any, int]] = []  # (episode, row or None, index of the row in its episode)
@@ -393,7 +398,7 @@ def harness_rows(
     attn = torch.zeros((num, t), dtype=torch.bool)
     logp = torch.zeros((num, t), dtype=torch.float32)
     version = torch.full((num, t), -1, dtype=torch.long)
-    extras: dict[str, list[float]] = {k: [] for k in (*ROW_STATS, *(f"fault_{f}" for f in FAULTS), *metric_names)}
+    extras: dict[str, list[float]] = {k: [] for k in (*ROW_STATS, *STOPS, *metric_names)}
     row_prompts = []
     for i, (ep, row, j) in enumerate(flat):
         stats = dict(row.stats) if row is not None else {}
@@ -412,7 +417,8 @@ def harness_rows(
         stats["split"] = float(j > 0)
         stats["failed"] = float(ep.fault is not None)
         for f in FAULTS:
-            stats[f"fault_{f}"] = float(ep.fault == f)
+            stats[f"stop_{f}"] = float(ep.fault == f)
+        stats["stop_done"] = float(ep.fault is None)
         for name in metric_names:
             stats[name] = ep.metrics.get(name, 0.0)
         for key in extras:
