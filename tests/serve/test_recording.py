@@ -124,3 +124,16 @@ def test_the_batcher_waits_for_the_expected_requests_then_runs_them_in_one_call(
         assert all(d[0].ids == [5, tok.eos_token_id] and d[0].stopped for d in draws)
     finally:
         batcher.stop()
+
+
+def test_a_truncating_request_records_each_tokens_kept_set(served):
+    """top-p < 1: the HF engine records the support each token was drawn from; the row and the generate route carry
+    it, and every sampled id lies in its own set."""
+    c = client(served, "kept-1")
+    r = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=8, top_p=0.8, seed=3).model_dump()
+    (row,) = served.store.pop("kept-1")
+    ids = r["choices"][0]["token_ids"]
+    assert row.kept is not None and len(row.kept) == len(ids)
+    assert all(t in kept for t, kept in zip(ids, row.kept)) and any(len(k) < len(served.tokenizer) for k in row.kept)
+    plain = client(served, "kept-2").chat.completions.create(model=MODEL, messages=USER, max_tokens=4, seed=3)
+    assert plain.choices[0].finish_reason and served.store.pop("kept-2")[0].kept is None  # nothing truncated

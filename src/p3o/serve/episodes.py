@@ -124,8 +124,8 @@ class Row:
         self.stats["obs_tokens"] = self.stats.get("obs_tokens", 0.0) + len(ids)
 
     def _extend(self, ids, sampled, lps, vers, kept) -> None:
-        if kept is not None and self.kept is None and not self.ids:
-            self.kept = []
+        if kept is not None and self.kept is None:
+            self.kept = [[] for _ in self.ids]  # ids before the first recorded set have none
         if self.kept is not None:
             self.kept += kept if kept is not None else [[] for _ in ids]
         self.ids += ids
