@@ -191,7 +191,7 @@ class Producer:
         """(the rows of batch b, the verifier scores of every round). Without dynamic sampling one round; with it,
         refill rounds keep only groups whose rewards differ until P/world groups are kept or the tries run out (none
         kept: the first round, zero advantages)."""
-        g, lp = self.g, self.lp
+        lp = self.lp
         parts: list[Rollouts] = []
         scores: list[Tensor] = []
         kept_groups = 0
@@ -207,16 +207,18 @@ class Producer:
             rows = _informative_rows(r.rewards, r.group_ids)
             if rows:
                 parts.append(r.select(rows))
-                kept_groups += len(rows) // g
-            if kept_groups >= len(r) // g:
+                kept_groups += len(set(r.group_ids[rows].tolist()))
+            if kept_groups >= len(self.stream.indices(b, round_)[0]):
                 break
         assert first is not None
         if not parts:  # dynamic sampling found nothing informative: train on the first round (zero advantages)
             parts = [first]
         batch = Rollouts.cat(parts, pad_id=self.comps.pad_id) if len(parts) > 1 else parts[0]
-        per_rank_groups = len(first) // g
-        if len(batch) > per_rank_groups * g:  # refills overshoot: keep the first P/world groups
-            batch = batch.select(list(range(per_rank_groups * g)))
+        per_rank_groups = len(self.stream.indices(b)[0])
+        groups = list(dict.fromkeys(batch.group_ids.tolist()))  # in row order: a group's rows are consecutive
+        if len(groups) > per_rank_groups:  # refills overshoot: keep the first P/world groups
+            keep = set(groups[:per_rank_groups])
+            batch = batch.select([i for i, gid in enumerate(batch.group_ids.tolist()) if gid in keep])
         return batch, scores
 
     def generate(self, b: int, round_: int, engine: Any) -> tuple[Rollouts, Tensor]:
@@ -232,8 +234,11 @@ class Producer:
             seed=stream_seed(self.seed, b, round_, self.rank),
             answers=[comps.answers[i] for i in idx],
         )
-        # group ids unique within the batch across ranks and rounds: (round, global prompt position)
-        r.group_ids = (round_ * self.stream.p + offset + torch.arange(len(idx)).repeat_interleave(g)).to(r.group_ids)
+        # group ids unique within the batch across ranks and rounds: (round, global prompt position); an engine whose
+        # rows are not g per prompt (a harness episode split into rows: HarnessEngine) numbers each row by its prompt
+        by_prompt = getattr(engine, "relative_group_ids", False)
+        rel = r.group_ids if by_prompt else torch.arange(len(idx)).repeat_interleave(g).to(r.group_ids)
+        r.group_ids = round_ * self.stream.p + offset + rel
         mix = getattr(comps, "mixture", None)
         if mix is not None:  # a task mixture: every row keeps its task (its verifier, its metrics)
             r.extras[TASK_KEY] = mix.row_tasks(idx, g).to(r.rewards.device)
