@@ -84,13 +84,15 @@ LEXICON: list[tuple[str, int]] = [
 DOWN = {"lower", "worse", "slower", "fewer", "weaker", "poorer", "smaller"}
 #: Superlatives: X against every other arm the sentence names.
 SUPERLATIVE = re.compile(
-    r"\b(?P<w>best|worst|highest|lowest|ranks?|ranked|ranking|(?:fell|falls?|fall) least|least|most|furthest|"
-    r"top)\b",
+    r"\b(?P<w>best|worst|highest|lowest|ranked|ranking|ranks? (?:first|last|above|below|ahead|behind|the)|"
+    r"(?:fell|falls?|fall) least|least|most|furthest|at the top|tops)\b",
     re.IGNORECASE,
 )
 _DOWN_SUPER = {"worst", "lowest", "furthest"}
 #: What after a superlative makes it no order of arms: a selection ("best ε", "best checkpoint", "best of k").
-NOT_AN_ORDER = re.compile(r"\s*(?:ε|eps\b|checkpoint|of \d|of k\b|-of-k|in-loop|peak|evaluation|step)")
+NOT_AN_ORDER = re.compile(
+    r"\s*(?:ε|eps\b|checkpoint|of \d|of k\b|-of-k|in-loop|peak|evaluation|step|case|-case|micro-batch|batch|row|token)"
+)
 NEGATION = re.compile(r"\b(?:not|no|never|neither|nor|none|without|whether)\b|n't\b", re.IGNORECASE)
 #: A sentence that reports what a paper or a hypothesis says (its orderings are the paper's, not ours).
 ATTRIBUTED = re.compile(
