@@ -229,3 +229,51 @@ def test_the_renderers_generate_client_reads_the_generate_route(served):
     (row,) = served.store.pop("rv-1")
     assert row.calls == 2 and row.ids == out["completion_ids"] + tail + out2["completion_ids"]
     assert row.logprobs[: len(out["completion_ids"])] == pytest.approx(out["completion_logprobs"])
+
+
+BAD_BODIES = {
+    "/chat/completions": [
+        [], {"messages": USER}, {"model": MODEL}, {"model": MODEL, "messages": []},
+        {"model": MODEL, "messages": "hi"}, {"model": MODEL, "messages": [{"role": "user", "content": 5}]},
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        {"model": MODEL, "messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {}}]}]},
+        {"model": MODEL, "messages": [{"role": "assistant", "content": "", "tool_calls": "x"}]},
+        {"model": MODEL, "messages": [{"role": "assistant", "content": "",
+                                       "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]},
+        {"model": MODEL, "messages": USER, "n": 0}, {"model": MODEL, "messages": USER, "n": 1.5},
+        {"model": MODEL, "messages": USER, "temperature": -1}, {"model": MODEL, "messages": USER, "top_p": 0},
+        {"model": MODEL, "messages": USER, "max_tokens": 0}, {"model": MODEL, "messages": USER, "stop": [""]},
+        {"model": MODEL, "messages": USER, "stop": 5}, {"model": MODEL, "messages": USER, "top_logprobs": 99},
+        {"model": MODEL, "messages": USER, "logit_bias": {"1": 5}}, {"model": MODEL, "messages": USER, "seed": "x"},
+        {"model": MODEL, "messages": USER, "tools": "x"}, {"model": MODEL, "messages": USER, "tools": [{"x": 1}]},
+        {"model": MODEL, "messages": USER, "stop_token_ids": ["a"]},
+    ],
+    "/completions": [
+        {"model": MODEL}, {"model": MODEL, "prompt": []}, {"model": MODEL, "prompt": [10**9]},
+        {"model": MODEL, "prompt": [[]]}, {"model": MODEL, "prompt": "x", "echo": True},
+        {"model": MODEL, "prompt": "x", "presence_penalty": 1.0},
+    ],
+    "/../inference/v1/generate": [
+        [], {"token_ids": []}, {"token_ids": [1, -1]}, {"token_ids": [True]}, {"token_ids": [1], "sampling_params": 3},
+        {"token_ids": [1], "sampling_params": {"max_tokens": -1}},
+        {"token_ids": [1], "sampling_params": {"repetition_penalty": 1.2}},
+    ],
+}  # fmt: skip
+
+
+def test_bad_input_is_a_400_never_a_crash(served):
+    head = {"Authorization": f"Bearer {served.api_key}"}
+    before = served.counters()
+    sent = 0
+    for route, bodies in BAD_BODIES.items():
+        url = (served.episode_url("bad-2") + route).replace("/v1/../", "/")
+        for body in bodies:
+            r = httpx.post(url, json=body, headers=head, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["message"], (route, body, r.text)
+            sent += 1
+        r = httpx.post(url, content=b"{not json", headers=head, timeout=60)
+        assert r.status_code == 400, r.text
+        sent += 1
+    after = served.counters()
+    assert after["bad_request"] - before["bad_request"] == sent and after["server_errors"] == before["server_errors"]
+    assert served.store.pop("bad-2") == [] and after["sampled_tokens"] == before["sampled_tokens"]

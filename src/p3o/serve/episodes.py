@@ -64,12 +64,13 @@ def canonical(message: dict[str, Any]) -> tuple:
     """What identifies a message for prefix matching: role, text content and, for an assistant turn, its tool calls
     as (name, parsed arguments) — not their ids, not the JSON's spacing, not extra fields."""
     role = str(message.get("role", ""))
+    given = message.get("tool_calls")
+    fns = [c.get("function") for c in given if isinstance(c, dict)] if isinstance(given, list) else []
     calls = tuple(
-        (str((c.get("function") or {}).get("name", "")), json.dumps(_arguments((c.get("function") or {}).get(
-            "arguments")), sort_keys=True))
-        for c in (message.get("tool_calls") or [])
-        if isinstance(c, dict)
-    )  # fmt: skip
+        (str(f.get("name", "")), json.dumps(_arguments(f.get("arguments")), sort_keys=True, default=str))
+        for f in fns
+        if isinstance(f, dict)
+    )
     return (role, _text(message.get("content")), calls)
 
 

@@ -202,7 +202,7 @@ class EndpointServer:
         req = read_request(body, chat=True)
         self.check_model(req.model)
         _refuse_unsupported(body)
-        msgs = template_messages(body["messages"])
+        msgs = template_messages(body.get("messages"))
         if req.tools and self.tool_format.name == "none":
             self.count("unknown_tool_format")
             raise BadRequest("'tools': this model's tokenizer speaks no known tool-call format (qwen3 '<tool_call>' "
