@@ -35,8 +35,8 @@ def no_builds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     def refuse(target: Path, *args, **kwargs) -> Path:
         raise AssertionError(f"built {target.name}: a shipped base must be loaded, not built")
 
-    for module in ("p3o.models.cache", "p3o.models.warmstart", "p3o.models.agent", "p3o.models.hub"):
-        monkeypatch.setattr(f"{module}.atomic_build", refuse)
+    for module in ("cache", "warmstart", "agent", "chat", "hub"):
+        monkeypatch.setattr(f"p3o.models.{module}.atomic_build", refuse)
     monkeypatch.setenv("P3O_CACHE", str(tmp_path / "cache"))
     torch.set_num_threads(1)
     return tmp_path / "cache"
@@ -66,15 +66,15 @@ def test_the_shipped_bases_are_what_the_current_sources_build(name: str) -> None
 
 
 def test_names_resolve_to_the_shipped_bases() -> None:
-    names = ("tiny", "tiny-1m", "tiny-pad", "tiny-agent")
-    assert [shipped_name(n) for n in names] == ["tiny", "tiny", "tiny-pad", "tiny-agent"]
+    names = ("tiny", "tiny-1m", "tiny-pad", "tiny-agent", "tiny-chat")
+    assert [shipped_name(n) for n in names] == ["tiny", "tiny", "tiny-pad", "tiny-agent", "tiny-chat"]
     assert [shipped_name(n) for n in ("tiny-5m", "tiny-random", "tiny-1m-random", "smollm2", "runs/x")] == [None] * 5
     assert shipped_dir("tiny-1m") == SHIPPED_ROOT / "tiny" and shipped_dir("tiny-30m") is None
     assert base_id(stamp("tiny")) == f"tiny@{manifest('tiny')['sha256'][:12]}" and base_id({"name": "x"}) is None
 
 
 def test_load_policy_loads_the_shipped_bases_and_builds_nothing(no_builds: Path) -> None:
-    for name in ("tiny", "tiny-1m", "tiny-pad", "tiny-agent"):
+    for name in ("tiny", "tiny-1m", "tiny-pad", "tiny-agent", "tiny-chat"):
         model, tok = load_policy(name, cache_dir=no_builds)
         assert model.config.p3o_base == stamp(name) and model.config.name_or_path == str(shipped_dir(name))
         assert tok.eos_token == "<|im_end|>"

@@ -1,9 +1,10 @@
 """The shipped bases: the built-in tiny bases every preset starts from, inside the package (a few MB).
 
-``tiny`` (the main job's base, also ``tiny-1m``), ``tiny-pad`` (the scratchpad testbed) and ``tiny-agent`` (the agent
-testbed) are not built on a user's machine: their weights and tokenizer ship in ``p3o/models/shipped/<name>/``, so
-``make train``, every preset and every study start from the same model on any CPU (the warm start's kernels differ
-between CPU kinds, so a base built on an AVX2-only CPU and one built on an AVX-512 CPU are different models).
+``tiny`` (the main job's base, also ``tiny-1m``), ``tiny-pad`` (the scratchpad testbed), ``tiny-agent`` (the agent
+testbed) and ``tiny-chat`` (the endpoint testbed: Qwen3-style tool calls, `p3o.models.chat`) are not built on a user's
+machine: their weights and tokenizer ship in ``p3o/models/shipped/<name>/``, so ``make train``, every preset and every
+study start from the same model on any CPU (the warm start's kernels differ between CPU kinds, so a base built on an
+AVX2-only CPU and one built on an AVX-512 CPU are different models).
 
     shipped_dir("tiny-1m")      # <package>/models/shipped/tiny ; None for a name that is not shipped ("tiny-5m")
     manifest("tiny")            # what shipped/tiny/manifest.json records (below)
@@ -47,15 +48,16 @@ __all__ = [
 ]
 
 SHIPPED_ROOT = Path(__file__).resolve().parent / "shipped"
-SHIPPED: tuple[str, ...] = ("tiny", "tiny-pad", "tiny-agent")
+SHIPPED: tuple[str, ...] = ("tiny", "tiny-pad", "tiny-agent", "tiny-chat")
 """The shipped bases, by directory name (= their `load_policy` name)."""
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
 
 
 def shipped_name(name: str) -> str | None:
-    """The shipped base a model name loads: ``tiny`` / ``tiny-1m`` -> "tiny", ``tiny-pad``, ``tiny-agent``; None for
-    any other name (``tiny-5m`` is built on first use, ``tiny-random`` is a random init, a path is a path)."""
+    """The shipped base a model name loads: ``tiny`` / ``tiny-1m`` -> "tiny", ``tiny-pad``, ``tiny-agent``,
+    ``tiny-chat``; None for any other name (``tiny-5m`` is built on first use, ``tiny-random`` is a random init, a
+    path is a path)."""
     if name in SHIPPED:
         return name
     tiny = parse_tiny(name)

@@ -8,9 +8,10 @@ start) with
 * four markers added to its tokenizer, one id each (`CHAT_TOKENS`, appended after the main vocabulary, so the main
   tokenizer's ids are unchanged; added as Qwen3's tokenizer has them: single tokens that are not "special", so a
   decode with ``skip_special_tokens=True`` keeps the markup a tool-call parser reads, while ``<|im_end|>`` goes);
-* `CHAT_TEMPLATE`: Qwen3's published tool layout, with the prose of its tools block shortened (the tiny tokenizer
-  spells English a letter or two per token: with the calculator's schema Qwen3's wording is 499 tokens, this one
-  328) and without Qwen3's reasoning handling (no ``<think>``). With tools, a system block::
+* the words of the tools block and of a call as tokens of their own (`CHAT_WORDS`, after the markers);
+* `CHAT_TEMPLATE`: Qwen3's published tool layout, with the prose of its tools block shortened (with the calculator's
+  schema the system block is 187 tokens; Qwen3's wording would make it 339) and without Qwen3's reasoning handling
+  (no ``<think>``). With tools, a system block::
 
       <|im_start|>system
       [the system message's content, then a blank line, when the first message is a system message]
@@ -33,8 +34,8 @@ start) with
   consecutive ones, each ``\\n<tool_response>\\nCONTENT\\n</tool_response>``; ``add_generation_prompt``:
   ``<|im_start|>assistant\\n``. Without tools a system message is a plain turn, as in ChatML;
 * a context of `CHAT_RECIPE` ``["context"]`` positions (the main base's config says 512; its rotary position code
-  has no learned positions, so the longer context changes no weight; the warm start's transcripts are about 420
-  tokens long, and positions past them are untrained);
+  has no learned positions, so the longer context changes no weight; the warm start's transcripts are at most
+  about 260 tokens long, and positions past them are untrained);
 * a short supervised warm start on ``calc-small`` episodes (`p3o.tasks.calc.load_calc`) written out with the
   calculator schema the example harness sends (`CALCULATOR_TOOL`) and built exactly as an endpoint episode's row
   is (`p3o.envs.render.Renderer`, chat mode: the template's prompt, each assistant turn's ids + EOS with the loss,
@@ -47,10 +48,17 @@ start) with
 
   A share ``CHAT_RECIPE["tool_share"]`` of the transcripts calls the tool; the rest answer directly with the worked
   solution (``47 * 6 = 282\\n#### 282``), which the model cannot compute: so the base calls the tool on some
-  problems and not others, and RL has a behaviour to strengthen (held-out pass@1: `p3o.models.chat_eval`).
+  problems and not others, and RL has a behaviour to strengthen (held-out pass@1: `p3o.models.chat_eval`). Every
+  transcript starts with the same ~190 ids (the system block with the tools, up to ``What is``): they are read once
+  per step without gradient (`_SharedPrefixLM`), and each row trains on its own ~30–70 ids after them (a few times
+  less compute than whole rows; the same loss, the gradient through the prefix's keys and values dropped).
+
+The main base it starts from is the shipped ``tiny`` (`main_base`), the model every run loads, while the current
+sources build it (else the cache's build of them); its weights' sha256 ends the cache key (`init_tag`), and
+``python -m p3o.models.ship --check`` says when the shipped main base changed under a shipped ``tiny-chat``.
 
     model, tok = load_policy("tiny-chat")   # the shipped base (p3o.models.bases): nothing is built
-    path = ensure_chat_base()               # a build from the current code, cached by code and recipe
+    path = ensure_chat_base()               # a build from the current code, cached by code, recipe and main base
 """
 
 from __future__ import annotations
@@ -63,15 +71,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import AddedToken
 from torch import Tensor, nn
 from transformers import AutoTokenizer, GenerationConfig, Qwen3ForCausalLM
 
 from p3o.envs.render import Renderer
 from p3o.logprobs import cache_kwarg
-from p3o.models.bases import WEIGHTS, compare, file_sha256
+from p3o.models.bases import WEIGHTS, compare, file_sha256, manifest, shipped_dir, sources_fingerprint
 from p3o.models.cache import atomic_build, cache_root
 from p3o.models.tiny import BASE_SOURCES, DEFAULT_SIZE, code_version
-from p3o.models.warmstart import batched, ensure_base, sft_steps
+from p3o.models.warmstart import batched, ensure_base, sft_recipe, sft_steps, testbed_recipe
 from p3o.tasks.base import Problem
 from p3o.tasks.calc import load_calc
 
@@ -82,10 +91,14 @@ __all__ = [
     "CHAT_SOURCES",
     "CHAT_TEMPLATE",
     "CHAT_TOKENS",
+    "CHAT_WORDS",
     "chat_base_dir",
     "chat_tokenizer",
     "chat_transcript",
     "ensure_chat_base",
+    "init_tag",
+    "main_base",
+    "shipped_main",
     "tool_call_text",
     "warm_start_chat",
 ]
@@ -93,6 +106,30 @@ __all__ = [
 CHAT_NAME = "tiny-chat"
 CHAT_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 """Qwen3's tool markers, one token each (appended to the main vocabulary: ids 469..472 of ``tiny-chat``)."""
+
+CHAT_WORDS = (
+    "type",
+    "function",
+    "name",
+    "calculator",
+    "description",
+    "arguments",
+    "expression",
+    "parameters",
+    "object",
+    "properties",
+    "string",
+    "required",
+    "Evaluate",
+    "arithmetic",
+    "Tools",
+    "Functions",
+    "Call",
+)
+"""Words of the tools block and of a call, one token each when they stand alone (``single_word``), appended after
+`CHAT_TOKENS`: a real tokenizer's BPE has them as words, the tiny one (trained on arithmetic) spells them a letter or
+two per token. With them the prompt with the calculator tool is 206 tokens instead of 350, and a call
+``<tool_call>\\n{"name": "calculator", "arguments": {"expression": "47 * 6"}}\\n</tool_call>`` 35 instead of 56."""
 
 CALCULATOR_TOOL: dict[str, Any] = {
     "type": "function",
@@ -148,9 +185,9 @@ CHAT_TEMPLATE = (
 CHAT_RECIPE: dict[str, Any] = {
     "size": DEFAULT_SIZE,
     "context": 1024,
-    "steps": 300,
+    "steps": 400,
     "batch_size": 16,
-    "lr": 2e-3,
+    "lr": 5e-3,
     "warmup_steps": 20,
     "tool_share": 0.5,
     "seed": 0,
@@ -162,11 +199,35 @@ transcripts, AdamW lr (linear warm-up, cosine to 10 %), the share of transcripts
 CHAT_SOURCES: tuple[str, ...] = ("models/chat.py", "tasks/calc.py", "envs/render.py")
 
 
-def chat_base_dir(cache_dir: str | Path | None = None) -> Path:
-    """``<cache>/models/tiny-chat-1m-c<code version of the main base + CHAT_SOURCES>-r<recipe>``."""
+def shipped_main() -> Path | None:
+    """The shipped main base (``tiny``) while the current sources and recipe are the ones it was built from (its
+    manifest, `p3o.models.bases`), else None."""
+    folder = shipped_dir("tiny")
+    if folder is None:
+        return None
+    info = manifest("tiny")
+    current = info["sources"]["specs"] == list(BASE_SOURCES)
+    current = current and info["sources"]["fingerprint"] == sources_fingerprint(BASE_SOURCES)
+    return folder if current and info["recipe"] == sft_recipe(testbed_recipe(2, CHAT_RECIPE["size"])) else None
+
+
+def main_base(cache_dir: str | Path | None = None) -> Path:
+    """The main base the chat base starts from: the shipped one (`shipped_main`), the model every run loads, built
+    once on one CPU kind (a rebuild on another kind has other weights); else the cache's build of the current code
+    (`p3o.models.warmstart.ensure_base`, built first if needed)."""
+    return shipped_main() or ensure_base(CHAT_RECIPE["size"], cache_dir)
+
+
+def init_tag(init: str | Path) -> str:
+    """``-i<sha256[:8] of the weights>`` of the main base a chat base starts from (the last part of its key)."""
+    return f"-i{file_sha256(Path(init) / WEIGHTS)[:8]}"
+
+
+def chat_base_dir(cache_dir: str | Path | None, init: str | Path) -> Path:
+    """``<cache>/models/tiny-chat-1m-c<code version of the main base + CHAT_SOURCES>-r<recipe>-i<init weights>``."""
     recipe = hashlib.sha256(json.dumps(CHAT_RECIPE, sort_keys=True).encode()).hexdigest()[:6]
     version = code_version((*BASE_SOURCES, *CHAT_SOURCES))
-    return cache_root(cache_dir) / "models" / f"{CHAT_NAME}-{DEFAULT_SIZE}-c{version}-r{recipe}"
+    return cache_root(cache_dir) / "models" / f"{CHAT_NAME}-{DEFAULT_SIZE}-c{version}-r{recipe}{init_tag(init)}"
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
@@ -210,7 +271,7 @@ class _SharedPrefixLM(nn.Module):
 
     forward(input_ids (B, S), attention_mask (B, S), labels (B, S)) = the model's output on [prefix ‖ input_ids]
     with the prefix's keys and values detached: the same loss as on whole rows (the prefix carries no loss), at
-    the cost of the rows' S tokens instead of P + S (P ≈ 330 of ≈ 420). The gradient that would reach the weights
+    the cost of the rows' S tokens instead of P + S (P ≈ 190). The gradient that would reach the weights
     through the prefix's keys and values is dropped."""
 
     def __init__(self, model: nn.Module, prefix: list[int]) -> None:
@@ -240,12 +301,25 @@ def _split_prefix(examples: list[tuple[list[int], list[int]]]) -> tuple[list[int
 
 
 def chat_tokenizer(init_dir: str | Path) -> Any:
-    """The main base's tokenizer in `init_dir` with `CHAT_TOKENS` appended and `CHAT_TEMPLATE`."""
+    """The main base's tokenizer in `init_dir` with `CHAT_TOKENS`, then `CHAT_WORDS` (whole words only) appended,
+    and `CHAT_TEMPLATE`."""
     tok = AutoTokenizer.from_pretrained(init_dir)
     tok.add_tokens(list(CHAT_TOKENS), special_tokens=False)  # single ids after the main vocabulary, as in Qwen3
+    tok.add_tokens([AddedToken(w, single_word=True, normalized=False, special=False) for w in CHAT_WORDS])
     tok.chat_template = CHAT_TEMPLATE
     tok.model_max_length = CHAT_RECIPE["context"]
     return tok
+
+
+def _init_rows(model: Any, tok: Any, main_vocab: int) -> None:
+    """Embedding rows of the added tokens: a marker at the mean of the main vocabulary's rows, a word at the mean of
+    the rows of the main tokenizer's pieces of it (deterministic, no sampling)."""
+    emb = model.get_input_embeddings().weight
+    with torch.no_grad():
+        emb[main_vocab:] = emb[:main_vocab].mean(0, keepdim=True)
+        for word in CHAT_WORDS:
+            rows = [tok.convert_tokens_to_ids(t.value) for t in tok.backend_tokenizer.model.tokenize(word)]
+            emb[tok.convert_tokens_to_ids(word)] = emb[rows].mean(0)
 
 
 def warm_start_chat(init_dir: str | Path, out_dir: str | Path, log: bool = True) -> dict[str, Any]:
@@ -259,11 +333,9 @@ def warm_start_chat(init_dir: str | Path, out_dir: str | Path, log: bool = True)
     tok = chat_tokenizer(init_dir)
     model = Qwen3ForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
     model.config.max_position_embeddings = rc["context"]  # rotary positions: no weight depends on it
-    old_vocab = model.get_input_embeddings().weight.shape[0]
+    main_vocab = model.get_input_embeddings().weight.shape[0]
     model.resize_token_embeddings(len(tok), mean_resizing=False)
-    with torch.no_grad():  # new rows start at the mean of the old ones (deterministic, no sampling)
-        emb = model.get_input_embeddings().weight
-        emb[old_vocab:] = emb[:old_vocab].mean(0, keepdim=True)
+    _init_rows(model, tok, main_vocab)
     model.train()
     examples = _examples(tok, rc["steps"] * rc["batch_size"], rc["seed"], rc["tool_share"])
     prefix, rows = _split_prefix(examples)
@@ -284,6 +356,7 @@ def warm_start_chat(init_dir: str | Path, out_dir: str | Path, log: bool = True)
         "max_tokens": max(len(ids) for ids, _ in examples),
         "shared_prefix": len(prefix),
         "train_s": round(time.perf_counter() - t0, 2),
+        "init_sha256": file_sha256(Path(init_dir) / WEIGHTS),
     }
     stats["sha256"] = file_sha256(out / WEIGHTS)
     stats["shipped"] = compare(CHAT_NAME, out / WEIGHTS, dict(rc))  # has this build the shipped weights?
@@ -292,8 +365,7 @@ def warm_start_chat(init_dir: str | Path, out_dir: str | Path, log: bool = True)
 
 
 def ensure_chat_base(cache_dir: str | Path | None = None, *, force: bool = False) -> Path:
-    """Path of the ``tiny-chat`` base, warm-started from the main base (built first if needed,
-    `p3o.models.warmstart.ensure_base`) on first use and cached (`p3o.models.cache.atomic_build`)."""
-    target = chat_base_dir(cache_dir)
-    init = ensure_base(CHAT_RECIPE["size"], cache_dir)
-    return atomic_build(target, lambda tmp: warm_start_chat(init, tmp), force=force)
+    """Path of the ``tiny-chat`` base, warm-started from the main base (`main_base`) on first use and cached
+    (`p3o.models.cache.atomic_build`)."""
+    init = main_base(cache_dir)
+    return atomic_build(chat_base_dir(cache_dir, init), lambda tmp: warm_start_chat(init, tmp), force=force)

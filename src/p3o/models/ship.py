@@ -6,13 +6,15 @@ A maintainer's command (the package's shipped bases are what every user loads, `
                                                  # no longer are the ones a shipped base was built from
     python -m p3o.models.ship                    # build every shipped base into the cache (once per key), ship it
     python -m p3o.models.ship tiny-agent --force # rebuild one even when the cache holds it
+    python -m p3o.models.ship tiny-chat          # the endpoint testbed's base (p3o.models.chat)
 
 Each base is built by the code that builds it on first use (`p3o.models.warmstart.ensure_base`,
-`p3o.models.agent.ensure_agent_base`: the cache and its keys), then copied whole with a fresh ``manifest.json``. The
-command says, per base, whether the weights changed: a source change that does not change what is computed rebuilds
-the same bytes (on the same CPU kind: the warm start's kernels differ between AVX2-only and AVX-512 CPUs; build with
-``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2`` on an AVX-512 machine to reproduce
-the shipped bases, which were built on an AVX2-only CPU). New weights mean new figures: docs/main-job.md.
+`p3o.models.agent.ensure_agent_base`, `p3o.models.chat.ensure_chat_base`: the cache and its keys), then copied whole
+with a fresh ``manifest.json``. The command says, per base, whether the weights changed: a source change that does not
+change what is computed rebuilds the same bytes (on the same CPU kind: the warm start's kernels differ between
+AVX2-only and AVX-512 CPUs; build with ``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+ONEDNN_MAX_CPU_ISA=AVX2`` on an AVX-512 machine to reproduce the shipped bases, which were built on an AVX2-only CPU).
+New weights mean new figures: docs/main-job.md.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from p3o.models.bases import (
     manifest,
     sources_fingerprint,
 )
+from p3o.models.chat import CHAT_RECIPE, CHAT_SOURCES, ensure_chat_base, init_tag, shipped_main
 from p3o.models.tiny import BASE_SOURCES, LIBRARIES, TESTBED_SOURCES, TESTBEDS, code_version
 from p3o.models.warmstart import ensure_base, sft_recipe, testbed_recipe
 
@@ -50,13 +53,17 @@ def sources(name: str) -> tuple[str, ...]:
         "tiny": BASE_SOURCES,
         "tiny-pad": (*BASE_SOURCES, *TESTBED_SOURCES),
         "tiny-agent": (*BASE_SOURCES, *AGENT_SOURCES),
+        "tiny-chat": (*BASE_SOURCES, *CHAT_SOURCES),
     }[name]
 
 
 def recipe(name: str) -> dict[str, Any]:
-    """The recipe a shipped base is built with today (the agent's: `AGENT_RECIPE`; it starts from the main base)."""
+    """The recipe a shipped base is built with today (the agent's: `AGENT_RECIPE`, the chat base's: `CHAT_RECIPE`;
+    both start from the main base)."""
     if name == "tiny-agent":
         return dict(AGENT_RECIPE)
+    if name == "tiny-chat":
+        return dict(CHAT_RECIPE)
     return sft_recipe(testbed_recipe(2 if name == "tiny" else TESTBEDS["pad"]["difficulty"]))
 
 
@@ -66,6 +73,8 @@ def build(name: str, cache_dir: str | Path | None = None, *, force: bool = False
         return ensure_base(cache_dir=cache_dir, force=force)
     if name == "tiny-agent":
         return ensure_agent_base(cache_dir, force=force)
+    if name == "tiny-chat":
+        return ensure_chat_base(cache_dir, force=force)
     bed = TESTBEDS[name.removeprefix("tiny-")]
     return ensure_base(bed["size"], cache_dir, task=bed["task"], difficulty=bed["difficulty"], force=force)
 
@@ -162,8 +171,11 @@ def note_shipped(built: str | Path, info: dict[str, Any]) -> None:
 
 def drift(name: str, root: str | Path | None = None) -> list[str]:
     """What the current code would build differently from the shipped base `name`: its source specs, their
-    fingerprint (`p3o.models.bases.sources_fingerprint`) or its recipe; [] when none. (Library versions are left
+    fingerprint (`p3o.models.bases.sources_fingerprint`), its recipe, the shipped main base a chat base starts from
+    (`p3o.models.chat.main_base`), or no shipped base at all; [] when none. (Library versions are left
     out: `p3o.models.ship` reports them, and the shipped base is loaded whatever they are.)"""
+    if not (Path(root or SHIPPED_ROOT) / name / MANIFEST).is_file():
+        return ["not shipped yet"]
     info = manifest(name, root)
     specs, out = sources(name), []
     if list(specs) != info["sources"]["specs"]:
@@ -173,6 +185,9 @@ def drift(name: str, root: str | Path | None = None) -> list[str]:
     if recipe(name) != info["recipe"]:
         changed = sorted(k for k in {*recipe(name), *info["recipe"]} if recipe(name).get(k) != info["recipe"].get(k))
         out.append(f"its recipe changed ({', '.join(changed)})")
+    main = shipped_main() if name == "tiny-chat" else None
+    if main is not None and not info["key"].endswith(init_tag(main)):  # it starts from the shipped main base
+        out.append("the shipped main base it starts from changed")
     return out
 
 
@@ -193,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         for n, why in bad.items():
             print(f"{n}: {'; '.join(why) if why else 'current'}")
         return 1 if any(bad.values()) else 0
-    for n in names:  # in SHIPPED order: the agent base starts from the main base, built first
+    for n in names:  # in SHIPPED order: the agent and chat bases start from the main base, built first
         old = None
         if (Path(args.root or SHIPPED_ROOT) / n / MANIFEST).is_file():
             old = base_id(manifest(n, args.root))
