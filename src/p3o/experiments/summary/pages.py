@@ -299,25 +299,29 @@ def render_page(studies: list[Study], command: str) -> str:
             "| claim | regime | A | B | metric | role | n | A − B [95% CI] | p (Holm) | verdict |",
             "|---|---|---|---|---|---|---:|---|---:|---|",
         ]
-        for r in study.records:
-            mark = " (exploratory)" if r.get("exploratory") else ""
-            if r.get("verdict_report"):
-                mark += f" (today's rule; {r['verdict_report']} before the rule amendment, the report's appendix)"
-            shown = f"**{r['verdict']}**{mark}"
-            sup = superseded(r)
-            if sup:
-                shown = (
-                    f"**superseded** by [{sup['by']}]({sup['by']}.md) ({sup['date'][:10]}; its study's verdict: "
-                    f"{r['verdict']}{mark}; not evidence): {sup['why']}"
-                )
-            lines.append(
-                "| "
-                + " | ".join(cell(r[k]) for k in ("title", "regime", "a", "b", "metric"))
-                + f" | {r.get('role', 'primary')} | {r['n']} | {effect_text(r)} | {_p(r.get('p_adj'))} "
-                + f"| {cell(shown)} |"
-            )
+        lines += [_study_row(r) for r in study.records]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _study_row(r: dict[str, Any]) -> str:
+    """One row of a study's verdict table on docs/results/verdicts.md (its label as today's rule gives it, with the
+    older one's whereabouts, or its supersession), every cell escaped."""
+    mark = " (exploratory)" if r.get("exploratory") else ""
+    if r.get("verdict_report"):
+        mark += f" (today's rule; {r['verdict_report']} before the rule amendment, the report's appendix)"
+    shown = f"**{r['verdict']}**{mark}"
+    sup = superseded(r)
+    if sup:
+        shown = (
+            f"**superseded** by [{sup['by']}]({sup['by']}.md) ({sup['date'][:10]}; its study's verdict: "
+            f"{r['verdict']}{mark}; not evidence): {sup['why']}"
+        )
+    return (
+        "| "
+        + " | ".join(cell(r[k]) for k in ("title", "regime", "a", "b", "metric"))
+        + f" | {r.get('role', 'primary')} | {r['n']} | {effect_text(r)} | {_p(r.get('p_adj'))} | {cell(shown)} |"
+    )
 
 
 def _counts(records: list[dict[str, Any]], key: str = "verdict") -> str:
