@@ -62,6 +62,7 @@ def test_p3o_serve_on_the_chat_base_answers_tools_with_structured_tool_calls(tmp
     if shipped_dir("tiny-chat") is None:
         pytest.skip("tiny-chat is not shipped yet (issue 52 item 6)")
     from p3o.examples.agent_openai import TOOLS
+    from p3o.tasks.calc import load_calc
 
     info = tmp_path / "serve.json"
     proc = subprocess.Popen([sys.executable, "-m", "p3o", "serve", "--model", "tiny-chat", "--port", "0",
@@ -75,9 +76,9 @@ def test_p3o_serve_on_the_chat_base_answers_tools_with_structured_tool_calls(tmp
         served = json.loads(info.read_text())
         key = {"Authorization": "Bearer K-test-key"}
         calls = []
-        for seed in range(8):  # a trained base calls the calculator on most calc problems
-            body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "What is 4821 * 37?"}],
-                    "tools": TOOLS, "max_tokens": 64, "seed": seed, "logprobs": True}  # fmt: skip
+        for problem in load_calc("test", n=8, kind="small"):  # the base calls the calculator on about half of them
+            body = {"model": "tiny-chat", "messages": [{"role": "user", "content": problem.prompt}],
+                    "tools": TOOLS, "max_tokens": 64, "seed": 0, "logprobs": True}  # fmt: skip
             r = httpx.post(served["base_url"] + "/chat/completions", json=body, headers=key, timeout=120).json()
             ch = r["choices"][0]
             assert r["prompt_token_ids"] and ch["token_ids"] and len(ch["p3o"]["versions"]) == len(ch["token_ids"])
