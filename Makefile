@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,trl,tensorboard,lora,ray,serve,verifiers
+EXTRAS ?= dev,trl,tensorboard,lora,ray,serve
 
 $(BIN)/p3o: pyproject.toml constraints-cpu.txt
 	$(PY) -m venv $(VENV)
