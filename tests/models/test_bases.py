@@ -138,3 +138,26 @@ def test_old_lm_verdict_files_are_labelled_summary_statistics_only() -> None:
     assert base_label({"runs": []}, "lm") == PER_CPU_BASE and base_label(doc, "synthetic") is None
     since = {"runs": [{"base_key": base_id(stamp("tiny"))}, {"base_key": base_id(stamp("tiny-pad"))}]}
     assert base_label(since, "lm") is None
+
+
+def test_ship_keeps_a_current_base_and_a_rebuild_with_other_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m p3o.models.ship` rebuilds only drifted bases; a forced rebuild of a current base whose weights differ
+    (another CPU kind's kernels) is not shipped unless --replace says so."""
+    from p3o.models import ship as ship_module
+
+    root = tmp_path / "shipped"
+    shutil.copytree(SHIPPED_ROOT / "tiny", root / "tiny")
+    built = tmp_path / "cache" / f"tiny-1m-arithmetic-d2-s0-c{ship_module.fingerprints('tiny')['code_version']}"
+    shutil.copytree(SHIPPED_ROOT / "tiny", built, ignore=shutil.ignore_patterns("manifest.json"))
+    (built / WEIGHTS).write_bytes((built / WEIGHTS).read_bytes()[:-1] + b"\0")  # the same code, other kernels
+    calls: list[str] = []
+    monkeypatch.setattr(ship_module, "build", lambda name, cache_dir, force=False: calls.append(name) or built)
+    shipped = manifest("tiny", root)["sha256"]
+    assert ship_module.main(["tiny", "--root", str(root)]) == 0 and calls == []
+    assert "tiny: current (tiny@" in capsys.readouterr().out
+    assert ship_module.main(["tiny", "--root", str(root), "--force"]) == 0 and calls == ["tiny"]
+    assert "kept the shipped one" in capsys.readouterr().out and manifest("tiny", root)["sha256"] == shipped
+    assert ship_module.main(["tiny", "--root", str(root), "--force", "--replace"]) == 0
+    assert manifest("tiny", root)["sha256"] == file_sha256(built / WEIGHTS) != shipped

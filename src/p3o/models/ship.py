@@ -4,17 +4,20 @@ A maintainer's command (the package's shipped bases are what every user loads, `
 
     python -m p3o.models.ship --check            # exit 1, naming what changed, when the current sources or recipes
                                                  # no longer are the ones a shipped base was built from
-    python -m p3o.models.ship                    # build every shipped base into the cache (once per key), ship it
-    python -m p3o.models.ship tiny-agent --force # rebuild one even when the cache holds it
+    python -m p3o.models.ship                    # build every drifted base into the cache (once per key), ship it
+    python -m p3o.models.ship tiny-agent --force # rebuild one even when it is current or the cache holds it
     python -m p3o.models.ship tiny-chat          # the endpoint testbed's base (p3o.models.chat)
 
 Each base is built by the code that builds it on first use (`p3o.models.warmstart.ensure_base`,
 `p3o.models.agent.ensure_agent_base`, `p3o.models.chat.ensure_chat_base`: the cache and its keys), then copied whole
 with a fresh ``manifest.json``. The command says, per base, whether the weights changed: a source change that does not
-change what is computed rebuilds the same bytes (on the same CPU kind: the warm start's kernels differ between
-AVX2-only and AVX-512 CPUs; build with ``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
-ONEDNN_MAX_CPU_ISA=AVX2`` on an AVX-512 machine to reproduce the shipped bases, which were built on an AVX2-only CPU).
-New weights mean new figures: docs/main-job.md.
+change what is computed rebuilds the same bytes on the same CPU kind (the warm start's kernels differ between AVX2-only
+and AVX-512 CPUs; ``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2`` forces AVX2 code
+paths on an AVX-512 machine, but on an Intel Xeon with AVX-512 that did not reproduce the main base the AVX2-only AMD
+EPYC built: ``tiny`` rebuilt there as tiny@54fa4b42a3f8, not tiny@6550aedbf4ee, with the same sources, the same thread
+count; 20 warm-start steps under transformers 5.24 and 5.25 gave the same bytes there). So a base whose sources and
+recipe are the shipped ones ("current") is kept without a rebuild, and with ``--force`` a rebuild of it that has other
+weights is not shipped unless ``--replace`` says so. New weights mean new figures: docs/main-job.md.
 """
 
 from __future__ import annotations
@@ -195,7 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m p3o.models.ship", description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"bases to ship: {', '.join(SHIPPED)} (default: all)")
     parser.add_argument("--check", action="store_true", help="only say which shipped bases drifted (exit 1 if any)")
-    parser.add_argument("--force", action="store_true", help="rebuild even when the cache holds the current key")
+    parser.add_argument(
+        "--force", action="store_true", help="rebuild even a current base, and even when the cache holds its key"
+    )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="ship a rebuild of a current base whose weights differ (built on another CPU kind than the shipped one)",
+    )
     parser.add_argument("--cache-dir", default=None, help="the cache to build in (default: $P3O_CACHE, ~/.cache/p3o)")
     parser.add_argument("--root", default=None, help="where to ship (default: the package's shipped/)")
     args = parser.parse_args(argv)
@@ -212,11 +222,22 @@ def main(argv: list[str] | None = None) -> int:
         old = None
         if (Path(args.root or SHIPPED_ROOT) / n / MANIFEST).is_file():
             old = base_id(manifest(n, args.root))
+        current = old is not None and not drift(n, args.root)
+        if current and not args.force:
+            print(f"{n}: current ({old}: built from today's sources and recipe): kept (--force rebuilds it)")
+            continue
         code = fingerprints(n)
         built = build(n, args.cache_dir, force=args.force)
         if fingerprints(n) != code or f"-c{code['code_version']}" not in built.name:  # an edit landed meanwhile
             print(f"{n}: its sources changed during the build; not shipped (run again)", file=sys.stderr)
             return 1
+        rebuilt = f"{n}@{file_sha256(built / WEIGHTS)[:12]}"
+        if current and rebuilt != old and not args.replace:  # same code, other kernels: keep the base runs use
+            print(
+                f"{n}: current, but rebuilt as {rebuilt} on {cpu_name()}, not {old} (another CPU kind than the "
+                "one that built it): kept the shipped one (--replace ships the rebuild)"
+            )
+            continue
         info = ship(n, built, args.root, code)
         new = base_id(info)
         what = "unchanged weights" if new == old else f"NEW weights (was {old}): regenerate the figures"
