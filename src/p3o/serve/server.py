@@ -337,9 +337,12 @@ class EndpointServer:
             return _rendered(fn)
 
     def _renderer(self, tools: list[dict[str, Any]] | None, key: str | None) -> Renderer:
+        """The renderer of one tool set, cached (the 64 most recent sets)."""
         with self._lock:
             if key not in self._renderers:
-                self._renderers[key] = _rendered(
+                if len(self._renderers) >= 64:
+                    self._renderers.pop(next(iter(self._renderers)))
+                self._renderers[key] = self._encode(
                     lambda: Renderer(self.tokenizer, None, max_obs_tokens=self.max_model_len, tools=tools)
                 )
             return self._renderers[key]
