@@ -14,8 +14,11 @@ The Python API (stable; `p3o serve` is the command):
     server.load_weights(state_dict, version=1)   # between engine calls; later tokens carry version 1
     rows = server.store.pop("ep-1")     # list[p3o.serve.episodes.Row]: prompt_ids, ids, mask, logprobs, versions,
                                         # kept, reason ("start" | "rewrite" | "fork" | "branch"), calls, stats
-    server.counters()                   # requests, ok, unauthorized, bad_request, overlong, wrong_model, tool_calls,
-                                        # tool_parse_errors, split_rewrite, split_fork, engine_calls, batched_jobs, ...
+    server.counters()                   # requests, ok, unauthorized, bad_request, overlong, unknown_tool_format,
+                                        # wrong_model, server_errors, tool_calls, tool_parse_errors, unrecorded,
+                                        # split_rewrite, split_fork, rows, engine_calls, batched_jobs, sampled_tokens
+    server.batcher.gather(expect=lambda: running_episodes, max_wait_s=0.25)   # share engine calls across episodes
+    server.write_info(run_dir / "endpoint.json")  # url, base_url, api_key, model, max_model_len (mode 0600)
     server.stop()
 
 Routes and fields: `p3o.serve.app`; episode rules (prefix matching, splits): `p3o.serve.episodes`; tool-call formats:
