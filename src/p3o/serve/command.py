@@ -35,6 +35,9 @@ def run(args: Any) -> int:
     print(f"p3o serve: {args.model} at {server.base_url} (episodes: {server.url}/episodes/<id>/v1); "
           f"key {key_prefix(server.api_key)} in {path}; tool format {server.tool_format.name}; Ctrl-C stops",
           flush=True)  # fmt: skip
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"p3o serve: warning: bound to {args.host}, not localhost: anyone who reaches it with the key can "
+              "send data into a training run", file=sys.stderr, flush=True)  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
