@@ -137,3 +137,18 @@ def test_a_truncating_request_records_each_tokens_kept_set(served):
     assert all(t in kept for t, kept in zip(ids, row.kept)) and any(len(k) < len(served.tokenizer) for k in row.kept)
     plain = client(served, "kept-2").chat.completions.create(model=MODEL, messages=USER, max_tokens=4, seed=3)
     assert plain.choices[0].finish_reason and served.store.pop("kept-2")[0].kept is None  # nothing truncated
+
+
+def test_a_request_without_max_tokens_samples_to_the_context_or_the_default(base):
+    tok = base[1]
+    script = tok.encode("one two three four five six", add_special_tokens=False)  # no EOS: runs to the budget
+    engine = ScriptedEngine(tok, [script])
+    server = EndpointServer(engine, tok, model_name=MODEL, max_model_len=40, default_max_tokens=3).start()
+    try:
+        r = client(server).chat.completions.create(model=MODEL, messages=USER).model_dump()
+        assert r["choices"][0]["finish_reason"] == "length" and r["choices"][0]["token_ids"] == script[:3]
+        server.default_max_tokens = None  # the rest of the context
+        r = client(server).chat.completions.create(model=MODEL, messages=USER).model_dump()
+        assert r["choices"][0]["token_ids"] == script[: 40 - len(r["prompt_token_ids"])]
+    finally:
+        server.stop()

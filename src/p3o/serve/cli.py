@@ -33,6 +33,8 @@ class ServeOptions:
     info: str = _f("serve.json", "JSON file (mode 0600) with the URL, the key and the model, for harnesses")
     tool_format: Literal["auto", "qwen3", "llama3", "none"] = _f("auto", "tool-call format (p3o.serve.tools)")
     max_model_len: int | None = _f(None, "context length (null: the model's max_position_embeddings)", ge=1)
+    default_max_tokens: int | None = _f(None, "tokens a request without max_tokens may sample (null: the rest of "
+                                        "the context, as vLLM)", ge=1)  # fmt: skip
     engine: Literal["hf", "vllm"] = _f("hf", "rollout engine that samples")
     precision: str = _f("fp32", "the engine's precision: fp32 | bf16 | fp16 | int8 | fp8")
     seed: int = _f(0, "the engine's sampling seed (a request's own seed wins)")

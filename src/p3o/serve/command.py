@@ -29,7 +29,7 @@ def run(args: Any) -> int:
     engine = make_engine(settings, model, tok, **extra)
     server = EndpointServer(engine, tok, model_name=args.model, api_key=args.api_key, host=args.host,
                             port=args.port, max_model_len=args.max_model_len, tool_format=args.tool_format,
-                            window_s=args.window_ms / 1000.0)  # fmt: skip
+                            window_s=args.window_ms / 1000.0, default_max_tokens=args.default_max_tokens)  # fmt: skip
     server.start(sock)
     path = server.write_info(args.info)
     print(f"p3o serve: {args.model} at {server.base_url} (episodes: {server.url}/episodes/<id>/v1); "

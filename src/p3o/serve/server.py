@@ -61,7 +61,8 @@ def key_prefix(key: str) -> str:
 
 class EndpointServer:
     """The endpoint (routes and fields: `p3o.serve` module docstring). Bound to `host`:`port` (0: a free port);
-    `api_key` None generates one; `max_model_len` None reads the model's ``max_position_embeddings``."""
+    `api_key` None generates one; `max_model_len` None reads the model's ``max_position_embeddings``; a request
+    without ``max_tokens`` may sample up to the rest of the context, or `default_max_tokens` where given."""
 
     def __init__(
         self,
@@ -75,12 +76,14 @@ class EndpointServer:
         max_model_len: int | None = None,
         tool_format: str = "auto",
         window_s: float = 0.005,
+        default_max_tokens: int | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, str(model_name)
         self.api_key = api_key or f"p3o-{secrets.token_urlsafe(24)}"
         self.host, self.port = host, int(port)
         self.max_model_len = int(max_model_len or _model_len(engine, tokenizer))
+        self.default_max_tokens = int(default_max_tokens) if default_max_tokens else None
         self.tool_format = resolve_tool_format(tokenizer, tool_format)
         self.store = EpisodeStore()
         self.batcher = Batcher(engine, window_s=window_s)
@@ -293,6 +296,8 @@ class EndpointServer:
 
     def _budget(self, prompt_len: int, max_tokens: int | None) -> int:
         want = max_tokens if max_tokens is not None else self.max_model_len - prompt_len
+        if max_tokens is None and self.default_max_tokens is not None:
+            want = min(want, self.default_max_tokens)
         if prompt_len + max(want, 1) > self.max_model_len:
             self.count("overlong")
             raise BadRequest(
