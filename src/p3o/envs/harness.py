@@ -28,6 +28,7 @@ import importlib
 import inspect
 import json
 import math
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -250,8 +251,8 @@ def fail(ep: HarnessEpisode, fault: str, error: str) -> None:
 # -- episodes as training rows ---------------------------------------------------------------------------------------
 
 ROW_STATS = ("turns", "tool_calls", "obs_tokens", "model_tokens", "versions", "version_span", "split", "failed")
-"""Per-row `Rollouts.extras` of a harness batch (plus ``stop_<how>``, 1 for how the episode ended: ``stop_done`` or
-``stop_<fault>`` for each of `FAULTS`, the plot's "Episode ends" panel; and each numeric metric
+"""Per-row `Rollouts.extras` of a harness batch (plus ``stop_<how>``, 1 on an episode's first row for how it ended:
+``stop_done`` or ``stop_<fault>`` for each of `FAULTS`, the plot's "Episode ends" panel; and each numeric metric
 the harness returned, 0 where an episode has none): the endpoint's row statistics; ``version_span`` = newest − oldest
 policy version among the row's sampled tokens (verifiers' PolicySpan); ``split`` 1 for a row that is not its
 episode's first (a rewritten history, a concurrent fork, an n > 1 branch); ``failed`` 1 for a failed episode's row."""
@@ -298,6 +299,7 @@ class HarnessEngine:
         self.run_id = f"h{uuid.uuid4().hex[:8]}-"
         self.faults: dict[str, int] = {k: 0 for k in FAULTS}
         self.late_rows = 0
+        self.said: set[str] = set()
         self.episodes_run = 0
         self.active = 0  # episodes running now (read by the endpoint's batcher to gather their next calls)
 
@@ -360,6 +362,9 @@ class HarnessEngine:
                 fail(ep, "no_calls", "the endpoint recorded no call under the episode's key")
             if ep.fault is not None:
                 self.faults[ep.fault] += 1
+                if ep.fault not in self.said:  # the first episode of each fault says why, once per run
+                    self.said.add(ep.fault)
+                    print(f"p3o: a harness episode failed ({ep.fault}): {ep.error}", file=sys.stderr)
         self.episodes_run += len(episodes)
         return harness_rows(episodes, recorded, [list(p) for p in prompt_ids], n, self.pad_token_id)
 
@@ -416,9 +421,9 @@ def harness_rows(
             row_prompts.append(prompts[ep.group])
         stats["split"] = float(j > 0)
         stats["failed"] = float(ep.fault is not None)
-        for f in FAULTS:
-            stats[f"stop_{f}"] = float(ep.fault == f)
-        stats["stop_done"] = float(ep.fault is None)
+        for f in FAULTS:  # how the episode ended: on its first row only, so their sums count episodes
+            stats[f"stop_{f}"] = float(ep.fault == f and j == 0)
+        stats["stop_done"] = float(ep.fault is None and j == 0)
         for name in metric_names:
             stats[name] = ep.metrics.get(name, 0.0)
         for key in extras:
