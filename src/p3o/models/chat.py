@@ -185,7 +185,7 @@ CHAT_TEMPLATE = (
 CHAT_RECIPE: dict[str, Any] = {
     "size": DEFAULT_SIZE,
     "context": 1024,
-    "steps": 400,
+    "steps": 700,
     "batch_size": 16,
     "lr": 5e-3,
     "warmup_steps": 20,
