@@ -125,15 +125,18 @@ def test_a_rebuild_is_compared_with_the_shipped_weights(tmp_path: Path) -> None:
     assert compare("tiny-5m", weights) is None
 
 
-def test_old_lm_verdict_files_are_labelled_summary_statistics_only() -> None:
-    """Issue 46: the LM verdict files from per-CPU bases keep their status, labelled; runs from the shipped base and
-    the synthetic instrument are not."""
-    from p3o.experiments.stats.ledger import PER_CPU_BASE, base_label, study_instrument
+def test_old_lm_verdict_files_are_labelled_by_what_they_keep() -> None:
+    """Issues 46, 53: the LM verdict files from per-CPU bases keep their status, labelled by what they keep (per-seed
+    values: minpro-stale6; summary statistics only: lag); runs from the shipped base and the synthetic instrument are
+    not labelled."""
+    from p3o.experiments.stats.ledger import PER_CPU_BASE, PER_CPU_KEPT, base_label, study_instrument
 
     root = Path(__file__).resolve().parents[2] / "docs" / "results"
     assert study_instrument(root / "synthetic.verdicts.json") == "synthetic"
     assert study_instrument(root / "lag.verdicts.json") == "lm"
-    doc = json.loads((root / "minpro-stale6.verdicts.json").read_text())
+    kept = json.loads((root / "minpro-stale6.verdicts.json").read_text())
+    assert base_label(kept, "lm") == PER_CPU_KEPT and PER_CPU_KEPT.startswith("per-CPU base, per-seed values kept")
+    doc = json.loads((root / "lag.verdicts.json").read_text())
     assert base_label(doc, "lm") == PER_CPU_BASE and PER_CPU_BASE.startswith("summary statistics only")
     assert base_label({"runs": []}, "lm") == PER_CPU_BASE and base_label(doc, "synthetic") is None
     since = {"runs": [{"base_key": base_id(stamp("tiny"))}, {"base_key": base_id(stamp("tiny-pad"))}]}

@@ -36,8 +36,9 @@ from p3o.envs.builtin import CalcEnv, calc_transcript
 from p3o.envs.render import Renderer
 from p3o.models.bases import WEIGHTS, compare, file_sha256
 from p3o.models.cache import atomic_build, cache_root
+from p3o.models.chat import init_tag, main_base
 from p3o.models.tiny import BASE_SOURCES, DEFAULT_SIZE, code_version
-from p3o.models.warmstart import batched, ensure_base, sft_steps
+from p3o.models.warmstart import batched, sft_steps
 from p3o.tasks.calc import load_calc
 
 __all__ = ["AGENT_RECIPE", "AGENT_SOURCES", "AGENT_TOKENS", "agent_base_dir", "ensure_agent_base", "warm_start_agent"]
@@ -67,11 +68,11 @@ AGENT_SOURCES: tuple[str, ...] = (
 )
 
 
-def agent_base_dir(cache_dir: str | Path | None = None) -> Path:
-    """``<cache>/models/tiny-agent-1m-s0-c<code version of the main base + AGENT_SOURCES>-r<recipe>``."""
+def agent_base_dir(cache_dir: str | Path | None, init: str | Path) -> Path:
+    """``<cache>/models/tiny-agent-1m-c<code version of the main base + AGENT_SOURCES>-r<recipe>-i<init weights>``."""
     recipe = hashlib.sha256(json.dumps(AGENT_RECIPE, sort_keys=True).encode()).hexdigest()[:6]
     version = code_version((*BASE_SOURCES, *AGENT_SOURCES))
-    return cache_root(cache_dir) / "models" / f"tiny-agent-{DEFAULT_SIZE}-c{version}-r{recipe}"
+    return cache_root(cache_dir) / "models" / f"tiny-agent-{DEFAULT_SIZE}-c{version}-r{recipe}{init_tag(init)}"
 
 
 def _examples(tok: Any, n: int, seed: int, tool_share: float) -> list[tuple[list[int], list[int]]]:
@@ -126,8 +127,9 @@ def warm_start_agent(init_dir: str | Path, out_dir: str | Path, log: bool = True
 
 
 def ensure_agent_base(cache_dir: str | Path | None = None, *, force: bool = False) -> Path:
-    """Path of the ``tiny-agent`` base, warm-started from the main base (built first if needed,
-    `p3o.models.warmstart.ensure_base`) on first use and cached (`p3o.models.cache.atomic_build`)."""
-    target = agent_base_dir(cache_dir)
-    init = ensure_base(AGENT_RECIPE["size"], cache_dir)
+    """Path of the ``tiny-agent`` base, warm-started on first use from the main base every run loads (the shipped
+    one while current, else the cache's build: `p3o.models.chat.main_base`, as the chat base starts) and cached
+    (`p3o.models.cache.atomic_build`)."""
+    init = main_base(cache_dir)
+    target = agent_base_dir(cache_dir, init)
     return atomic_build(target, lambda tmp: warm_start_agent(init, tmp), force=force)
