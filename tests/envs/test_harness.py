@@ -159,7 +159,7 @@ async def _hangs(client, model, problem):
 
 
 def _hangs_in_a_thread(client, model, problem):
-    time.sleep(3)
+    time.sleep(30)
     return 1.0
 
 
@@ -191,7 +191,7 @@ def test_each_fault_is_counted_never_raised_and_never_hangs(endpoint, harness, f
     assert fault in FAULTS
     t0 = time.perf_counter()
     eps = _run(endpoint, harness, _problems(2), timeout_s=0.5)
-    assert time.perf_counter() - t0 < 2.5  # the limit holds, also for a thread that keeps sleeping
+    assert time.perf_counter() - t0 < 15  # the limit holds (it sleeps 60 s, a thread 30 s; slack for a busy box)
     assert [ep.fault for ep in eps] == [fault] * 4, [ep.error for ep in eps]
     assert all(ep.reward == 0.0 and ep.metrics == {} and ep.error for ep in eps)
 

@@ -184,11 +184,13 @@ async def _run_all(harness, episodes, base_url, api_key, model, timeout_s, concu
     async def watch_async(request: httpx.Request) -> None:
         watch(request)
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    # a pooled connection is dropped after 2 s idle, before the server's keep-alive (uvicorn's 5 s) closes it under a
+    # request (an APIConnectionError; requests are never retried: a retried call the server did serve would split)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=2.0)
     gate = asyncio.Semaphore(concurrency)
     timeout = httpx.Timeout(timeout_s + 5.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, event_hooks={"request": [watch_async]}) as http:
-        sync_http = httpx.Client(timeout=timeout, event_hooks={"request": [watch]})
+        sync_http = httpx.Client(timeout=timeout, limits=limits, event_hooks={"request": [watch]})
         # plain-def harnesses run on threads of their own: a thread past its limit is abandoned, never waited for
         threads = cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="p3o-harness")
         loop = asyncio.get_running_loop()
