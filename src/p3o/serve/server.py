@@ -196,15 +196,21 @@ class EndpointServer:
             raise BadRequest(f"the model '{model}' does not exist; this endpoint serves '{self.model_name}'",
                              status=404, code="model_not_found", param="model")  # fmt: skip
 
+    def checked_request(self, body: Any, *, chat: bool) -> Request:
+        """A chat or completions request's settings (`read_request`), refused in one line when it names another
+        model or asks for what the endpoint does not do."""
+        req = read_request(body, chat=chat)
+        self.check_model(req.model)
+        _refuse_unsupported(body)
+        return req
+
     async def chat(self, body: Any, episode: str | None) -> dict[str, Any]:
         """``POST /v1/chat/completions``: render (or extend the episode's row), sample, record, answer."""
         with self.batcher.arriving() as arrived:
             return await self._chat(body, episode, arrived)
 
     async def _chat(self, body: Any, episode: str | None, arrived: Callable[[], None]) -> dict[str, Any]:
-        req = read_request(body, chat=True)
-        self.check_model(req.model)
-        _refuse_unsupported(body)
+        req = self.checked_request(body, chat=True)
         msgs = template_messages(body.get("messages"))
         if req.tools and self.tool_format.name == "none":
             self.count("unknown_tool_format")
@@ -233,9 +239,7 @@ class EndpointServer:
             return await self._completions(body, episode, arrived)
 
     async def _completions(self, body: Any, episode: str | None, arrived: Callable[[], None]) -> dict[str, Any]:
-        req = read_request(body, chat=False)
-        self.check_model(req.model)
-        _refuse_unsupported(body)
+        req = self.checked_request(body, chat=False)
         prompts = self._prompts(body.get("prompt"))
         outs = []
         for p in prompts:
