@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
+from p3o.experiments.scripts import run_script, script_parser
 from p3o.experiments.stats.ledger import records_for, rule
 from p3o.experiments.stats.paired import PairedResult, decide_family
 
@@ -69,18 +70,16 @@ def relabel(path: Path, rule_id: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Relabel each file; exit 2 with one line on bad input."""
-    prog = "python -m p3o.experiments.stats.relabel"
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = script_parser("p3o.experiments.stats.relabel", __doc__)
     parser.add_argument("--rule", required=True, help="the id of a rule amendment recorded in the ledger (rules:)")
     parser.add_argument("files", nargs="+", type=Path, help="*.verdicts.json files")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def each(args: argparse.Namespace) -> int:
         for path in args.files:
             print(f"{path}: {relabel(path, args.rule)} labels changed under {args.rule}")
-    except ConfigError as err:
-        print(f"relabel: error: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_script("relabel", parser, argv, each)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Any
 
 from p3o.errors import ConfigError
 from p3o.experiments.grid.report import verdict_section
+from p3o.experiments.scripts import run_script, script_parser
 from p3o.experiments.stats.verdicts import cell
 from p3o.experiments.summary.blocks import write_block
 from p3o.experiments.summary.pages import Study, effect_text, load
@@ -131,18 +132,15 @@ def regenerate(study: Study) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Regenerate the report of each verdict file; exit 2 with one line on bad input."""
-    parser = argparse.ArgumentParser(
-        prog="python -m p3o.experiments.summary.reports", description=__doc__.split("\n")[0]
-    )
+    parser = script_parser("p3o.experiments.summary.reports", __doc__)
     parser.add_argument("verdicts", nargs="+", type=Path, help="*.verdicts.json files, each beside its report")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def each(args: argparse.Namespace) -> int:
         for study in load(args.verdicts):
             print(f"{study.path}: " + ("report regenerated" if regenerate(study) else "no verdicts or no report"))
-    except ConfigError as err:
-        print(f"p3o summary reports: error: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_script("p3o summary reports", parser, argv, each)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from p3o.errors import ConfigError
+from p3o.experiments.scripts import run_script, script_parser
 from p3o.experiments.stats.ledger import repo_of
 from p3o.experiments.summary.orders import Backing, unbacked
 from p3o.experiments.summary.pages import Study, load, pool, superseded
@@ -292,21 +293,18 @@ def check_pages(pages: list[Path], root: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Check each page; exit 1 naming each refused sentence, 0 when all pass, 2 on bad input."""
-    parser = argparse.ArgumentParser(
-        prog="python -m p3o.experiments.summary.statements", description=__doc__.split("\n")[0]
-    )
+    parser = script_parser("p3o.experiments.summary.statements", __doc__)
     parser.add_argument("pages", nargs="+", type=Path, help="markdown pages that state results")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        root = repo_of(args.pages[0]) or Path.cwd()
-        found = check_pages(args.pages, root)
-    except ConfigError as err:
-        print(f"statements: error: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
-    for line in found:
-        print(line)
-    print(f"{len(args.pages)} page(s): " + (f"{len(found)} sentence(s) refused" if found else "every sentence backed"))
-    return 1 if found else 0
+
+    def check(args: argparse.Namespace) -> int:
+        found = check_pages(args.pages, repo_of(args.pages[0]) or Path.cwd())
+        for line in found:
+            print(line)
+        n = len(args.pages)
+        print(f"{n} page(s): " + (f"{len(found)} sentence(s) refused" if found else "every sentence backed"))
+        return 1 if found else 0
+
+    return run_script("statements", parser, argv, check)
 
 
 if __name__ == "__main__":
