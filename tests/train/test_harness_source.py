@@ -226,8 +226,8 @@ def test_a_harness_importing_only_openai_trains_end_to_end(tmp_path: Path, monke
     last = rows[-1]
     for key in ("turns", "failed", "version_span", "stop_done", *(f"stop_{f}" for f in FAULTS)):
         assert f"episode/{key}" in last, key
-    assert last["episode/failed"] == 0.0 and last["episode/stop_done"] == 1.0 and last["episode/turns"] == 1.0
-    assert "eval_accuracy" in last
+    assert last["episode/failed"] == 0.0 and last["episode/stop_done"] == 4.0 and last["episode/turns"] == 1.0
+    assert "eval_accuracy" in last  # stop_done: the step's 4 episodes, a count
     info = out / "endpoint.json"
     assert stat.S_IMODE(os.stat(info).st_mode) == 0o600
     key = json.loads(info.read_text())["api_key"]
