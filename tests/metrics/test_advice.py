@@ -235,3 +235,16 @@ def test_the_objective_advice_asks_the_registry_what_the_objective_does() -> Non
     clip = {"objective": {"name": "p3o", "cap": "clip"}, "rollout": {"precision": "fp32"}}
     assert "use P3O" not in suggest("engine_mismatch", "engine", "p3o", config=ess)
     assert "this run uses 'p3o'" in suggest("engine_mismatch", "engine", "p3o", config=clip)
+
+
+def test_the_live_monitor_of_an_inflight_run_names_the_inflight_updates() -> None:
+    """The trainer's monitor gets the run's config (train/loop.py): its live cause is 'inflight', as the doctor's."""
+    from p3o.metrics.monitor import OffPolicyMonitor
+
+    plain = [{k.removeprefix("offpolicy/"): v for k, v in r.items()} for r in _fresh_mismatch_rows()]
+    causes = {}
+    for inflight in (False, True):
+        mon = OffPolicyMonitor(max_len=8, group=False, warn=False, config={"rollout": {"inflight_updates": inflight}})
+        mon.window.extend(plain)
+        causes[inflight] = {f.name: f.cause for f in mon._find()}
+    assert causes == {False: {"engine_mismatch": "engine"}, True: {"engine_mismatch": "inflight"}}

@@ -132,6 +132,8 @@ class OffPolicyMonitor:
         warn: log a warning when a finding starts firing.
         source: the trainer feeding it (``p3o``, ``trl``, ``verl``; None: generic), whose settings the findings'
             suggestions name.
+        config: the run's config as a nested mapping (p3o: config.yaml's), so the findings' causes and advice fit
+            the run (`find`: a run with ``rollout.inflight_updates`` has its fresh mismatch named as in-flight).
 
     Each closed step's row carries ``finding_<name>`` (1.0 while it fires) and ``cause_<name>`` (its cause as a
     number, :data:`CAUSES`: 1 staleness, 2 engine, 3 both, 4 weights not reaching the engine, 5 undetermined, 9
@@ -159,10 +161,12 @@ class OffPolicyMonitor:
         rules: Mapping[str, float] | None = None,
         warn: bool = True,
         source: str | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         if source is not None and source not in SOURCES:
             raise ValueError(f"OffPolicyMonitor: source must be one of {', '.join(SOURCES)} or None, got {source!r}")
         self.source = source
+        self.config = config  # the run's config as a mapping: findings attributed and advised as for this run (`find`)
         self.max_len = max_len
         self.window: deque[dict[str, float]] = deque(maxlen=window)
         self.group = group
@@ -371,7 +375,7 @@ class OffPolicyMonitor:
         need = min(self.window.maxlen or len(rows), int({**RULES, **self.rules}["min_steps"]))
         full = len(rows) >= need
         only = None if full else [n for n in (*RUN_RULES, *WINDOW_RULES, *SIGNAL_RULES) if n not in PATIENT_RULES]
-        return find(rows, self.rules, source=self.source, only=only)
+        return find(rows, self.rules, source=self.source, only=only, config=self.config)
 
     @staticmethod
     def _row(sums: torch.Tensor, mx: torch.Tensor, ess: list[float]) -> dict[str, float]:

@@ -208,7 +208,9 @@ class Trainer:
         # the off-policy monitor (p3o.metrics.monitor): the same statistics any other trainer gets, as offpolicy/*. Its
         # findings are left to `p3o doctor` (warn=False): its position-drift rule does not yet separate staleness
         # from engine drift, and under the default lag of 2 it would print a KV-cache suggestion that does not apply
-        self.monitor = OffPolicyMonitor(max_len=cfg.rollout.max_new_tokens, group=dist.group(), warn=False)
+        self.monitor = OffPolicyMonitor(  # the run's config: an in-flight run's fresh mismatch is named as such
+            max_len=cfg.rollout.max_new_tokens, group=dist.group(), warn=False, config=to_dict(cfg)
+        )
         _attach_adapters_and_reference(cfg, comps, objective.needs)
         # the one place the policy is placed (DDP / FSDP2, compute precision): before the optimizer sees its parameters
         self.placement = Placement(comps.policy, PlacementSettings.of(cfg))
