@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from p3o.errors import ConfigError, P3OError
-from p3o.rollout.base import Draws, RolloutEngine, SamplingEngine
+from p3o.rollout.base import Draws, RolloutEngine, SamplingEngine, right_pad
 from p3o.rollout.settings import EngineSettings
 from p3o.types import SamplingMask
 
@@ -77,3 +77,13 @@ def test_generate_checks_the_call_before_drawing():
     with pytest.raises(P3OError, match="2 answers for 1 prompts"):
         engine.generate([[1]], 1, answers=["a", "b"])
     assert engine.calls == [] and engine._group_offset == 0
+
+
+def test_right_pad_lays_rows_of_different_lengths_out_with_pad_and_no_attention_after_them():
+    ids, mask, attn, logp, version = right_pad([([5, 6, 7], [True, False, True], [-0.5, 0.0, -1.5], [3, -1, 4]),
+                                                ([], [], [], [])], pad_id=9)  # fmt: skip
+    assert ids.tolist() == [[5, 6, 7], [9, 9, 9]] and ids.dtype == torch.long
+    assert mask.tolist() == [[True, False, True], [False] * 3] and attn.tolist() == [[True] * 3, [False] * 3]
+    assert logp.tolist() == [[-0.5, 0.0, -1.5], [0.0] * 3] and logp.dtype == torch.float32
+    assert version.tolist() == [[3, -1, 4], [-1] * 3]
+    assert right_pad([([], [], [], [])], pad_id=0)[0].shape == (1, 1)  # T is at least 1

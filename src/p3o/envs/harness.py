@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from p3o.errors import ConfigError, P3OError
-from p3o.rollout.base import left_pad
+from p3o.rollout.base import left_pad, right_pad
 from p3o.tasks.base import Problem
 from p3o.types import Rollouts
 
@@ -149,7 +149,7 @@ def run_harness(
         timeout_s: wall-clock limit of one episode; concurrency: episodes at once.
         run_id: prefix of the episode ids (ids are ``<run_id><uuid4 hex>``: unique, never reused).
         on_episode: called with +1 when an episode starts and −1 when it ends (the endpoint's batcher waits for the
-            running episodes' next calls: `p3o.train.harness_source.GatherBatcher`).
+            running episodes' next calls: `p3o.serve.batcher.Batcher.gather`).
     """
     episodes = [
         HarnessEpisode(problem=p, group=b, episode_id=f"{run_id}{uuid.uuid4().hex}")
@@ -399,23 +399,15 @@ def harness_rows(
         else:
             flat.extend((ep, row, j) for j, row in enumerate(rows))
     metric_names = sorted({k for ep in episodes for k in ep.metrics})
-    num, t = len(flat), max([1] + [len(row.ids) for _, row, _ in flat if row is not None])
-    ids = torch.full((num, t), pad, dtype=torch.long)
-    mask = torch.zeros((num, t), dtype=torch.bool)
-    attn = torch.zeros((num, t), dtype=torch.bool)
-    logp = torch.zeros((num, t), dtype=torch.float32)
-    version = torch.full((num, t), -1, dtype=torch.long)
+    ids, mask, attn, logp, version = right_pad(
+        [([], [], [], []) if row is None else (row.ids, row.mask, row.logprobs, row.versions) for _, row, _ in flat],
+        pad,
+    )
     extras: dict[str, list[float]] = {k: [] for k in (*ROW_STATS, *STOPS, *metric_names)}
     row_prompts = []
-    for i, (ep, row, j) in enumerate(flat):
+    for ep, row, j in flat:
         stats = dict(row.stats) if row is not None else {}
         if row is not None:
-            k = len(row.ids)
-            ids[i, :k] = torch.tensor(row.ids, dtype=torch.long)
-            mask[i, :k] = torch.tensor(row.mask, dtype=torch.bool)
-            attn[i, :k] = True
-            logp[i, :k] = torch.tensor(row.logprobs, dtype=torch.float32)
-            version[i, :k] = torch.tensor(row.versions, dtype=torch.long)
             sampled = [v for v, m in zip(row.versions, row.mask) if m]
             stats["version_span"] = float(max(sampled) - min(sampled)) if sampled else 0.0
             row_prompts.append(list(row.prompt_ids))

@@ -50,7 +50,7 @@ from torch import Tensor
 
 from p3o.envs.base import Environment, EnvLimits, Step, info_number
 from p3o.errors import P3OError
-from p3o.rollout.base import RolloutEngine, left_pad
+from p3o.rollout.base import RolloutEngine, left_pad, right_pad
 from p3o.tasks.base import Problem
 from p3o.types import Rollouts, SamplingMask
 
@@ -416,24 +416,11 @@ def _after_step(ep: Episode, result: Step | BaseException, renderer, limits: Env
 def _rows(episodes: list[Episode], engine) -> Rollouts:
     """The episodes as one `Rollouts` (see `run_episodes`' Returns)."""
     pad = int(getattr(engine, "pad_token_id", 0) or 0)
-    num = len(episodes)
     p_ids, p_mask = left_pad([ep.prompt for ep in episodes], pad)
-    t = max(1, max(len(ep.ids) for ep in episodes))
-    ids = torch.full((num, t), pad, dtype=torch.long)
-    mask = torch.zeros((num, t), dtype=torch.bool)
-    attn = torch.zeros((num, t), dtype=torch.bool)
-    logp = torch.zeros((num, t), dtype=torch.float32)
-    version = torch.full((num, t), -1, dtype=torch.long)
+    ids, mask, attn, logp, version = right_pad([(ep.ids, ep.model, ep.logp, ep.version) for ep in episodes], pad)
     own = sorted({k for ep in episodes for k in ep.stats} - set(EPISODE_STATS))  # the environments' own counters
     extras: dict[str, list[float]] = {k: [] for k in (*EPISODE_STATS, *own)}
-    for i, ep in enumerate(episodes):
-        k = len(ep.ids)
-        if k:
-            ids[i, :k] = torch.tensor(ep.ids, dtype=torch.long)
-            mask[i, :k] = torch.tensor(ep.model, dtype=torch.bool)
-            attn[i, :k] = True
-            logp[i, :k] = torch.tensor(ep.logp, dtype=torch.float32)
-            version[i, :k] = torch.tensor(ep.version, dtype=torch.long)
+    for ep in episodes:
         model_versions = {v for v, m in zip(ep.version, ep.model) if m}
         row = {
             "turns": float(ep.turns),
@@ -463,7 +450,7 @@ def _rows(episodes: list[Episode], engine) -> Rollouts:
         answers=[ep.problem.answer for ep in episodes],
         attn=attn,
         extras={k: torch.tensor(v, dtype=torch.float32) for k, v in extras.items()},
-        sampling_mask=_sampling_mask(episodes, t),
+        sampling_mask=_sampling_mask(episodes, ids.shape[1]),
     ).to(dev)
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "check_generate",
     "check_sampling",
     "left_pad",
+    "right_pad",
     "stop_and_pad_ids",
 ]
 
@@ -117,6 +118,30 @@ def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, 
         ids[i, p_len - len(p) :] = torch.tensor(list(p), dtype=torch.long)
         mask[i, p_len - len(p) :] = True
     return ids, mask
+
+
+def right_pad(
+    rows: Sequence[tuple[Sequence[int], Sequence[bool], Sequence[float], Sequence[int]]], pad_id: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Responses as one right-padded batch. ``rows[i]`` = (ids, mask, log-probs, versions) of row i, each of length
+    T_i; T = max(1, max_i T_i). Returns ids (N, T) long (``pad_id`` after each row), mask (N, T) bool (the row's own
+    mask, False on padding), attn (N, T) bool (True on the row's T_i positions), log-probs (N, T) float32 (0.0 on
+    padding) and versions (N, T) long (−1 on padding)."""
+    num, t = len(rows), max([1] + [len(r[0]) for r in rows])
+    ids = torch.full((num, t), pad_id, dtype=torch.long)
+    mask = torch.zeros((num, t), dtype=torch.bool)
+    attn = torch.zeros((num, t), dtype=torch.bool)
+    logp = torch.zeros((num, t), dtype=torch.float32)
+    version = torch.full((num, t), -1, dtype=torch.long)
+    for i, (row_ids, row_mask, row_logp, row_versions) in enumerate(rows):
+        k = len(row_ids)
+        if k:
+            ids[i, :k] = torch.tensor(list(row_ids), dtype=torch.long)
+            mask[i, :k] = torch.tensor(list(row_mask), dtype=torch.bool)
+            attn[i, :k] = True
+            logp[i, :k] = torch.tensor(list(row_logp), dtype=torch.float32)
+            version[i, :k] = torch.tensor(list(row_versions), dtype=torch.long)
+    return ids, mask, attn, logp, version
 
 
 @runtime_checkable
