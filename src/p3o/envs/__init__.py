@@ -14,7 +14,7 @@ from typing import Any
 
 from p3o.envs.base import COUNTERS, Environment, EnvLimits, Message, Step
 from p3o.envs.builtin import CalcEnv, GuessEnv, calc_transcript, guess_problems
-from p3o.envs.registry import ENV_NAMES, env_problems, make_env
+from p3o.envs.registry import ENV_NAMES, env_problems, env_splits, make_env
 from p3o.envs.render import Renderer, default_mode, stop_ids
 from p3o.envs.tools import CALCULATOR, ParseError, Tool, ToolCall, ToolResult, ToolRunner, load_tool, parse_tool_calls
 
@@ -41,6 +41,7 @@ __all__ = [
     "calc_transcript",
     "default_mode",
     "env_problems",
+    "env_splits",
     "guess_problems",
     "load_tool",
     "make_env",

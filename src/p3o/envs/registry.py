@@ -22,7 +22,7 @@ from p3o.errors import ConfigError
 from p3o.tasks.base import Problem
 from p3o.tasks.calc import load_calc
 
-__all__ = ["ENVS", "ENV_NAMES", "env_problems", "make_env"]
+__all__ = ["ENVS", "ENV_NAMES", "env_problems", "env_splits", "make_env"]
 
 ENVS: dict[str, Callable[..., Any]] = {"calc": CalcEnv, "calc-small": CalcEnv, "guess": GuessEnv}
 ENV_NAMES = tuple(ENVS)
@@ -89,3 +89,17 @@ def env_problems(name: str, split: str = "train", *, seed: int = 0, n: int | Non
     your own environment (its problems come from ``task.name``)."""
     loader = _PROBLEMS.get(str(name).strip())
     return None if loader is None else loader(split, seed=seed, n=n)
+
+
+def env_splits(
+    name: str, *, seed: int, n_train: int | None, n_eval: int
+) -> tuple[list[Problem], list[Problem]] | None:
+    """A built-in environment's (training, held-out) problems (`env_problems`' train and test splits, no held-out
+    ones when ``n_eval`` is 0); None for your own environment (its problems come from ``task.name``)."""
+    train = env_problems(name, "train", seed=seed, n=n_train)
+    if train is None:
+        return None
+    held_out = env_problems(name, "test", seed=seed, n=n_eval) if n_eval > 0 else []
+    return train, held_out or []
+
+

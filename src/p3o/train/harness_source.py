@@ -16,23 +16,20 @@ tick-loop episodes: each sampled token keeps its own recorded version, admission
 
 from __future__ import annotations
 
-import queue
 import secrets
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
-from p3o.envs import env_problems
+from p3o.envs import env_splits
 from p3o.envs.harness import HarnessEngine, load_harness
 from p3o.rollout.factory import make_engine as _make
 from p3o.rollout.settings import EngineSettings
 from p3o.types import Rollouts
 
-__all__ = ["ENDPOINT_FILE", "GatherBatcher", "harness_problems", "harness_side"]
+__all__ = ["ENDPOINT_FILE", "harness_problems", "harness_side"]
 
 ENDPOINT_FILE = "endpoint.json"
 """In the run directory: {url, base_url, api_key, model, max_model_len} of the run's endpoint (mode 0600)."""
@@ -43,11 +40,7 @@ def harness_problems(cfg: Any) -> tuple[list[Any], list[Any]] | None:
     splits, `p3o.envs.env_problems`) in a harness run, else None (the task's problems)."""
     if not getattr(cfg.agent, "harness", None):
         return None
-    train = env_problems(cfg.task.name, "train", seed=cfg.seed, n=cfg.task.n_train)
-    if train is None:
-        return None
-    held_out = env_problems(cfg.task.name, "test", seed=cfg.seed, n=cfg.task.n_eval) if cfg.task.n_eval > 0 else []
-    return train, held_out or []
+    return env_splits(cfg.task.name, seed=cfg.seed, n_train=cfg.task.n_train, n_eval=cfg.task.n_eval)
 
 
 def harness_side(
@@ -90,7 +83,7 @@ def harness_side(
         engine = HarnessEngine(
             server, harness, by_prompt, timeout_s=a.episode_timeout_s, concurrency=a.harness_concurrency, pad_id=pad
         )
-        GatherBatcher.around(server.batcher, expect=lambda: engine.active, max_wait_s=a.serve_gather_s)
+        server.batcher.gather(expect=lambda: engine.active, max_wait_s=a.serve_gather_s)  # episodes share calls
         server.start()
         started.append(server)
         if first:
@@ -110,62 +103,6 @@ def harness_side(
         "eval_prompts": eval_prompts,
         "eval_answers": [p.answer for p in eval_problems],
     }
-
-
-class GatherBatcher:
-    """The endpoint's batcher for harness episodes: a `p3o.serve.batcher.Batcher` that, having a first request,
-    waits until every running episode has sent its next one (``expect()`` = episodes running), or ``max_wait_s``,
-    or at least ``window_s`` when nothing is expected; so the turns of concurrent episodes share one engine call as
-    the tick runner's do (its tick barrier), instead of splitting at the first request's short window.
-
-        server.batcher = GatherBatcher.around(server.batcher, expect=lambda: engine.active, max_wait_s=0.25)
-    """
-
-    @staticmethod
-    def around(batcher: Any, *, expect: Callable[[], int], max_wait_s: float) -> Any:
-        """`batcher` with the gathering rule (its class patched per instance; the engine, counters, window and
-        `draw` are the batcher's own)."""
-        collect = _gathering(batcher, expect, max_wait_s)
-        batcher._loop = lambda: _loop(batcher, collect)
-        return batcher
-
-
-def _gathering(batcher: Any, expect: Callable[[], int], max_wait_s: float) -> Callable[[Any], list[Any]]:
-    """``collect(first) -> jobs``: the gathering rule (see `GatherBatcher`); polls every 2 ms."""
-
-    def collect(first: Any) -> list[Any]:
-        jobs = [first]
-        t0 = time.monotonic()
-        while len(jobs) < batcher.max_batch:
-            elapsed = time.monotonic() - t0
-            want = expect()
-            if (len(jobs) >= want and elapsed >= min(batcher.window_s, max_wait_s)) or elapsed >= max_wait_s:
-                break
-            try:
-                nxt = batcher._queue.get(timeout=0.002)
-            except queue.Empty:
-                continue
-            if nxt is None:
-                batcher._queue.put(None)
-                break
-            jobs.append(nxt)
-        return jobs
-
-    return collect
-
-
-def _loop(batcher: Any, collect: Callable[[Any], list[Any]]) -> None:
-    """`Batcher._loop` with `collect` deciding which jobs share an engine call."""
-    while True:
-        first = batcher._queue.get()
-        if first is None:
-            return
-        groups: dict[Any, list[Any]] = {}
-        for j in collect(first):
-            key = (j.sampling.temperature, j.sampling.top_p, j.sampling.top_k)
-            groups.setdefault(key if j.sampling.seed is None else id(j), []).append(j)
-        for group in groups.values():
-            batcher._run(group)
 
 
 def _stderr(line: str) -> None:

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 
 from p3o import dist, models  # models.load_policy looked up at call time: tests replace it
 from p3o.dist import resolve_device
-from p3o.envs import EnvLimits, EpisodeEngine, Renderer, default_mode, env_problems, make_env, stop_ids
+from p3o.envs import EnvLimits, EpisodeEngine, Renderer, default_mode, env_splits, make_env, stop_ids
 from p3o.errors import ConfigError
 from p3o.models.lora import is_lora, merged_copy, merged_weights
 from p3o.rewards import make_reward_fn
@@ -243,11 +243,7 @@ def _env_problems(cfg: Any) -> tuple[list[Any], list[Any]] | None:
     if not env:
         return None
     make_env(env, **dict(cfg.agent.env_kwargs or {})).close()  # an unknown name or option: one line, before the task
-    train = env_problems(cfg.task.name, "train", seed=cfg.seed, n=cfg.task.n_train)
-    if train is None:
-        return None
-    held_out = env_problems(cfg.task.name, "test", seed=cfg.seed, n=cfg.task.n_eval) if cfg.task.n_eval > 0 else []
-    return train, held_out or []
+    return env_splits(cfg.task.name, seed=cfg.seed, n_train=cfg.task.n_train, n_eval=cfg.task.n_eval)
 
 
 def _agent_rollout_side(
