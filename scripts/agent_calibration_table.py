@@ -19,9 +19,10 @@ mean share of its episodes over ≥ 2 versions is ≥ 0.5 ("most episodes").
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
+
+from p3o.metrics.logger import read_metrics
 
 ESS_BITE = 0.95
 SPAN_BITE = 0.5
@@ -36,7 +37,7 @@ def row(run: Path) -> dict[str, float | str] | None:
     metrics, wall = run / "metrics.jsonl", run / "wall_s"
     if not (run / "final").is_dir() or not metrics.is_file():
         return None
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = read_metrics(metrics)
     evals = [(int(r["step"]), float(r["eval_accuracy"])) for r in rows if r.get("eval_accuracy") is not None]
     rows = [r for r in rows if r.get("ess") is not None]  # training steps (an evaluation-only row has no ess)
     ess = [float(r["ess"]) for r in rows]
