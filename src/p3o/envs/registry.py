@@ -101,5 +101,3 @@ def env_splits(
         return None
     held_out = env_problems(name, "test", seed=seed, n=n_eval) if n_eval > 0 else []
     return train, held_out or []
-
-

@@ -251,10 +251,10 @@ def _tick_loop(engine, episodes, renderer, limits, seed, ids, overlap, on_tick, 
                     pending[_start_step(ep.env, text)] = (ep, time.monotonic())
         if not pending:
             continue
-        wait = None if limit is None else max(0.0, min(t0 for _, t0 in pending.values()) + limit - time.monotonic())
+        wait = max(0.0, min(t0 for _, t0 in pending.values()) + limit - time.monotonic())  # the oldest step's limit
         done, _ = cf.wait(pending, timeout=wait, return_when=cf.FIRST_COMPLETED if overlap else cf.ALL_COMPLETED)
         now = time.monotonic()
-        late = {f for f, (_, t0) in pending.items() if f not in done and limit is not None and now - t0 >= limit}
+        late = {f for f, (_, t0) in pending.items() if f not in done and now - t0 >= limit}
         for fut in sorted(done | late, key=lambda f: order[id(pending[f][0])]):
             ep, _t0 = pending.pop(fut)
             if fut in late:
@@ -321,16 +321,19 @@ def _generate_turn(engine, ready: list[Episode], limits: EnvLimits, seed: int, e
         kw["max_new_tokens"] = max(b for _, b in live)
     ro = engine.generate([ep.prompt + ep.ids for ep, _ in live], 1, **kw)
     tok = getattr(engine, "tokenizer", None)
+    # one host copy of the call's tensors (and the kept sets' row offsets), not one per episode
+    masks, resp, logps, versions = ro.mask.cpu(), ro.response_ids.cpu(), ro.rollout_logp.cpu(), ro.policy_version.cpu()
+    kept = _kept_source(ro.sampling_mask)
     out = []
     for i, (ep, budget) in enumerate(live):
-        valid = ro.mask[i].cpu()
-        ids = ro.response_ids[i].cpu()[valid].tolist()
+        valid = masks[i]
+        ids = resp[i][valid].tolist()
         k, stopped = _cut_at_stop(ids, ends)
         if k > budget:  # the engine sampled past this episode's budget: those tokens were never its own
             k, stopped = budget, False
-        lps = ro.rollout_logp[i].cpu()[valid].tolist()[:k]
-        vers = ro.policy_version[i].cpu()[valid].tolist()[:k]
-        ep.append(ids[:k], True, lps, vers, _kept_sets(ro.sampling_mask, i, valid, k))
+        lps = logps[i][valid].tolist()[:k]
+        vers = versions[i][valid].tolist()[:k]
+        ep.append(ids[:k], True, lps, vers, _kept_sets(kept, i, valid, k))
         ep.turns += 1
         ids = ids[:k]
         ep.ended_with_eos = bool(ids) and ids[-1] in eos
@@ -350,14 +353,24 @@ def _budget_reason(ep: Episode, limits: EnvLimits, context: int | None) -> str:
     return "turn_length"
 
 
-def _kept_sets(mask: SamplingMask | None, row: int, valid: Tensor, k: int) -> tuple[list[int], Tensor] | None:
-    """(per-token kept-set sizes, their ids) of the first `k` valid tokens of `row`, or None (nothing recorded)."""
+def _kept_source(mask: SamplingMask | None) -> tuple[Tensor, Tensor, list[int]] | None:
+    """An engine call's kept sets on the host: (counts (N, T), ids, each row's first index into ids), or None."""
     if mask is None:
         return None
-    counts = mask.counts[row].cpu().long()
-    totals = mask.counts.cpu().long().sum(-1)
-    start = int(totals[:row].sum())
-    row_ids = mask.ids[start : start + int(totals[row])].cpu()
+    counts = mask.counts.cpu().long()
+    totals = counts.sum(-1)
+    return counts, mask.ids.cpu(), (totals.cumsum(0) - totals).tolist()
+
+
+def _kept_sets(
+    src: tuple[Tensor, Tensor, list[int]] | None, row: int, valid: Tensor, k: int
+) -> tuple[list[int], Tensor] | None:
+    """(per-token kept-set sizes, their ids) of the first `k` valid tokens of `row`, or None (nothing recorded)."""
+    if src is None:
+        return None
+    all_counts, all_ids, starts = src
+    counts = all_counts[row]
+    row_ids = all_ids[starts[row] : starts[row] + int(counts.sum())]
     owner = torch.arange(counts.numel()).repeat_interleave(counts)  # the position each kept id belongs to
     positions = valid.nonzero().flatten()[:k]
     take = torch.isin(owner, positions)
