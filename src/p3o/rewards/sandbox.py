@@ -113,7 +113,6 @@ class Worker:
         self.start_timeout_s = start_timeout_s
         self.active: _Child | None = None
         self.spare: _Child | None = None
-        self.started = False
         self.restarts = 0
         self.timeouts = 0
         self._lock = threading.Lock()
@@ -139,7 +138,6 @@ class Worker:
         if not self.active.ready and not self.active.wait_ready(self.start_timeout_s):
             self.close()
             raise RuntimeError(f"p3o.rewards: worker {self.module} did not start in {self.start_timeout_s:.0f}s")
-        self.started = True
         return self.active
 
     def call(self, request: dict[str, Any], timeout_s: float = 1.0) -> Any:
@@ -201,7 +199,6 @@ class Worker:
             if child is not None:
                 child.kill()
         self.active = self.spare = None
-        self.started = False
 
     def __del__(self) -> None:
         self.close()
