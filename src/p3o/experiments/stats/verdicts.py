@@ -298,5 +298,4 @@ def record_counts(records: Sequence[dict[str, Any]]) -> str:
 
 def verdict_counts(decisions: Sequence[Decision]) -> str:
     """One line: how many primary verdicts of each kind ("3 supported, 0 contradicted, 1 negligible, ...")."""
-    prim = [d for d in decisions if d.role == "primary"]
-    return ", ".join(f"{sum(1 for d in prim if d.verdict == v)} {v}" for v in VERDICTS)
+    return record_counts([d.to_dict() for d in decisions])
