@@ -175,11 +175,6 @@ def decide(
     return out
 
 
-def tested_count(decisions: Sequence[Decision]) -> int:
-    """How many primary verdicts are in the Holm family (every decisive kind but the exact ``identical`` check)."""
-    return sum(1 for d in decisions if d.claim.kind != "identical" and d.role == "primary")
-
-
 def format_p(p: float) -> str:
     """A Holm-adjusted p-value as the tables print it ("—" when the claim is outside the family)."""
     return "—" if math.isnan(p) else ("< 1e-4" if p < 1e-4 else f"{p:.3g}")
@@ -234,11 +229,6 @@ def records_table(records: Sequence[dict[str, Any]], digits: int = 3, *, metric_
             f"{cell(label)} |"
         )
     return "\n".join(rows)
-
-
-def decisions_table(decisions: Sequence[Decision], digits: int = 3, *, metric_and_n: bool = True) -> str:
-    """Markdown table of the verdicts (:func:`records_table` of their records, the one table every report prints)."""
-    return records_table([d.to_dict() for d in decisions], digits, metric_and_n=metric_and_n)
 
 
 def rule_text(records: Sequence[dict[str, Any]], metric_label: str = "") -> str:
