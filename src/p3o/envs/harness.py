@@ -194,6 +194,7 @@ async def _run_all(harness, episodes, base_url, api_key, model, timeout_s, concu
         # plain-def harnesses run on threads of their own: a thread past its limit is abandoned, never waited for
         threads = cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="p3o-harness")
         loop = asyncio.get_running_loop()
+        async_harness = is_async(harness)
         try:
 
             async def one(ep: HarnessEpisode) -> None:
@@ -208,7 +209,7 @@ async def _run_all(harness, episodes, base_url, api_key, model, timeout_s, concu
 
             async def one_episode(ep: HarnessEpisode) -> None:
                 url = base_url(ep.episode_id)
-                if is_async(harness):
+                if async_harness:
                     client = openai.AsyncOpenAI(base_url=url, api_key=api_key, http_client=http, max_retries=0)
                     call = harness(client, model, ep.problem)
                 else:
