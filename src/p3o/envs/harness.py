@@ -83,16 +83,16 @@ class HarnessEpisode:
 
 
 def load_harness(spec: str) -> Harness:
-    """The harness ``spec`` names: ``package.module:function`` (async or plain). A wrong spec, or
-    ``verifiers:<module>`` (not run yet): one-line ConfigError."""
+    """The harness ``spec`` names: ``package.module:function`` (async or plain), or ``verifiers:<module>``, a
+    `verifiers` environment run as a harness (`p3o.envs.verifiers_harness.load_verifiers`). A wrong spec: one-line
+    ConfigError."""
     if not isinstance(spec, str) or ":" not in spec:
         raise ConfigError(f"agent.harness: {spec!r} is not package.module:function (or verifiers:<module>)")
     module_name, _, attr = spec.partition(":")
     if module_name == "verifiers":
-        raise ConfigError(
-            f"agent.harness: {spec!r}: verifiers environments are not run yet (p3o docs harness, 'verifiers "
-            "environments'); wrap your agent as package.module:function"
-        )
+        from p3o.envs.verifiers_harness import load_verifiers
+
+        return load_verifiers(attr)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # a user module's import error, named in one line
