@@ -35,10 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from p3o.errors import ConfigError, P3OError
-from p3o.rollout.base import left_pad, right_pad
+from p3o.envs.engine import ProblemEngine, episode_rollouts
+from p3o.errors import ConfigError
 from p3o.tasks.base import Problem
 from p3o.types import Rollouts
 
@@ -265,7 +263,7 @@ STOPS = ("stop_done", *(f"stop_{f}" for f in FAULTS))
 """How a harness episode ended, one extras key each (1 on its rows): finished, or failed by one of `FAULTS`."""
 
 
-class HarnessEngine:
+class HarnessEngine(ProblemEngine):
     """A `RolloutEngine` whose ``generate`` runs harness episodes against an endpoint and returns the rows the
     endpoint recorded: what the training loop, its sources and the held-out evaluation hold when ``agent.harness`` is
     set (a prompt's id list names its problem, as for `p3o.envs.EpisodeEngine`).
@@ -326,26 +324,10 @@ class HarnessEngine:
             raise AttributeError(name)
         return getattr(self.server.engine, name)
 
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        n: int,
-        *,
-        seed: int | None = None,
-        answers: list[str] | None = None,
-        max_new_tokens: int | None = None,
-    ) -> Any:
-        """`n` harness episodes of the problem each prompt names; their recorded rows (see the class docstring).
-        ``seed`` and ``max_new_tokens`` are the harness's business (its requests carry them), ignored here."""
-        del seed, max_new_tokens
-        keys = [tuple(int(t) for t in p) for p in prompt_ids]
-        try:
-            problems = [
-                self.problems[(k, a)] if (k, a) in self.problems else self.problems[k]
-                for k, a in zip(keys, answers if answers is not None else [None] * len(keys))
-            ]
-        except KeyError:
-            raise P3OError("HarnessEngine.generate: a prompt that names no problem of this run's task") from None
+    def _episodes(self, prompt_ids: list[list[int]], problems: list[Problem], n: int, seed: int | None) -> Rollouts:
+        """`n` harness episodes of every problem; their recorded rows (see the class docstring). ``seed`` is the
+        harness's business (its requests carry it), ignored here."""
+        del seed
         episodes = run_harness(
             self.harness,
             problems,
@@ -400,10 +382,6 @@ def harness_rows(
         else:
             flat.extend((ep, row, j) for j, row in enumerate(rows))
     metric_names = sorted({k for ep in episodes for k in ep.metrics})
-    ids, mask, attn, logp, version = right_pad(
-        [([], [], [], []) if row is None else (row.ids, row.mask, row.logprobs, row.versions) for _, row, _ in flat],
-        pad,
-    )
     extras: dict[str, list[float]] = {k: [] for k in (*ROW_STATS, *STOPS, *metric_names)}
     row_prompts = []
     for ep, row, j in flat:
@@ -423,18 +401,13 @@ def harness_rows(
             stats[name] = ep.metrics.get(name, 0.0)
         for key in extras:
             extras[key].append(float(stats.get(key, 0.0)))
-    p_ids, p_mask = left_pad(row_prompts, pad)
-    return Rollouts(
-        prompt_ids=p_ids,
-        prompt_mask=p_mask,
-        response_ids=ids,
-        mask=mask,
-        rollout_logp=logp,
-        policy_version=version,
-        group_ids=torch.tensor([ep.group for ep, _, _ in flat], dtype=torch.long),
-        rewards=torch.tensor([ep.reward for ep, _, _ in flat], dtype=torch.float32),
-        truncated=torch.tensor([row is None or row.finish_reason == "length" for _, row, _ in flat], dtype=torch.bool),
+    return episode_rollouts(
+        row_prompts,
+        [([], [], [], []) if row is None else (row.ids, row.mask, row.logprobs, row.versions) for _, row, _ in flat],
+        pad,
+        groups=[ep.group for ep, _, _ in flat],
+        rewards=[ep.reward for ep, _, _ in flat],
+        truncated=[row is None or row.finish_reason == "length" for _, row, _ in flat],
         answers=[ep.problem.answer for ep, _, _ in flat],
-        attn=attn,
-        extras={k: torch.tensor(v, dtype=torch.float32) for k, v in extras.items()},
+        extras=extras,
     )

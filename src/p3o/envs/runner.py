@@ -49,8 +49,9 @@ import torch
 from torch import Tensor
 
 from p3o.envs.base import Environment, EnvLimits, Step, info_number
+from p3o.envs.engine import ProblemEngine, episode_rollouts
 from p3o.errors import P3OError
-from p3o.rollout.base import RolloutEngine, left_pad, right_pad
+from p3o.rollout.base import RolloutEngine
 from p3o.tasks.base import Problem
 from p3o.types import Rollouts, SamplingMask
 
@@ -429,8 +430,6 @@ def _after_step(ep: Episode, result: Step | BaseException, renderer, limits: Env
 def _rows(episodes: list[Episode], engine) -> Rollouts:
     """The episodes as one `Rollouts` (see `run_episodes`' Returns)."""
     pad = int(getattr(engine, "pad_token_id", 0) or 0)
-    p_ids, p_mask = left_pad([ep.prompt for ep in episodes], pad)
-    ids, mask, attn, logp, version = right_pad([(ep.ids, ep.model, ep.logp, ep.version) for ep in episodes], pad)
     own = sorted({k for ep in episodes for k in ep.stats} - set(EPISODE_STATS))  # the environments' own counters
     extras: dict[str, list[float]] = {k: [] for k in (*EPISODE_STATS, *own)}
     for ep in episodes:
@@ -447,24 +446,19 @@ def _rows(episodes: list[Episode], engine) -> Rollouts:
         for key in extras:
             extras[key].append(row[key] if key in row else ep.stats.get(key, 0.0))
     tok = getattr(engine, "tokenizer", None)
-    texts = [tok.decode(ep.ids, skip_special_tokens=False) for ep in episodes] if tok is not None else []
-    dev = getattr(engine, "device", torch.device("cpu"))
-    return Rollouts(
-        prompt_ids=p_ids,
-        prompt_mask=p_mask,
-        response_ids=ids,
-        mask=mask,
-        rollout_logp=logp,
-        policy_version=version,
-        group_ids=torch.tensor([ep.group for ep in episodes], dtype=torch.long),
-        rewards=torch.tensor([ep.reward for ep in episodes], dtype=torch.float32),
-        truncated=torch.tensor([ep.stop_reason != "done" for ep in episodes], dtype=torch.bool),
-        texts=texts,
+    rollouts = episode_rollouts(
+        [ep.prompt for ep in episodes],
+        [(ep.ids, ep.model, ep.logp, ep.version) for ep in episodes],
+        pad,
+        groups=[ep.group for ep in episodes],
+        rewards=[ep.reward for ep in episodes],
+        truncated=[ep.stop_reason != "done" for ep in episodes],
         answers=[ep.problem.answer for ep in episodes],
-        attn=attn,
-        extras={k: torch.tensor(v, dtype=torch.float32) for k, v in extras.items()},
-        sampling_mask=_sampling_mask(episodes, ids.shape[1]),
-    ).to(dev)
+        extras=extras,
+        texts=[tok.decode(ep.ids, skip_special_tokens=False) for ep in episodes] if tok is not None else (),
+    )
+    rollouts.sampling_mask = _sampling_mask(episodes, rollouts.response_ids.shape[1])
+    return rollouts.to(getattr(engine, "device", torch.device("cpu")))
 
 
 def _sampling_mask(episodes: list[Episode], t: int) -> SamplingMask | None:
@@ -479,7 +473,7 @@ def _sampling_mask(episodes: list[Episode], t: int) -> SamplingMask | None:
     return SamplingMask(counts, torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32))
 
 
-class EpisodeEngine:
+class EpisodeEngine(ProblemEngine):
     """A `RolloutEngine` whose ``generate`` runs agent episodes on an inner engine: what the training loop, its
     sources, the held-out evaluation and the Ray rollout workers hold when ``agent.env`` is set, so every one of them
     runs episodes without knowing it (a prompt's id list names its problem).
@@ -538,33 +532,13 @@ class EpisodeEngine:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        n: int,
-        *,
-        seed: int | None = None,
-        answers: list[str] | None = None,
-        max_new_tokens: int | None = None,
-    ) -> Rollouts:
-        """`n` episodes of the problem each prompt names (its id list, as the rollout side encoded it).
-
-        ``problems`` maps (prompt ids, answer) and prompt ids alone to problems; ``max_new_tokens`` is ignored
-        (``agent.max_turn_tokens`` and ``agent.max_total_tokens`` bound episodes).
-        """
-        del max_new_tokens
-        keys = [tuple(int(t) for t in p) for p in prompt_ids]
-        try:  # a prompt and its answer name a problem (two problems may share a prompt: guess-a-number)
-            problems = [
-                self.problems[(k, a)] if (k, a) in self.problems else self.problems[k]
-                for k, a in zip(keys, answers if answers is not None else [None] * len(keys))
-            ]
-        except KeyError:
-            raise P3OError("EpisodeEngine.generate: a prompt that names no problem of this run's task") from None
+    def _episodes(self, prompt_ids: list[list[int]], problems: list[Problem], n: int, seed: int | None) -> Rollouts:
+        """`n` episodes of every problem on the inner engine (`run_episodes`); ``agent.max_turn_tokens`` and
+        ``agent.max_total_tokens`` bound them. ``seed`` None: one of its own per call."""
         if seed is None:
             seed = 1_000_000_007 + self._calls
         self._calls += 1
-        longest = max((len(k) for k in keys), default=0)
+        longest = max((len(p) for p in prompt_ids), default=0)
         if self.context is not None and longest + self.limits.max_total_tokens > self.context:
             self.report(
                 "context",
