@@ -1,0 +1,145 @@
+"""One endpoint serving through a Ray rollout worker (`p3o.serve.remote.RemoteEngine`): a real local Ray instance
+(or the suite's, tests/cluster/conftest.py, when it is already up), one `p3o.cluster.RolloutWorker` built by
+`p3o.cluster.RaySource` with the shipped chat base on the fp32 HF engine. Concurrent requests become ONE worker call,
+every recorded log-prob is the trainer's, a weight load between two calls gives two versions, and the call's sampling
+settings reach the worker's engine (and are restored there)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray", reason="the Ray tests need the ray extra (make setup installs it)")
+pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
+
+from engine_checks import check_logprobs, client, concurrent_chats, shifted, split_by_version, two_versions  # noqa: E402
+
+from p3o.errors import ConfigError  # noqa: E402
+from p3o.serve import EndpointServer  # noqa: E402
+from p3o.serve.remote import RemoteEngine, _describe  # noqa: E402
+
+MODEL = "tiny-chat"
+
+
+def worker_config(run_dir: Path, **overrides: Any) -> Any:
+    """A run's config with one HF rollout worker on the chat base (fp32, the trainer's single thread)."""
+    from p3o.config import load_config
+
+    args = {"run_dir": str(run_dir), "model.name": MODEL, "rollout.workers": 1, "loop.mode": "sync",
+            "rollout.precision": "fp32", "task.n_train": 8, "task.n_eval": 0, "log.progress": False,
+            "log.plot": False, "log.tensorboard": False, **overrides}  # fmt: skip
+    argv = [x for k, v in args.items() for x in (f"--{k}", str(v).lower() if isinstance(v, bool) else str(v))]
+    return load_config(argv)
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[Any]:
+    """Ray as the suite has it (tests/cluster's two-node cluster when it is up), else a local instance of our own
+    (2 CPUs, stopped after)."""
+    if ray.is_initialized():
+        yield ray
+        return
+    ray.init(address="local", num_cpus=2, object_store_memory=80 * 1024**2, include_dashboard=False,
+             logging_level="WARNING", log_to_driver=False)  # fmt: skip
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def base() -> tuple[Any, Any]:
+    from p3o.models import load_policy
+
+    model, tok = load_policy(MODEL)
+    return model.float().eval(), tok
+
+
+@pytest.fixture(scope="module")
+def source(local_ray, base, tmp_path_factory) -> Iterator[Any]:
+    from p3o.cluster import RaySource
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # the worker takes the trainer's thread count: its kernels compute as ours
+    run_dir = tmp_path_factory.mktemp("remote")
+    src = RaySource(worker_config(run_dir), run_dir, base[0].state_dict(), start_step=0)
+    yield src
+    src.close()
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def served(source, base) -> Iterator[EndpointServer]:
+    engine = RemoteEngine.from_source(source, worker=0)
+    server = EndpointServer(engine, base[1], model_name=MODEL).start()
+    yield server
+    server.stop()
+
+
+def test_concurrent_requests_are_one_worker_call_and_record_the_trainers_logprobs(served, base):
+    engine = served.engine
+    before, calls = served.counters(), engine.calls
+    drawn = concurrent_chats(served, MODEL, k=4, tag="remote-batch")
+    after = served.counters()
+    assert after["engine_calls"] - before["engine_calls"] == 1 and engine.calls - calls == 1
+    assert after["batched_jobs"] - before["batched_jobs"] == 4
+    assert len({tuple(r.prompt_ids) for r, _ in drawn}) == 4  # four prompts in that one call
+    check_logprobs(base[0], [r for r, _ in drawn], versions={served.version})
+
+
+def test_a_weight_load_between_two_calls_gives_two_versions(served, base):
+    v0 = served.version
+    new = shifted(base[0])
+    row = two_versions(served, MODEL, new, tag="remote-push")
+    check_logprobs(base[0], [split_by_version(row, v0)])  # the first turn by the old weights
+    model = type(base[0])(base[0].config).eval()
+    model.load_state_dict(new)
+    check_logprobs(model, [split_by_version(row, v0 + 1)])  # the second by the new ones
+    served.load_weights(base[0].state_dict(), v0 + 2)  # back to the base's weights for the other tests
+
+
+def test_the_calls_sampling_settings_reach_the_worker_and_are_restored(served, source, base):
+    served.load_weights(base[0].state_dict(), served.version + 1)  # the base's weights, whatever ran before
+    c = client(served, "remote-greedy")
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "2 + 2?"}], max_tokens=6,
+                                  temperature=0)  # fmt: skip
+    p3o = r.choices[0].model_extra["p3o"]
+    assert p3o["logprobs"] and all(lp == 0.0 for lp in p3o["logprobs"])  # greedy: the HF engine records 0
+    (row,) = served.store.pop("remote-greedy")
+    ids = torch.tensor([row.prompt_ids])
+    with torch.no_grad():  # greedy is the trainer's argmax, token by token
+        for t in range(len(p3o["logprobs"])):
+            nxt = base[0](input_ids=ids).logits[0, -1].argmax()
+            assert int(nxt) == row.ids[t]
+            ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+    info = ray.get(source.actors[0].__ray_call__.remote(_describe))
+    assert info["settings"]["temperature"] == 1.0 and info["engine"] == "HFEngine"  # the worker's own, restored
+
+
+def test_top_logprobs_is_refused_in_one_line(served):
+    with pytest.raises(Exception) as err:
+        client(served, "remote-top").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, logprobs=True, top_logprobs=2
+        )
+    assert getattr(err.value, "status_code", None) == 400 and "RemoteEngine" in str(err.value)
+
+
+def test_inflight_versions_are_published_and_taken_before_the_next_call(source, base):
+    engine = RemoteEngine.from_source(source, worker=0, inflight=True)
+    server = EndpointServer(engine, base[1], model_name=MODEL).start()
+    try:
+        v = engine.version + 1
+        server.load_weights(base[0].state_dict(), v)  # published: no call runs, the next one takes it first
+        r = client(server, "remote-inflight").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "1 + 1?"}], max_tokens=6
+        )
+        assert set(r.choices[0].model_extra["p3o"]["versions"]) == {v}
+    finally:
+        server.stop()
+
+
+def test_a_worker_that_does_not_exist_is_one_line(source):
+    with pytest.raises(ConfigError, match=r"rollout.workers: no worker 3 to serve through \(1 running\)"):
+        RemoteEngine.from_source(source, worker=3)
