@@ -50,25 +50,33 @@ def concurrent_chats(server: Any, model_name: str, k: int, tag: str, **sampling:
     return list(zip(rows, responses))
 
 
-def trainer_logprobs(model: torch.nn.Module, row: Any) -> torch.Tensor:
-    """The fp32 trainer's log π(y_t) of the row's response ids at temperature 1, (T,)."""
+def trainer_logprobs(model: torch.nn.Module, row: Any, temperature: float = 1.0) -> torch.Tensor:
+    """The fp32 trainer's log π(y_t) of the row's response ids at `temperature` (logits / τ), (T,)."""
     p, r = torch.tensor([row.prompt_ids]), torch.tensor([row.ids])
     every = torch.ones_like
     with torch.no_grad():
         logp, _ = token_logprobs(
-            model, p, every(p, dtype=torch.bool), r, every(r, dtype=torch.bool), loss_mask=torch.tensor([row.mask])
+            model,
+            p,
+            every(p, dtype=torch.bool),
+            r,
+            every(r, dtype=torch.bool),
+            loss_mask=torch.tensor([row.mask]),
+            temperature=temperature,
         )
     return logp[0]
 
 
-def check_logprobs(model: torch.nn.Module, rows: list[Any], versions: set[int] | None = None) -> float:
-    """Every sampled token's recorded log-prob equals the trainer's within `TOL` (and its version is in `versions`
-    when given); returns the largest gap."""
+def check_logprobs(
+    model: torch.nn.Module, rows: list[Any], versions: set[int] | None = None, temperature: float = 1.0
+) -> float:
+    """Every sampled token's recorded log-prob equals the trainer's at `temperature` within `TOL` (and its version
+    is in `versions` when given); returns the largest gap."""
     gap = 0.0
     for row in rows:
         mask = torch.tensor(row.mask)
         assert bool(mask.any()), "a row without a sampled token"
-        recorded, trainer = torch.tensor(row.logprobs)[mask], trainer_logprobs(model, row)[mask]
+        recorded, trainer = torch.tensor(row.logprobs)[mask], trainer_logprobs(model, row, temperature)[mask]
         gap = max(gap, float((recorded - trainer).abs().max()))
         if versions is not None:
             got = {v for v, m in zip(row.versions, row.mask) if m}
