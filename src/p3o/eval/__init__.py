@@ -5,6 +5,7 @@ Usage:
 
     pass_at_k(n=[8, 8], c=[0, 3], k=2)                      # per-problem estimates
     evaluate_checkpoint("runs/default/final", "arithmetic", "test", n_samples=8).pass_at_k
+    evaluate_harness(model, tok, problems, agent=run_cfg.agent, model_name="tiny-chat")  # a harness run's episodes
 """
 
 from __future__ import annotations
@@ -17,8 +18,18 @@ __getattr__ = lazy_exports(
     {
         "p3o.eval.passk": ("mean_pass_at_k", "pass_at_k"),
         "p3o.eval.runner": ("EvalResult", "encode_prompts", "evaluate", "evaluate_checkpoint"),
+        "p3o.eval.harness": ("evaluate_harness", "load_harness"),
     },
 )
 
 
-__all__ = ["EvalResult", "encode_prompts", "evaluate", "evaluate_checkpoint", "mean_pass_at_k", "pass_at_k"]
+__all__ = [
+    "EvalResult",
+    "encode_prompts",
+    "evaluate",
+    "evaluate_checkpoint",
+    "evaluate_harness",
+    "load_harness",
+    "mean_pass_at_k",
+    "pass_at_k",
+]

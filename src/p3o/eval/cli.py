@@ -24,6 +24,8 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.table import Table
 
+import p3o.eval as eval_api  # lazy (PEP 562): its runners load torch when first read, after the options
+
 # light imports only: `--help` and option errors answer before torch or transformers load (issue 47)
 from p3o.config import TaskConfig, load_config
 from p3o.errors import ConfigError
@@ -31,6 +33,7 @@ from p3o.options import config_field as _f
 from p3o.options import parse_or_help
 
 _RUN = "null: the run's, else "
+_HARNESS = "null: a harness run's in-loop evaluation's "
 
 
 @dataclass
@@ -61,15 +64,15 @@ class EvalOptions:
     env: str | None = _f(
         None, f"agent environment: run full episodes (calc, guess, package.module:Name) ({_RUN}none: single-turn)"
     )
-    n_samples: int = _f(8, "samples per problem (n of pass@k)", ge=1)
-    k: str = _f("1,2,4,8", "comma-separated k values of pass@k, each ≤ n_samples")
+    n_samples: int | None = _f(None, f"samples per problem (n of pass@k; {_HARNESS}1, else 8)", ge=1)
+    k: str | None = _f(None, "comma-separated k values of pass@k, each ≤ n_samples (null: 1, 2, 4, … ≤ n_samples)")
     max_new_tokens: int | None = _f(None, f"generation budget per completion ({_RUN}64)", ge=1)
     temperature: float = _f(1.0, "sampling temperature", ge=0.0)
     top_p: float = _f(1.0, "nucleus sampling mass", gt=0.0, le=1.0)
     precision: str = _f("fp32", "rollout precision: fp32, bf16, fp16, int8, fp8")
     engine: Literal["hf", "vllm"] | None = _f(None, f"rollout engine: hf, vllm ({_RUN}hf)")
-    batch_prompts: int = _f(16, "prompts per generation batch", ge=1)
-    seed: int = _f(0, "sampling seed")
+    batch_prompts: int | None = _f(None, f"prompts per generation batch ({_HARNESS}64, else 16)", ge=1)
+    seed: int | None = _f(None, f"sampling seed ({_HARNESS}seed, else 0)")
     out: str | None = _f(None, "write the result as JSON here")
     quiet: bool = _f(False, "no table, only the JSON file")
 
@@ -98,10 +101,24 @@ def parse_args(argv: list[str]) -> EvalOptions | None:
         return None
     if not args.model:
         raise ConfigError("--model: required (a training run dir, 'tiny', a local HF dir or a Hub id)")
-    too_big = [k for k in parse_ks(args.k) if k > args.n_samples]
-    if too_big:
-        raise ConfigError(f"--k: {too_big} exceed --n-samples {args.n_samples}")
+    if args.k is not None:  # checked against a null --n-samples once the run's defaults are known (`_plan`)
+        parse_ks(args.k) if args.n_samples is None else sample_counts(args)
     return args
+
+
+def sample_counts(args: EvalOptions, *, harness_seed: int | None = None) -> tuple[int, list[int], int, int]:
+    """(n_samples, ks, batch_prompts, seed) of the options, their nulls filled: on a harness run (its `harness_seed`
+    given) as its in-loop evaluation draws (1 episode per problem, batches of 64, the run's seed), else 8, 16 and 0;
+    the k default is 1, 2, 4, … up to n. A k above n: one-line ConfigError."""
+    harness = harness_seed is not None
+    n = args.n_samples if args.n_samples is not None else (1 if harness else 8)
+    ks = parse_ks(args.k) if args.k is not None else [2**i for i in range(n.bit_length()) if 2**i <= n]
+    too_big = [k for k in ks if k > n]
+    if too_big:
+        raise ConfigError(f"--k: {too_big} exceed --n-samples {n}")
+    batch = args.batch_prompts if args.batch_prompts is not None else (64 if harness else 16)
+    seed = args.seed if args.seed is not None else (harness_seed if harness_seed is not None else 0)
+    return n, ks, batch, seed
 
 
 def print_table(result_dict: dict) -> None:
@@ -115,6 +132,9 @@ def print_table(result_dict: dict) -> None:
     table.add_row("mean reward", f"{r['mean_reward']:.4f}")
     table.add_row("mean response length (tokens)", f"{r['mean_response_len']:.1f}")
     table.add_row("truncation rate", f"{r['truncation_rate']:.3f}")
+    if "faults" in r["extra"]:  # agent episodes (a harness run's): how many failed, and why
+        failed = {k: v for k, v in r["extra"]["faults"].items() if v}
+        table.add_row("failed episodes", ", ".join(f"{k} {v}" for k, v in failed.items()) or "0")
     table.add_row("wall time (s)", f"{r['seconds']:.1f}")
     console = Console()
     console.print(f"model: {r['model']}", soft_wrap=True)
@@ -188,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         shown = ", ".join(f"{k} {v!r}" for k, v in plan.settings.items() if v not in (None, {}))
         print(f"p3o eval: {len(plan.problems)} problems; {shown}", file=sys.stderr)
-    result = _run(args, plan, model, tokenizer, evaluate, evaluate_episodes)
+    result = _run(plan, model, tokenizer, evaluate, evaluate_episodes)
     result.model = model_name
     result.extra = {**result.extra, **plan.settings}
     d = result.to_dict()
@@ -216,6 +236,12 @@ class _Plan:
     limits: Any
     """The episodes' `p3o.envs.EnvLimits` (the run's ``agent.*``, else the defaults)."""
     env_kwargs: dict[str, Any] | None
+    counts: tuple[int, list[int], int]
+    """(n_samples, ks, batch_prompts): the options, or the defaults of `sample_counts`."""
+    agent: Any = None
+    """A harness run's ``agent`` section (``agent.harness`` and its limits), else None."""
+    model_name: str = ""
+    """The name a harness run served its policy under (``model.name``)."""
 
 
 def _plan(args: EvalOptions, run_cfg: Any, run_dir: Path | None) -> _Plan:
@@ -232,17 +258,27 @@ def _plan(args: EvalOptions, run_cfg: Any, run_dir: Path | None) -> _Plan:
     data_seed = run_cfg.seed if run_cfg is not None else 0
     agent = run_cfg.agent if run_cfg is not None else None
     env = args.env or (agent.env if agent is not None else None)
-    own = env_problems(task.name, "test", seed=data_seed, n=args.n_problems) if env else None
-    if own is not None:  # a built-in environment's own held-out problems (calc, calc-small, guess), for any env
+    harness = getattr(agent, "harness", None) if not env else None  # its in-loop evaluation's problems and draws
+    if harness:
+        eval_api.load_harness(harness)  # a wrong agent.harness: one line, before the model loads
+    n, ks, batch, seed = sample_counts(args, harness_seed=data_seed if harness else None)
+    n_problems = args.n_problems or ((task.n_eval or None) if harness else None)
+    own = env_problems(task.name, "test", seed=data_seed, n=n_problems) if env or harness else None
+    if own is not None:  # a built-in environment's own held-out problems (calc, calc-small, guess), for any agent
         problems = own
     else:
         train = load_train_problems(task, seed=data_seed, n=task.n_train) if run_cfg is not None else None
-        problems = load_eval_problems(task, seed=data_seed, n=args.n_problems, train=train)
+        problems = load_eval_problems(task, seed=data_seed, n=n_problems, train=train)
     name, split = eval_source(task)
     device = str(resolve_device(args.device or (run_cfg.model.device if run_cfg is not None else "auto")))
     max_new_tokens = args.max_new_tokens or (run_cfg.rollout.max_new_tokens if run_cfg is not None else 64)
     engine = args.engine or (run_cfg.rollout.engine if run_cfg is not None else "hf")
-    sampling = EngineSettings.from_config(args, engine=engine, max_new_tokens=max_new_tokens, device=device)
+    if harness:  # the endpoint's engine as the run built it; the harness's requests carry their own sampling
+        sampling = EngineSettings.from_config(run_cfg.rollout, engine=engine, seed=seed, device=device)
+    else:
+        sampling = EngineSettings.from_config(
+            args, engine=engine, max_new_tokens=max_new_tokens, device=device, seed=seed
+        )
     settings = {
         "run": str(run_dir) if run_dir is not None else None,
         "task": name,
@@ -251,23 +287,35 @@ def _plan(args: EvalOptions, run_cfg: Any, run_dir: Path | None) -> _Plan:
         "template": task.template,
         "system_prompt": task.system_prompt,
         "fields": {k: getattr(task, k) for k in ("question_key", "answer_key", "solution_key") if getattr(task, k)},
-        "verifier": task_verifier(task, problems),
+        "verifier": task_verifier(task, problems) if not harness else None,  # a harness scores its episodes
         "engine": engine,
         "reward_timeout_s": task.reward_timeout_s,
         "device": device,
+        "seed": seed,
         **({"env": env} if env else {}),
+        **({"harness": harness} if harness else {}),
     }
     env_kwargs = dict(agent.env_kwargs) if agent is not None else None
-    return _Plan(task, list(problems), env, name, split, sampling, settings, _limits(EnvLimits, agent), env_kwargs)
+    limits = _limits(EnvLimits, agent)
+    return _Plan(
+        task, list(problems), env, name, split, sampling, settings, limits, env_kwargs, (n, ks, batch),
+        agent if harness else None, run_cfg.model.name if harness else "",
+    )  # fmt: skip
 
 
-def _run(args: EvalOptions, plan: _Plan, model: Any, tokenizer: Any, evaluate: Any, evaluate_episodes: Any) -> Any:
+def _run(plan: _Plan, model: Any, tokenizer: Any, evaluate: Any, evaluate_episodes: Any) -> Any:
     """The `EvalResult` of `plan`: full agent episodes scored by the environment (`evaluate_episodes`) when it names
-    one, else one completion per sample scored by the task's verifier (`evaluate`); both are `p3o.eval.runner`'s,
-    imported once by `main` (torch start-up only after the options are valid)."""
+    one, a harness run's episodes through p3o's endpoint (`p3o.eval.harness.evaluate_harness`), else one completion
+    per sample scored by the task's verifier (`evaluate`); the runners are `p3o.eval.runner`'s, imported once by
+    `main` (torch start-up only after the options are valid)."""
 
-    ks, task = parse_ks(args.k), plan.task
-    common = {"n_samples": args.n_samples, "ks": ks, "batch_prompts": args.batch_prompts, "split": plan.split}
+    (n, ks, batch), task = plan.counts, plan.task
+    common = {"n_samples": n, "ks": ks, "batch_prompts": batch, "split": plan.split}
+    if plan.agent is not None:
+        harness = {"agent": plan.agent, "model_name": plan.model_name}
+        return eval_api.evaluate_harness(
+            model, tokenizer, plan.problems, plan.sampling, task=plan.name, **harness, **common
+        )
     if plan.env:
         episodes = {"env": plan.env, "env_kwargs": plan.env_kwargs, "limits": plan.limits}
         return evaluate_episodes(model, tokenizer, plan.problems, plan.sampling, task=plan.name, **episodes, **common)

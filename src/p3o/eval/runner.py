@@ -157,6 +157,7 @@ def heldout_metrics(
     timeout_s: float = 1.0,
     tasks: Sequence[int] | None = None,
     task_names: Sequence[str] = (),
+    on_batch: Callable[[int, Rollouts, Tensor], None] | None = None,
 ) -> dict[str, float]:
     """Held-out pass@1 of `policy` as the training loop logs it: ``{"eval_accuracy", "eval_score"}``.
 
@@ -175,6 +176,8 @@ def heldout_metrics(
         tasks, task_names: a task mixture's task of every prompt and the tasks' names (`p3o.tasks.mixture`): each
             row carries its task (``extras["task"]``, which the mixture's reward function reads), and
             ``task/<name>/eval_accuracy`` is added per task.
+        on_batch: called with ``(lo, rollouts, scores)`` for every batch (prompts lo …, its rows, their (rows,)
+            rewards): what `p3o eval` tallies per problem beside these numbers (`p3o.eval.harness`).
     """
     if not prompt_ids:
         return {}
@@ -193,6 +196,8 @@ def heldout_metrics(
             r.extras[TASK_KEY] = t.repeat_interleave(n_samples).to(r.rewards.device)
             row_tasks.append(r.extras[TASK_KEY].cpu())
         scores.append(reward_fn(r).float())
+        if on_batch is not None:
+            on_batch(lo, r, scores[-1])
     s = torch.cat(scores)
     acc, mean = torch.stack([(s > 0.5).float().mean(), s.mean()]).tolist()
     per_task = eval_task_metrics(task_names, torch.cat(row_tasks), s) if tasks is not None else {}
@@ -254,66 +259,89 @@ def evaluate(
         correct_threshold: a completion is correct when its score ≥ this.
         progress: called with (problems done, total) after each batch.
     """
-    _check_eval_args(problems, n_samples, ks)
-    start = time.perf_counter()
+    tally = Tally(problems, n_samples, ks, correct_threshold, progress)
     sampling = dataclasses.replace(sampling, **engine_fields)
-    seed = sampling.seed
     sampler = make_engine(sampling, model, tokenizer)
     verifiers: dict[str, Callable[[str, str], float]] = {}
-    correct = np.zeros(len(problems), dtype=np.int64)
-    rewards: list[float] = []
-    lengths: list[int] = []
-    truncated: list[bool] = []  # per completion: hit max_new_tokens without an end token
     prompt_ids = encode_prompts(
         [format_prompt(p, tokenizer, template, system=system_prompt) for p in problems], tokenizer
     )
     answers = [p.answer for p in problems]
-    for lo, rollouts in sample_batches(sampler, prompt_ids, answers, n_samples, batch_size=batch_prompts, seed=seed):
+    batches = sample_batches(sampler, prompt_ids, answers, n_samples, batch_size=batch_prompts, seed=sampling.seed)
+    for lo, rollouts in batches:
+        scores = []  # (problems of the batch, n_samples)
         for i, p in enumerate(problems[lo : lo + batch_prompts]):
             check = _verifier(verifier or default_verifier(task, [p]), verifiers)
             texts = rollouts.texts[i * n_samples : (i + 1) * n_samples]
-            scores = [float(x) for x in score(texts, [p.answer] * n_samples, check, timeout_s=timeout_s)]
-            rewards += scores
-            correct[lo + i] = sum(1 for x in scores if x >= correct_threshold)
-        lengths += rollouts.mask.sum(dim=1).tolist()
-        truncated += rollouts.truncated.tolist()
-        if progress is not None:
-            progress(min(lo + batch_prompts, len(problems)), len(problems))
-    return _result(
-        model, task, split, n_samples, sampling.temperature, sampling.max_new_tokens, ks, correct,
-        (rewards, lengths, truncated), start,
-    )  # fmt: skip
+            scores.append([float(x) for x in score(texts, [p.answer] * n_samples, check, timeout_s=timeout_s)])
+        tally.add(lo, np.asarray(scores, dtype=np.float64), rollouts.mask.sum(dim=1), rollouts.truncated)
+    return tally.result(model, task, split, sampling.temperature, sampling.max_new_tokens)
 
 
-def _result(
-    model: Any,
-    task: str,
-    split: str,
-    n_samples: int,
-    temperature: float,
-    max_new_tokens: int,
-    ks: Sequence[int],
-    correct: np.ndarray,
-    samples: tuple[list[float], list[float], list[bool]],
-    start: float,
-) -> EvalResult:
-    """The `EvalResult` of `correct` (per problem) and the samples' (rewards, lengths, truncated), since `start`."""
-    rewards, lengths, truncated = samples
-    return EvalResult(
-        task=task,
-        split=split,
-        n_problems=len(correct),
-        n_samples=n_samples,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        pass_at_k=mean_pass_at_k(np.full(len(correct), n_samples), correct, sorted(set(ks))),
-        mean_reward=_mean(rewards),
-        mean_response_len=_mean(lengths),
-        truncation_rate=_mean(truncated),
-        correct=correct.tolist(),
-        seconds=time.perf_counter() - start,
-        num_params=sum(p.numel() for p in model.parameters()),
-    )
+class Tally:
+    """An evaluation's counts, filled batch by batch: solves per problem, and per sample (a completion or an episode)
+    its reward, response length (tokens) and truncation, plus per-row statistics (``extras``, averaged).
+
+        tally = Tally(problems, n_samples=4, ks=(1, 2, 4))       # one-line errors for an evaluation that cannot run
+        tally.add(lo, rewards, lengths, truncated)               # rewards: (problems of the batch, n_samples)
+        result = tally.result(model, task, split, temperature, max_new_tokens)
+    """
+
+    def __init__(
+        self,
+        problems: Sequence[Any],
+        n_samples: int,
+        ks: Sequence[int],
+        correct_threshold: float = 1.0,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        _check_eval_args(problems, n_samples, ks)
+        self.n_problems, self.n_samples, self.ks = len(problems), n_samples, sorted(set(ks))
+        self.correct_threshold, self.progress = correct_threshold, progress
+        self.start = time.perf_counter()
+        self.correct = np.zeros(len(problems), dtype=np.int64)
+        self.rewards: list[float] = []
+        self.lengths: list[float] = []
+        self.truncated: list[bool] = []
+        self.stats: dict[str, list[float]] = {}
+
+    def add(
+        self, lo: int, rewards: Any, lengths: Any, truncated: Any, extras: dict[str, Tensor] | None = None
+    ) -> None:
+        """One batch: problems lo … lo + b − 1 with their (b, n_samples) `rewards` (array or tensor), every row's
+        response length and truncation flag, and its per-row `extras` (agent-episode statistics)."""
+        r = torch.as_tensor(np.asarray(rewards, dtype=np.float64) if not torch.is_tensor(rewards) else rewards)
+        r = r.double().cpu().reshape(-1, self.n_samples)
+        self.correct[lo : lo + len(r)] = (r >= self.correct_threshold).sum(-1).numpy()
+        self.rewards += r.flatten().tolist()
+        self.lengths += torch.as_tensor(lengths).float().tolist()
+        self.truncated += torch.as_tensor(truncated).bool().tolist()
+        for k, v in (extras or {}).items():
+            self.stats.setdefault(k, []).extend(v.float().tolist())
+        if self.progress is not None:
+            self.progress(lo + len(r), self.n_problems)
+
+    def result(self, model: Any, task: str, split: str, temperature: float, max_new_tokens: int) -> EvalResult:
+        """The `EvalResult` so far (pass@k of the solve counts; the samples' means), timed from the tally's start;
+        per-row statistics, when any, as ``extra["episode"]`` (their means)."""
+        result = EvalResult(
+            task=task,
+            split=split,
+            n_problems=self.n_problems,
+            n_samples=self.n_samples,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            pass_at_k=mean_pass_at_k(np.full(self.n_problems, self.n_samples), self.correct, self.ks),
+            mean_reward=_mean(self.rewards),
+            mean_response_len=_mean(self.lengths),
+            truncation_rate=_mean(self.truncated),
+            correct=self.correct.tolist(),
+            seconds=time.perf_counter() - self.start,
+            num_params=sum(p.numel() for p in model.parameters()),
+        )
+        if self.stats:
+            result.extra["episode"] = {k: _mean(v) for k, v in self.stats.items()}
+        return result
 
 
 def evaluate_episodes(
@@ -343,8 +371,7 @@ def evaluate_episodes(
         limits: `p3o.envs.EnvLimits` (``agent.*``; default: its defaults); the renderer and stop ids are the
             training run's (`p3o.envs.render`).
     """
-    _check_eval_args(problems, n_samples, ks)
-    start = time.perf_counter()
+    tally = Tally(problems, n_samples, ks, correct_threshold, progress)
     limits = limits or EnvLimits()
     options = dict(env_kwargs or {})
     probe = make_env(env, limits=limits, **options)
@@ -357,11 +384,6 @@ def evaluate_episodes(
     )
     probe.close()
     engine = make_engine(sampling, model, tokenizer, stop_token_ids=stops)
-    correct = np.zeros(len(problems), dtype=np.int64)
-    rewards: list[float] = []
-    lengths: list[float] = []
-    truncated: list[bool] = []
-    stats: dict[str, list[float]] = {}
     for lo in range(0, len(problems), batch_prompts):
         part = list(problems[lo : lo + batch_prompts])
         ro = run_episodes(
@@ -375,21 +397,8 @@ def evaluate_episodes(
             eos_ids=[tokenizer.eos_token_id],
             stop_ids=stops,
         )
-        r = ro.rewards.float().view(len(part), n_samples)
-        correct[lo : lo + len(part)] = (r >= correct_threshold).sum(-1).cpu().numpy()
-        rewards += r.flatten().tolist()
-        lengths += ro.mask.sum(-1).float().tolist()
-        truncated += ro.truncated.tolist()
-        for k, v in ro.extras.items():
-            stats.setdefault(k, []).extend(v.tolist())
-        if progress is not None:
-            progress(min(lo + batch_prompts, len(problems)), len(problems))
-    result = _result(
-        model, task, split, n_samples, sampling.temperature, limits.max_turn_tokens, ks, correct,
-        (rewards, lengths, truncated), start,
-    )  # fmt: skip
-    result.extra["episode"] = {k: _mean(v) for k, v in stats.items()}
-    return result
+        tally.add(lo, ro.rewards.view(len(part), n_samples), ro.mask.sum(-1), ro.truncated, ro.extras)
+    return tally.result(model, task, split, sampling.temperature, limits.max_turn_tokens)
 
 
 def _mean(values: Sequence[float]) -> float:
