@@ -23,7 +23,9 @@ answers ``"42"``; a turn cut at `--turn-tokens` ends its episode (the tick runne
   say for a template it does not recognise). Seconds per RL step (generation + update), episodes/s and tool calls
   per episode side by side.
 
-Medians over `--repeats` (after one warm-up round each). Run it on a quiet machine; it prints the load average.
+The tick runner and the endpoint run interleaved, one round of each per repeat after one warm-up round, so both see
+the same machine load: each repeat's episodes/s ratio is printed, with their median and range. Run it on a quiet
+machine; it prints the load average.
 """
 
 from __future__ import annotations
@@ -88,16 +90,6 @@ def make_harness(turns: int, turn_tokens: int, latency: float):
     return harness
 
 
-def _median(fn, repeats: int) -> tuple[float, Any]:
-    fn()  # warm-up
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
-
-
 def bench_p3o(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """episodes/s and sampled tokens/s of the tick runner and of the endpoint + harness, same engine settings."""
     from p3o.envs import EnvLimits, Renderer, run_episodes
@@ -106,7 +98,6 @@ def bench_p3o(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     from p3o.rollout import HFEngine
     from p3o.serve import EndpointServer
     from p3o.tasks.calc import calc_problem
-    from p3o.train.harness_source import GatherBatcher
 
     model, tok = load_policy(args.model)
     problems = [calc_problem(i, "test", kind="small") for i in range(args.episodes)]
@@ -127,23 +118,44 @@ def bench_p3o(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     harness = make_harness(args.turns, args.turn_tokens, args.latency)
     engine = HarnessEngine(server, harness, by_prompt, timeout_s=600, concurrency=args.episodes)
     if args.gather_s > 0:  # what p3o train does (agent.serve_gather_s)
-        GatherBatcher.around(server.batcher, expect=lambda: engine.active, max_wait_s=args.gather_s)
+        server.batcher.gather(expect=lambda: engine.active, max_wait_s=args.gather_s)
     server.start()
     try:
 
         def endpoint() -> Any:
             return engine.generate(prompts, 1)
 
-        out = {}
-        calls = {}
-        for name, fn in (("tick runner", tick), ("endpoint + harness", endpoint)):
-            n0 = server.counters()["engine_calls"]
-            t, r = _median(fn, args.repeats)
-            calls[name] = (server.counters()["engine_calls"] - n0) / (args.repeats + 1)
-            out[name] = {"episodes_s": args.episodes / t, "tokens_s": float(r.mask.sum()) / t, "seconds": t,
-                         "turns": float(r.extras["turns"].mean())}  # fmt: skip
+        pipelines = {"tick runner": tick, "endpoint + harness": endpoint}
+        times: dict[str, list[float]] = {name: [] for name in pipelines}
+        tokens: dict[str, list[float]] = {name: [] for name in pipelines}
+        turns: dict[str, list[float]] = {name: [] for name in pipelines}
+        calls = 0
+        for rep in range(args.repeats + 1):  # interleaved: each repeat runs both, the first round is a warm-up
+            for name, fn in pipelines.items():
+                n0 = server.counters()["engine_calls"]
+                t0 = time.perf_counter()
+                r = fn()
+                t = time.perf_counter() - t0
+                if rep == 0:
+                    continue
+                calls += server.counters()["engine_calls"] - n0
+                times[name].append(t)
+                tokens[name].append(float(r.mask.sum()))
+                turns[name].append(float(r.extras["turns"].mean()))
         assert engine.faults == dict.fromkeys(engine.faults, 0), engine.faults
-        out["endpoint + harness"]["engine_calls"] = calls["endpoint + harness"]
+        out: dict[str, Any] = {}
+        for name in pipelines:
+            t = statistics.median(times[name])
+            out[name] = {"episodes_s": args.episodes / t, "tokens_s": sum(tokens[name]) / sum(times[name]),
+                         "seconds": t, "turns": statistics.mean(turns[name]), "times": times[name]}  # fmt: skip
+        out["endpoint + harness"]["engine_calls"] = calls / args.repeats
+        # per repeat: endpoint episodes/s ÷ tick-runner episodes/s of the same round, and per sampled token
+        out["ratios"] = [a / b for a, b in zip(times["tick runner"], times["endpoint + harness"])]
+        out["token_ratios"] = [
+            (te / b) / (tt / a)
+            for a, b, tt, te in zip(times["tick runner"], times["endpoint + harness"], tokens["tick runner"],
+                                    tokens["endpoint + harness"])
+        ]  # fmt: skip
     finally:
         server.stop()
     return out
@@ -183,14 +195,13 @@ def bench_trl(args: argparse.Namespace) -> dict[str, float]:
     model, tok = load_policy(args.chat_model)
     tok.response_template = qwen3_template  # tiny-chat's layout is Qwen3's; TRL matches known templates by their text
 
-    def calculator(expression: str) -> str:
+    def calculator(expression: str):  # no return annotation: it would add "return" to TRL's tool schema
         """Evaluate an arithmetic expression.
 
         Args:
             expression: e.g. 47 * 6
         """
-        time.sleep(args.latency)
-        return example_calculator(expression)
+        return example_calculator(expression)  # instant, as the example harness's
 
     def reward(completions: list[Any], answer: list[str], **kw: Any) -> list[float]:
         found = [re.search(r"####\s*(-?\d+)", str(c[-1].get("content", "")) if c else "") for c in completions]
@@ -243,14 +254,22 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     print(f"# load average at start: {os.getloadavg()}; torch threads {torch.get_num_threads()}")
     rows = bench_p3o(args)
-    tick, ep = rows["tick runner"], rows["endpoint + harness"]
+    ep = rows["endpoint + harness"]
     print(f"{'pipeline':<28}{'episodes/s':>12}{'tokens/s':>12}{'turns':>8}")
-    for name, r in rows.items():
+    for name in ("tick runner", "endpoint + harness"):
+        r = rows[name]
         print(f"{name:<28}{r['episodes_s']:>12.2f}{r['tokens_s']:>12.1f}{r['turns']:>8.2f}")
     print(f"endpoint engine calls per round of {args.episodes} episodes: {ep['engine_calls']:.1f}")
-    overhead = tick["episodes_s"] / ep["episodes_s"] - 1
-    ratio = ep["episodes_s"] / tick["episodes_s"]
-    print(f"endpoint overhead vs the tick runner: {overhead:+.1%} (episodes/s ratio {ratio:.3f})")
+    ratios, token_ratios = rows["ratios"], rows["token_ratios"]
+    ratio = statistics.median(ratios)
+    overhead = 1 / ratio - 1
+    print(
+        f"endpoint episodes/s ÷ tick-runner episodes/s, per interleaved repeat: "
+        f"{' '.join(f'{x:.3f}' for x in ratios)}; median {ratio:.3f} (range {min(ratios):.3f}-{max(ratios):.3f})"
+    )
+    print(f"the same per sampled token: {' '.join(f'{x:.3f}' for x in token_ratios)}; "
+          f"median {statistics.median(token_ratios):.3f}")  # fmt: skip
+    print(f"endpoint overhead vs the tick runner (median ratio): {overhead:+.1%}")
     result: dict[str, Any] = {"rows": rows, "overhead": overhead, "args": vars(args)}
     if args.trl_steps > 0:
         p3o_step = bench_p3o_step(args)

@@ -277,3 +277,50 @@ def test_bad_input_is_a_400_never_a_crash(served):
     after = served.counters()
     assert after["bad_request"] - before["bad_request"] == sent and after["server_errors"] == before["server_errors"]
     assert served.store.pop("bad-2") == [] and after["sampled_tokens"] == before["sampled_tokens"]
+
+
+def test_renders_are_cached_by_their_exact_messages(served):
+    """The episodes of one problem share their first prompt's render and a repeated tool answer's; a rewritten
+    history renders afresh (equal to a fresh render), never from a stale entry."""
+    from p3o.envs.render import Renderer
+
+    fresh = Renderer(served.tokenizer, None, max_obs_tokens=served.max_model_len)
+    prompt = [{"role": "user", "content": "What is 6 * 7? (render cache)"}]
+    hits = served.counters()["render_hits"]
+    outs = [client(served, f"cache-{i}").chat.completions.create(model=MODEL, messages=prompt, max_tokens=4, seed=i)
+            for i in range(2)]  # fmt: skip
+    assert served.counters()["render_hits"] == hits + 1  # the second episode's prompt: the first's render
+    assert [o.model_extra["prompt_token_ids"] for o in outs] == [fresh.prompt_ids(prompt)] * 2
+    edited = [*prompt, {"role": "assistant", "content": "(edited)"}, {"role": "user", "content": "42"}]
+    for i in range(2):  # each history extends its own episode's row: only the "42" turn is rendered, the once
+        history = [*prompt, outs[i].choices[0].message.model_dump(exclude_none=True), edited[-1]]
+        client(served, f"cache-{i}").chat.completions.create(model=MODEL, messages=history, max_tokens=4, seed=i)
+    same_end = outs[0].choices[0].finish_reason == outs[1].choices[0].finish_reason  # EOS or not: part of the key
+    assert served.counters()["render_hits"] == hits + 1 + same_end
+    before = served.counters()["split_rewrite"]
+    again = client(served, "cache-0").chat.completions.create(model=MODEL, messages=edited, max_tokens=4, seed=0)
+    assert served.counters()["split_rewrite"] == before + 1  # the rewritten history: a new row, rendered whole
+    assert again.model_extra["prompt_token_ids"] == fresh.prompt_ids(edited)
+    rows = served.store.pop("cache-0")
+    assert [r.reason for r in rows] == ["start", "rewrite"] and rows[1].prompt_ids == fresh.prompt_ids(edited)
+    served.store.pop("cache-1")
+
+
+def test_the_render_cache_tells_apart_everything_a_template_reads(served):
+    """A key is the tool set, the kind of render (prompt, observation after an EOS or not) and the messages' exact
+    JSON: a tool-call id or an ended-with-EOS flag that differs is a miss; a hit is a copy."""
+    renders = []
+
+    def render(ids):
+        return lambda: renders.append(ids) or list(ids)
+
+    tool = {"role": "tool", "tool_call_id": "call_a", "content": "4"}
+    assert served._render("k", True, [tool], render([1, 2])) == [1, 2]
+    got = served._render("k", True, [dict(tool)], render([9]))
+    assert got == [1, 2] and len(renders) == 1
+    got.append(7)  # the caller's copy: the cached render is unchanged
+    assert served._render("k", True, [tool], render([9])) == [1, 2]
+    assert served._render("k", True, [{**tool, "tool_call_id": "call_b"}], render([3])) == [3]
+    assert served._render("k", False, [tool], render([4])) == [4]
+    assert served._render("other tools", True, [tool], render([5])) == [5]
+    assert served._render("k", "prompt", [tool], render([6])) == [6] and len(renders) == 5

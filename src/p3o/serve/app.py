@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from p3o.serve.protocol import chat_chunks
 from p3o.serve.tools import BadRequest
@@ -53,7 +53,7 @@ def build_app(server: Any) -> FastAPI:
 
     app.add_middleware(_BearerKey, key=key, server=server)
 
-    async def _run(kind: str, request: Request, episode: str | None) -> Any:
+    async def _run(kind: str, request: Request, episode: str | None) -> Response:
         try:
             if episode is not None:
                 check_episode(episode)
@@ -61,7 +61,7 @@ def build_app(server: Any) -> FastAPI:
                 episode = next((request.headers[h] for h in EPISODE_HEADERS if request.headers.get(h)), None)
                 episode = check_episode(episode) if episode is not None else None
             if kind == "models":
-                return server.models()
+                return JSONResponse(server.models())
             try:
                 body = await request.json()
             except ValueError as err:
@@ -69,10 +69,10 @@ def build_app(server: Any) -> FastAPI:
             if kind == "chat":
                 answer = await server.chat(body, episode)
                 server.count("ok")
-                return _stream(answer) if isinstance(body, dict) and body.get("stream") else answer
+                return _stream(answer) if isinstance(body, dict) and body.get("stream") else JSONResponse(answer)
             answer = await (server.completions if kind == "completions" else server.generate)(body, episode)
             server.count("ok")
-            return answer
+            return JSONResponse(answer)
         except BadRequest as err:
             if err.status == 400:
                 server.count("bad_request")
@@ -81,11 +81,13 @@ def build_app(server: Any) -> FastAPI:
             server.count("server_errors")
             return error(500, f"{type(err).__name__}: {err}", code="internal_error")
 
-    for prefix, with_episode in (("", False), ("/episodes/{episode}", True)):
+    for prefix in ("", "/episodes/{episode}"):
         for kind, method, path in (("models", "GET", "/v1/models"), ("chat", "POST", "/v1/chat/completions"),
                                    ("completions", "POST", "/v1/completions"),
                                    ("generate", "POST", "/inference/v1/generate")):  # fmt: skip
-            app.add_api_route(prefix + path, _endpoint(_run, kind, with_episode), methods=[method])
+            # plain Starlette routes (a Request in, a Response out): no dependency solving or response encoding
+            # per request; the answers are dicts of JSON types, written by JSONResponse as they are
+            app.add_route(prefix + path, _endpoint(_run, kind), methods=[method])
     return app
 
 
@@ -110,16 +112,9 @@ class _BearerKey:
         await answer(scope, receive, send)
 
 
-def _endpoint(run: Any, kind: str, with_episode: bool) -> Any:
-    if with_episode:
-
-        async def episode_route(request: Request, episode: str) -> Any:
-            return await run(kind, request, episode)
-
-        return episode_route
-
-    async def route(request: Request) -> Any:
-        return await run(kind, request, None)
+def _endpoint(run: Any, kind: str) -> Any:
+    async def route(request: Request) -> Response:
+        return await run(kind, request, request.path_params.get("episode"))
 
     return route
 

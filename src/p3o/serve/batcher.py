@@ -121,10 +121,10 @@ class Batcher:
             arrived()
 
     def gather(self, expect: Callable[[], int], max_wait_s: float) -> None:
-        """Wait for the requests a caller expects: having a first job, the batcher runs the call once it holds
-        ``expect()`` jobs (e.g. the episodes now running, each about to send its next turn; at least ``window_s``
-        then) or ``max_wait_s`` has passed, so the turns of concurrent episodes share one engine call as the tick
-        runner's do. Without it, the batcher waits only for requests on their way (`arriving`)."""
+        """Wait for the requests a caller expects: having a first job, the batcher runs the call as soon as it
+        holds ``expect()`` jobs (e.g. the episodes now running, each about to send its next turn) and none is
+        queued behind them, or once ``max_wait_s`` has passed, so the turns of concurrent episodes share one engine
+        call as the tick runner's do. Without it, the batcher waits only for requests on their way (`arriving`)."""
         self._expect, self._max_wait_s = expect, float(max_wait_s)
 
     def _collect(self, first: Job) -> list[Job]:
@@ -134,9 +134,8 @@ class Batcher:
         while len(jobs) < self.max_batch:
             elapsed = time.monotonic() - t0
             if expect is not None:
-                wait = self._max_wait_s
-                if (len(jobs) >= expect() and elapsed >= min(self.window_s, wait)) or elapsed >= wait:
-                    break
+                if (len(jobs) >= expect() and self._queue.empty()) or elapsed >= self._max_wait_s:
+                    break  # every running episode has sent its turn: no reason to wait longer
             elif self._queue.empty() and (self._arriving <= 0 or elapsed >= self.window_s):
                 break  # nothing queued and nothing on its way (being read or rendered)
             try:

@@ -21,6 +21,7 @@ import secrets
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,11 @@ UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalt
 
 
 COUNTERS = ("requests", "ok", "unauthorized", "bad_request", "overlong", "unknown_tool_format", "wrong_model",
-            "server_errors", "tool_calls", "tool_parse_errors", "unrecorded")  # fmt: skip
+            "server_errors", "tool_calls", "tool_parse_errors", "unrecorded", "render_hits")  # fmt: skip
 """The server's own counters (`EndpointServer.counters` adds the store's and the batcher's)."""
+
+RENDER_CACHE = 4096
+"""Renders kept (`EndpointServer._render`): the most recently used prompts and observations, by exact messages."""
 
 
 def key_prefix(key: str) -> str:
@@ -91,6 +95,7 @@ class EndpointServer:
         self.log = log or (lambda line: None)
         self._counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._renderers: dict[str | None, Renderer] = {}
+        self._renders: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
         self._lock = threading.Lock()
         self._tok = threading.Lock()  # a fast tokenizer's encode mutates its state: one encode at a time
         self._uvicorn: Any = None
@@ -222,8 +227,8 @@ class EndpointServer:
         canon = [canonical(m) for m in body["messages"]]
         pending = self.store.prepare_chat(  # on the event loop: a render takes well under a millisecond
             episode, canon, key,
-            lambda: self._encode(lambda: renderer.prompt_ids(msgs)),
-            lambda k, eos: self._encode(lambda: renderer.observation(msgs[k:], eos).ids),
+            lambda: self._render(key, "prompt", msgs, lambda: renderer.prompt_ids(msgs)),
+            lambda k, eos: self._render(key, eos, msgs[k:], lambda: renderer.observation(msgs[k:], eos).ids),
         )  # fmt: skip
         parse = bool(req.tools) and req.tool_choice != "none"
         finished, draws = await self._serve(pending, req, arrived, parse_tools=parse)
@@ -339,6 +344,27 @@ class EndpointServer:
             cut_text = self.tokenizer.decode([t for t in ids if t not in self.eos_ids | extra],
                                              skip_special_tokens=True)  # fmt: skip
         return Finished(ids, lps, vers, reason, cut_text, top=top)
+
+    def _render(
+        self, tools_key: str | None, kind: Any, msgs: list[dict[str, Any]], fn: Callable[[], Any]
+    ) -> list[int]:
+        """The ids `fn` renders for `msgs` (a prompt, or an observation after a turn that ended with EOS or not:
+        `kind`), from a cache keyed by the tool set, `kind` and the messages' exact JSON: what a chat template reads
+        of them, so a different message (a rewritten history, another tool-call id) is a different key. The n
+        episodes of one problem share their first prompt; a harness's tool answers repeat."""
+        key = (tools_key, kind, json.dumps(msgs, sort_keys=True, ensure_ascii=False))
+        with self._lock:
+            hit = self._renders.get(key)
+            if hit is not None:
+                self._renders.move_to_end(key)
+                self._counts["render_hits"] += 1
+                return list(hit)
+        ids = [int(t) for t in self._encode(fn)]
+        with self._lock:
+            self._renders[key] = tuple(ids)
+            if len(self._renders) > RENDER_CACHE:
+                self._renders.popitem(last=False)
+        return ids
 
     def _encode(self, fn: Callable[[], Any]) -> Any:
         """`fn()` (a render: it encodes) with the tokenizer to itself, a template's refusal as a 400."""
