@@ -1,11 +1,14 @@
 """One endpoint serving through a Ray rollout worker (`p3o.serve.remote.RemoteEngine`): a real local Ray instance
 (or the suite's, tests/cluster/conftest.py, when it is already up), one `p3o.cluster.RolloutWorker` built by
 `p3o.cluster.RaySource` with the shipped chat base on the fp32 HF engine. Concurrent requests become ONE worker call,
-every recorded log-prob is the trainer's, a weight load between two calls gives two versions, and the call's sampling
-settings reach the worker's engine (and are restored there)."""
+every recorded log-prob is the trainer's, a weight load between two calls gives two versions, the call's sampling
+settings reach the worker's engine (and are restored there), and a worker killed between two calls is restarted by Ray
+and serves the next call at the engine's version."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -143,3 +146,13 @@ def test_inflight_versions_are_published_and_taken_before_the_next_call(source, 
 def test_a_worker_that_does_not_exist_is_one_line(source):
     with pytest.raises(ConfigError, match=r"rollout.workers: no worker 3 to serve through \(1 running\)"):
         RemoteEngine.from_source(source, worker=3)
+
+
+def test_a_killed_worker_is_restarted_and_serves_the_next_call_at_the_engines_version(served, source, base):
+    engine = served.engine
+    served.load_weights(base[0].state_dict(), served.version + 1)
+    old = ray.get(source.actors[0].info.remote())["pid"]
+    os.kill(old, signal.SIGKILL)
+    drawn = concurrent_chats(served, MODEL, k=2, tag="remote-killed")
+    assert engine.restarts == 1 and ray.get(source.actors[0].info.remote())["pid"] != old
+    check_logprobs(base[0], [r for r, _ in drawn], versions={served.version})

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,12 +72,14 @@ class RemoteEngine:
         channel: how a version reaches the worker: ``send(weights, version)``, ``box(version)``, ``keep(versions)``
             (`p3o.cluster.weights`; default: one object-store put per version).
         inflight: publish versions for the worker to take between decode steps (``rollout.inflight_updates``).
-        timeout_s: the longest wait for one worker call.
+        timeout_s: the longest wait for one worker call (and for a restarted worker to answer again).
 
     Attributes:
         settings: the worker engine's `EngineSettings` (the batcher swaps its sampling fields per call).
         version: the newest version loaded (or published) here; each token's own comes back with it.
         calls: worker calls made by `generate` (one per batcher call).
+        restarts: times the worker died (e.g. SIGKILL) and Ray restarted it: the new process is given this engine's
+            version (the channel forms its weight group again where it has one) and the call runs again, once.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class RemoteEngine:
         self.tokenizer = None
         self.model = None  # the weights live in the worker: the batcher refuses top_logprobs, as for vLLM
         self.calls = 0
+        self.restarts = 0
         self._lock = threading.RLock()  # the batcher holds it around a call; `load_weights` takes it between calls
 
     @classmethod
@@ -124,6 +128,34 @@ class RemoteEngine:
         """``fn(worker, *args)`` in the actor; its result."""
         return self.ray.get(self.actor.__ray_call__.remote(fn, *args), timeout=self.timeout_s)
 
+    def _call_or_recover(self, fn: Any, *args: Any) -> Any:
+        """`_call`; when the worker died under it, wait for Ray's restart, give the new process this engine's
+        version, and call once more (a second death is raised)."""
+        dead = (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnavailableError)
+        try:
+            return self._call(fn, *args)
+        except dead:
+            self._recover()
+        return self._call(fn, *args)
+
+    def _recover(self) -> None:
+        """The worker died: once Ray's restart answers, load `version` into the new process (which holds none)."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                held = int(self._call(_describe)["version"])
+                break
+            except (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        self.restarts += 1
+        if held != self.version and self.version >= 0:
+            rejoin = getattr(self.channel, "rejoin", None)
+            if rejoin is not None and not self.channel.box(self.version):  # collective: resend the kept versions
+                rejoin()
+            self._call(_load, self.version, self.channel.box(self.version))
+
     def generate(
         self,
         prompt_ids: Sequence[Sequence[int]],
@@ -142,7 +174,7 @@ class RemoteEngine:
         """
         prompts = [[int(t) for t in p] for p in prompt_ids]
         sampling = {k: getattr(self.settings, k) for k in CALL_FIELDS}
-        ro = self._call(_generate, prompts, int(n), seed, answers, max_new_tokens, sampling, self.inflight)
+        ro = self._call_or_recover(_generate, prompts, int(n), seed, answers, max_new_tokens, sampling, self.inflight)
         self.calls += 1
         return ro
 
@@ -156,7 +188,7 @@ class RemoteEngine:
             self.ray.get(self.actor.publish.remote(version, box), timeout=self.timeout_s)
         else:
             with self._lock:
-                self._call(_load, version, box)
+                self._call_or_recover(_load, version, box)
         self.channel.keep({version})
         self.version = version
 
