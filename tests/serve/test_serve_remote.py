@@ -143,6 +143,19 @@ def test_inflight_versions_are_published_and_taken_before_the_next_call(source, 
         server.stop()
 
 
+def test_a_worker_handle_and_a_channel_of_its_own_make_an_engine(source, base):
+    from p3o.cluster.weights import ObjectStoreChannel
+
+    actor = source.actors[0]
+    engine = RemoteEngine(actor, ray=ray, channel=ObjectStoreChannel(ray, [actor]))
+    v = engine.version + 1
+    engine.load_weights(base[0].state_dict(), v)
+    ro = engine.generate([[1, 5, 7], [1, 9]], 2, seed=0, max_new_tokens=5)
+    assert ro.response_ids.shape[0] == 4 and ro.response_ids.shape[1] <= 5 and engine.calls == 1
+    g = ro.group_ids.tolist()  # prompt i in rows 2i, 2i + 1
+    assert set(ro.policy_version[ro.mask].tolist()) == {v} and g[0] == g[1] and g[2] == g[3] == g[0] + 1
+
+
 def test_a_worker_that_does_not_exist_is_one_line(source):
     with pytest.raises(ConfigError, match=r"rollout.workers: no worker 3 to serve through \(1 running\)"):
         RemoteEngine.from_source(source, worker=3)

@@ -17,8 +17,12 @@ adapter's ``_lock``, which the batcher holds around a call); with ``inflight`` (
 published to the worker instead, which takes it between two decode steps of a running call or before its next
 call, and every token keeps the version that sampled it.
 
-This module imports no other floor (serve sits below train and cluster): the worker, the channel and Ray arrive as
-objects (`from_source` reads a `p3o.cluster.RaySource`'s ``actors``, ``channel``, ``ray`` and ``inflight``).
+A worker that dies (e.g. SIGKILL) is restarted by Ray (the source's ``max_restarts``): the adapter waits for the new
+process, gives it the engine's version (the channel forms its weight group again where it has one) and runs the call
+again, once (``restarts`` counts it).
+
+Serve sits below train and cluster and imports neither: the worker, the channel and Ray arrive as objects
+(`from_source` reads a `p3o.cluster.RaySource`'s ``actors``, ``channel``, ``ray``, ``inflight`` and ``version``).
 """
 
 from __future__ import annotations
@@ -42,35 +46,15 @@ __all__ = ["RemoteEngine"]
 CALL_FIELDS = ("temperature", "top_p", "top_k")
 
 
-class _OneVersionChannel:
-    """A weight channel of one object-store put per version (the shape of `p3o.cluster.weights.ObjectStoreChannel`),
-    for a worker handed over without its source's channel."""
-
-    def __init__(self, ray: Any) -> None:
-        self.ray = ray
-        self.refs: dict[int, Any] = {}
-
-    def send(self, weights: dict[str, Tensor], version: int) -> int:
-        cpu = {k: v.detach().to("cpu") for k, v in weights.items()}
-        self.refs[version] = self.ray.put(cpu)
-        return sum(v.numel() * v.element_size() for v in cpu.values())
-
-    def box(self, version: int) -> list[Any]:
-        return [self.refs[version]]
-
-    def keep(self, versions: set[int]) -> None:
-        for v in [v for v in self.refs if v not in versions]:
-            del self.refs[v]
-
-
 class RemoteEngine:
     """The batcher's engine, forwarded to one Ray rollout worker (module docstring).
 
     Args:
         actor: a `p3o.cluster.RolloutWorker` actor handle (built by `RaySource`, or by ``ray.remote(RolloutWorker)``).
         ray: the ``ray`` module (the caller's: this floor never imports Ray).
-        channel: how a version reaches the worker: ``send(weights, version)``, ``box(version)``, ``keep(versions)``
-            (`p3o.cluster.weights`; default: one object-store put per version).
+        channel: how a version reaches the worker (`p3o.cluster.weights`: ``send(weights, version)``,
+            ``box(version)``, ``keep(versions)``, ``rejoin()``), e.g. ``ObjectStoreChannel(ray, [actor])`` or the
+            worker source's own.
         inflight: publish versions for the worker to take between decode steps (``rollout.inflight_updates``).
         timeout_s: the longest wait for one worker call (and for a restarted worker to answer again).
 
@@ -87,13 +71,13 @@ class RemoteEngine:
         actor: Any,
         *,
         ray: Any,
-        channel: Any = None,
+        channel: Any,
         inflight: bool = False,
         timeout_s: float = 600.0,
     ) -> None:
         self.ray = ray
         self.actor, self.inflight, self.timeout_s = actor, bool(inflight), float(timeout_s)
-        self.channel = channel if channel is not None else _OneVersionChannel(self.ray)
+        self.channel = channel
         info = self._call(_describe)
         self.settings = EngineSettings(**info["settings"])
         self.stop_token_ids: list[int] = list(info["stop_token_ids"])
