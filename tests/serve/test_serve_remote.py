@@ -121,6 +121,20 @@ def test_the_calls_sampling_settings_reach_the_worker_and_are_restored(served, s
     assert info["settings"]["temperature"] == 1.0 and info["engine"] == "HFEngine"  # the worker's own, restored
 
 
+def test_a_truncating_call_records_each_tokens_kept_set_from_the_worker(served):
+    r = client(served, "remote-topk").chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "3 + 4?"}],
+        max_tokens=6,
+        temperature=1.5,
+        extra_body={"top_k": 3},
+    )
+    assert r.choices[0].model_extra["token_ids"]
+    (row,) = served.store.pop("remote-topk")
+    sampled = [(t, kept) for t, m, kept in zip(row.ids, row.mask, row.kept or []) if m]
+    assert sampled and all(t in kept and 1 <= len(kept) <= 3 for t, kept in sampled), sampled
+
+
 def test_top_logprobs_is_refused_in_one_line(served):
     with pytest.raises(Exception) as err:
         client(served, "remote-top").chat.completions.create(
