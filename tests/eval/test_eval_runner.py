@@ -215,7 +215,6 @@ def test_evaluate_episodes_makes_the_runs_environment_with_its_keywords(monkeypa
             [Problem("What is 2 + 2?", "4")],
             env=f"{Path(__file__).stem}:KeywordEnv",
             env_kwargs={"style": "qwen"},
-            n_samples=3,
-            ks=(1,),
+            counting=runner.Counting(n_samples=3, ks=(1,)),
         )
     assert KeywordEnv.made == ["qwen"] * 4  # the probe and the 3 episodes

@@ -17,13 +17,14 @@ __getattr__ = lazy_exports(
     __name__,
     {
         "p3o.eval.passk": ("mean_pass_at_k", "pass_at_k"),
-        "p3o.eval.runner": ("EvalResult", "encode_prompts", "evaluate", "evaluate_checkpoint"),
+        "p3o.eval.runner": ("Counting", "EvalResult", "encode_prompts", "evaluate", "evaluate_checkpoint"),
         "p3o.eval.harness": ("evaluate_harness", "load_harness"),
     },
 )
 
 
 __all__ = [
+    "Counting",
     "EvalResult",
     "encode_prompts",
     "evaluate",

@@ -310,18 +310,17 @@ def _run(plan: _Plan, model: Any, tokenizer: Any, evaluate: Any, evaluate_episod
     `main` (torch start-up only after the options are valid)."""
 
     (n, ks, batch), task = plan.counts, plan.task
-    common = {"n_samples": n, "ks": ks, "batch_prompts": batch, "split": plan.split}
+    counting = eval_api.Counting(n_samples=n, ks=tuple(ks), batch_prompts=batch, task=plan.name, split=plan.split)
     if plan.agent is not None:
         harness = {"agent": plan.agent, "model_name": plan.model_name}
-        return eval_api.evaluate_harness(
-            model, tokenizer, plan.problems, plan.sampling, task=plan.name, **harness, **common
-        )
+        return eval_api.evaluate_harness(model, tokenizer, plan.problems, plan.sampling, **harness, counting=counting)
     if plan.env:
         episodes = {"env": plan.env, "env_kwargs": plan.env_kwargs, "limits": plan.limits}
-        return evaluate_episodes(model, tokenizer, plan.problems, plan.sampling, task=plan.name, **episodes, **common)
+        return evaluate_episodes(model, tokenizer, plan.problems, plan.sampling, **episodes, counting=counting)
     scoring = {"verifier": task.verifier, "timeout_s": task.reward_timeout_s}  # the task's verifier and time limit
     prompts = {"template": task.template, "system_prompt": task.system_prompt}  # formatted as in training
-    return evaluate(model, tokenizer, plan.problems, plan.sampling, task=plan.name, **scoring, **prompts, **common)
+    common = {"n_samples": n, "ks": ks, "batch_prompts": batch, "task": plan.name, "split": plan.split}
+    return evaluate(model, tokenizer, plan.problems, plan.sampling, **scoring, **prompts, **common)
 
 
 def _limits(limits_cls: Any, agent: Any) -> Any:

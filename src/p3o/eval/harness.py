@@ -31,16 +31,17 @@ import torch
 from p3o import serve
 from p3o.envs.harness import FAULTS, HarnessEngine, load_harness
 from p3o.errors import ConfigError
-from p3o.eval.runner import EVAL_ENGINE, EvalResult, Tally, heldout_metrics
+from p3o.eval.runner import EVAL_ENGINE, Counting, EvalResult, Tally, heldout_metrics
 from p3o.rollout.factory import make_engine
 from p3o.rollout.settings import EngineSettings
 from p3o.tasks.base import Problem
 from p3o.types import Rollouts
 
-__all__ = ["EVAL_BATCH", "evaluate_harness", "harness_prompts", "serve_harness"]
+__all__ = ["IN_LOOP", "evaluate_harness", "harness_prompts", "serve_harness"]
 
-EVAL_BATCH = 64
-"""Problems per batch of harness episodes: the in-loop evaluation's (`p3o.train.evaluation.Evaluator`)."""
+IN_LOOP = Counting(n_samples=1, ks=(1,), batch_prompts=64)
+"""How the in-loop evaluation counts (`p3o.train.evaluation.Evaluator`): one episode per problem, pass@1, batches of
+64 problems."""
 
 
 def harness_prompts(problems: Sequence[Problem], tokenizer: Any, pad_id: int, by_prompt: dict[Any, Problem]) -> Any:
@@ -112,13 +113,7 @@ def evaluate_harness(
     *,
     agent: Any,
     model_name: str,
-    n_samples: int = 1,
-    ks: Sequence[int] = (1,),
-    batch_prompts: int = EVAL_BATCH,
-    correct_threshold: float = 1.0,
-    task: str = "",
-    split: str = "",
-    progress: Callable[[int, int], None] | None = None,
+    counting: Counting = IN_LOOP,
 ) -> EvalResult:
     """pass@k of `n_samples` full harness episodes per problem through p3o's endpoint (see the module docstring).
 
@@ -126,7 +121,8 @@ def evaluate_harness(
         agent: the run's ``agent`` section (its harness and limits); model_name: the served name (``model.name``).
         sampling: the endpoint engine's settings (the run's ``rollout.*`` and seed); the harness's requests set their
             own temperature, top-p and token budget.
-        batch_prompts: problems per batch of episodes (default the in-loop evaluation's 64).
+        counting: episodes per problem, the k of pass@k, problems per batch … (`p3o.eval.runner.Counting`; default
+            `IN_LOOP`, the in-loop evaluation's: one episode per problem, 64 problems per batch).
 
     Returns `evaluate`'s result, and in ``extra``: ``in_loop``, the in-loop evaluation's numbers (``eval_accuracy``,
     ``eval_score``: over the recorded rows, as metrics.jsonl logs them); ``faults``, failed episodes per `FAULTS`
@@ -134,7 +130,8 @@ def evaluate_harness(
     harness's own metrics); ``endpoint``, the episodes run, rows split off rewritten histories (``split_rows``), rows
     abandoned episodes sent late (``late_rows``, dropped) and the endpoint's counters (requests, tool calls, 4xx).
     """
-    tally = Tally(problems, n_samples, ks, correct_threshold, progress)
+    tally = Tally(problems, counting)
+    n_samples = counting.n_samples
     pad = int(tokenizer.pad_token_id) if getattr(tokenizer, "pad_token_id", None) is not None else 0
     by_prompt: dict[Any, Problem] = {}
     prompts = harness_prompts(problems, tokenizer, pad, by_prompt)
@@ -163,12 +160,12 @@ def evaluate_harness(
             lambda rows: rows.rewards.clone(),  # the harness's rewards, filled in per episode (0 for a failed one)
             n_samples=n_samples,
             engine=lambda _policy: engine,
-            batch_size=batch_prompts,
+            batch_size=counting.batch_prompts,
             on_batch=on_batch,
         )
     finally:
         engine.close()
-    result = tally.result(model, task, split, sampling.temperature, sampling.max_new_tokens)
+    result = tally.result(model, sampling.temperature, sampling.max_new_tokens)
     result.extra["in_loop"] = in_loop
     result.extra["faults"] = {f: engine.faults[f] for f in FAULTS}
     counters = {k: float(v) for k, v in engine.server.counters().items()}

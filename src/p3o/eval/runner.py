@@ -259,7 +259,8 @@ def evaluate(
         correct_threshold: a completion is correct when its score ≥ this.
         progress: called with (problems done, total) after each batch.
     """
-    tally = Tally(problems, n_samples, ks, correct_threshold, progress)
+    counting = Counting(n_samples, tuple(ks), batch_prompts, correct_threshold, task, split, progress)
+    tally = Tally(problems, counting)
     sampling = dataclasses.replace(sampling, **engine_fields)
     sampler = make_engine(sampling, model, tokenizer)
     verifiers: dict[str, Callable[[str, str], float]] = {}
@@ -275,29 +276,36 @@ def evaluate(
             texts = rollouts.texts[i * n_samples : (i + 1) * n_samples]
             scores.append([float(x) for x in score(texts, [p.answer] * n_samples, check, timeout_s=timeout_s)])
         tally.add(lo, np.asarray(scores, dtype=np.float64), rollouts.mask.sum(dim=1), rollouts.truncated)
-    return tally.result(model, task, split, sampling.temperature, sampling.max_new_tokens)
+    return tally.result(model, sampling.temperature, sampling.max_new_tokens)
+
+
+@dataclass(frozen=True)
+class Counting:
+    """How an evaluation counts: `n_samples` per problem, the `ks` of pass@k (those above n_samples are dropped),
+    `batch_prompts` problems per batch, a sample solves when its reward ≥ `correct_threshold`; `task` and `split`
+    name the data in the result; `progress` is called with (problems done, total) after each batch."""
+
+    n_samples: int = 8
+    ks: tuple[int, ...] = (1, 2, 4, 8)
+    batch_prompts: int = 16
+    correct_threshold: float = 1.0
+    task: str = ""
+    split: str = ""
+    progress: Callable[[int, int], None] | None = None
 
 
 class Tally:
     """An evaluation's counts, filled batch by batch: solves per problem, and per sample (a completion or an episode)
     its reward, response length (tokens) and truncation, plus per-row statistics (``extras``, averaged).
 
-        tally = Tally(problems, n_samples=4, ks=(1, 2, 4))       # one-line errors for an evaluation that cannot run
-        tally.add(lo, rewards, lengths, truncated)               # rewards: (problems of the batch, n_samples)
-        result = tally.result(model, task, split, temperature, max_new_tokens)
+        tally = Tally(problems, Counting(n_samples=4, ks=(1, 2, 4)))  # one-line errors for what cannot run
+        tally.add(lo, rewards, lengths, truncated)                    # rewards: (problems of the batch, n_samples)
+        result = tally.result(model, temperature, max_new_tokens)
     """
 
-    def __init__(
-        self,
-        problems: Sequence[Any],
-        n_samples: int,
-        ks: Sequence[int],
-        correct_threshold: float = 1.0,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> None:
-        _check_eval_args(problems, n_samples, ks)
-        self.n_problems, self.n_samples, self.ks = len(problems), n_samples, sorted(set(ks))
-        self.correct_threshold, self.progress = correct_threshold, progress
+    def __init__(self, problems: Sequence[Any], counting: Counting) -> None:
+        _check_eval_args(problems, counting.n_samples, counting.ks)
+        self.counting, self.n_problems, self.n_samples = counting, len(problems), counting.n_samples
         self.start = time.perf_counter()
         self.correct = np.zeros(len(problems), dtype=np.int64)
         self.rewards: list[float] = []
@@ -312,26 +320,27 @@ class Tally:
         response length and truncation flag, and its per-row `extras` (agent-episode statistics)."""
         r = torch.as_tensor(np.asarray(rewards, dtype=np.float64) if not torch.is_tensor(rewards) else rewards)
         r = r.double().cpu().reshape(-1, self.n_samples)
-        self.correct[lo : lo + len(r)] = (r >= self.correct_threshold).sum(-1).numpy()
+        self.correct[lo : lo + len(r)] = (r >= self.counting.correct_threshold).sum(-1).numpy()
         self.rewards += r.flatten().tolist()
         self.lengths += torch.as_tensor(lengths).float().tolist()
         self.truncated += torch.as_tensor(truncated).bool().tolist()
         for k, v in (extras or {}).items():
             self.stats.setdefault(k, []).extend(v.float().tolist())
-        if self.progress is not None:
-            self.progress(lo + len(r), self.n_problems)
+        if self.counting.progress is not None:
+            self.counting.progress(lo + len(r), self.n_problems)
 
-    def result(self, model: Any, task: str, split: str, temperature: float, max_new_tokens: int) -> EvalResult:
+    def result(self, model: Any, temperature: float, max_new_tokens: int) -> EvalResult:
         """The `EvalResult` so far (pass@k of the solve counts; the samples' means), timed from the tally's start;
         per-row statistics, when any, as ``extra["episode"]`` (their means)."""
+        ks = sorted(set(self.counting.ks))
         result = EvalResult(
-            task=task,
-            split=split,
+            task=self.counting.task,
+            split=self.counting.split,
             n_problems=self.n_problems,
             n_samples=self.n_samples,
             temperature=temperature,
             max_new_tokens=max_new_tokens,
-            pass_at_k=mean_pass_at_k(np.full(self.n_problems, self.n_samples), self.correct, self.ks),
+            pass_at_k=mean_pass_at_k(np.full(self.n_problems, self.n_samples), self.correct, ks),
             mean_reward=_mean(self.rewards),
             mean_response_len=_mean(self.lengths),
             truncation_rate=_mean(self.truncated),
@@ -353,25 +362,22 @@ def evaluate_episodes(
     env: str,
     env_kwargs: dict[str, Any] | None = None,
     limits: Any = None,
-    n_samples: int = 8,
-    ks: Sequence[int] = (1, 2, 4, 8),
-    batch_prompts: int = 16,
-    correct_threshold: float = 1.0,
-    task: str = "",
-    split: str = "",
-    progress: Callable[[int, int], None] | None = None,
+    counting: Counting = Counting(),
 ) -> EvalResult:
-    """pass@k of full agent episodes: `n_samples` episodes of environment `env` per problem, each scored by the
-    environment (its return ≥ `correct_threshold` is a solve); `evaluate`'s result, with the episodes' statistics
-    in ``extra["episode"]`` (turns, tool calls, tool errors, observation share … per episode, as in training).
+    """pass@k of full agent episodes: ``counting.n_samples`` episodes of environment `env` per problem, each scored
+    by the environment (its return ≥ ``counting.correct_threshold`` is a solve); `evaluate`'s result, with the
+    episodes' statistics in ``extra["episode"]`` (turns, tool calls, tool errors, observation share … per episode,
+    as in training).
 
     Args:
         env: a built-in environment name or ``package.module:Name`` (`p3o.envs.make_env`), made with
             `env_kwargs`.
         limits: `p3o.envs.EnvLimits` (``agent.*``; default: its defaults); the renderer and stop ids are the
             training run's (`p3o.envs.render`).
+        counting: samples per problem, the k of pass@k, problems per batch … (`Counting`).
     """
-    tally = Tally(problems, n_samples, ks, correct_threshold, progress)
+    tally = Tally(problems, counting)
+    n_samples, batch_prompts = counting.n_samples, counting.batch_prompts
     limits = limits or EnvLimits()
     options = dict(env_kwargs or {})
     probe = make_env(env, limits=limits, **options)
@@ -398,7 +404,7 @@ def evaluate_episodes(
             stop_ids=stops,
         )
         tally.add(lo, ro.rewards.view(len(part), n_samples), ro.mask.sum(-1), ro.truncated, ro.extras)
-    return tally.result(model, task, split, sampling.temperature, limits.max_turn_tokens)
+    return tally.result(model, sampling.temperature, limits.max_turn_tokens)
 
 
 def _mean(values: Sequence[float]) -> float:
