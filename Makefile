@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,trl,tensorboard,lora,ray,serve
+EXTRAS ?= dev,trl,tensorboard,lora,ray,serve,verifiers
 
 $(BIN)/p3o: pyproject.toml constraints-cpu.txt
 	$(PY) -m venv $(VENV)

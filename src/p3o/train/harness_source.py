@@ -36,10 +36,15 @@ ENDPOINT_FILE = "endpoint.json"
 
 
 def harness_problems(cfg: Any) -> tuple[list[Any], list[Any]] | None:
-    """A built-in environment's own problems when ``task.name`` names one (``calc-small``: disjoint train / test
-    splits, `p3o.envs.env_problems`) in a harness run, else None (the task's problems)."""
-    if not getattr(cfg.agent, "harness", None):
+    """The problems of a harness run: a `verifiers` environment's own rows (``agent.harness: verifiers:<module>``:
+    `p3o.envs.verifiers_harness.VerifiersHarness.problems`, the last ``task.n_eval`` held out), else a built-in
+    environment's own problems when ``task.name`` names one (``calc-small``: disjoint train / test splits,
+    `p3o.envs.env_problems`), else None (the task's problems); None outside a harness run."""
+    spec = getattr(cfg.agent, "harness", None)
+    if not spec:
         return None
+    if isinstance(spec, str) and spec.startswith("verifiers:"):
+        return load_harness(spec).problems(cfg.task.n_train, cfg.task.n_eval)
     return env_splits(cfg.task.name, seed=cfg.seed, n_train=cfg.task.n_train, n_eval=cfg.task.n_eval)
 
 

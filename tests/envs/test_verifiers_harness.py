@@ -1,0 +1,161 @@
+"""A `verifiers` environment as a p3o harness (``agent.harness: verifiers:<module>``, `p3o.envs.verifiers_harness`):
+the shipped example (p3o/examples/verifiers_calc.py, no p3o import) run by verifiers' own ``Env.run_episode`` against
+p3o's endpoint on the shipped tiny-chat base; every row is what the endpoint served (its prompt ids, the sampled ids
+with their recorded log-probs, the observation ids between turns), it trains end to end inside ``p3o train``, and a
+wrong module is one line.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("verifiers.v1", reason="the verifiers extra (pip install -e '.[verifiers]')")
+pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]')")
+
+from p3o.config import load_config
+from p3o.envs.harness import HarnessEngine, load_harness
+from p3o.envs.verifiers_harness import CHAT_HARNESS, VerifiersHarness, load_verifiers, untitled
+from p3o.errors import ConfigError
+from p3o.logprobs import token_logprobs
+from p3o.models import load_policy
+from p3o.rollout import HFEngine
+from p3o.serve import EndpointServer
+from p3o.train.loop import run
+
+EXAMPLE = "p3o.examples.verifiers_calc"
+MODEL = "tiny-chat"
+
+
+@pytest.fixture(scope="module")
+def base() -> tuple[Any, Any]:
+    return load_policy(MODEL)
+
+
+@pytest.fixture(scope="module")
+def harness() -> VerifiersHarness:
+    return load_verifiers(EXAMPLE)
+
+
+def test_the_example_imports_only_verifiers_and_its_model_layer() -> None:
+    """The example is a verifiers environment as verifiers' scaffold writes it: no p3o import (pydantic's Field
+    describes the tool's argument, as MCP reads it; pydantic is verifiers' own model layer)."""
+    path = Path(__file__).resolve().parents[2] / "src" / "p3o" / "examples" / "verifiers_calc.py"
+    tops = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            tops.add((node.module or "").split(".")[0])
+    assert tops == {"verifiers", "pydantic", "random", "re", "typing"}
+
+
+def test_the_taskset_rows_are_the_problems_held_out_at_the_end(harness) -> None:
+    train, held_out = harness.problems(None, 256)
+    assert len(train) + len(held_out) == len(harness.tasks) == 720 and len(held_out) == 256
+    assert [p.meta["verifiers_task"] for p in train + held_out] == list(range(720))
+    assert not {p.prompt for p in train} & {p.prompt for p in held_out}  # every product once: disjoint
+    first = train[0]
+    a, b = (int(x) for x in first.prompt.removeprefix("What is ").removesuffix("?").split(" * "))
+    assert first.answer == str(a * b)
+    assert len(harness.problems(10, 5)[0]) == 10
+    assert load_harness(f"verifiers:{EXAMPLE}") is harness  # one environment per module and process
+
+
+def test_tool_schemas_lose_mcps_titles_and_put_type_first() -> None:
+    prop = {"title": "Title", "description": "d", "type": "string"}
+    schema = {"title": "fArgs", "type": "object", "properties": {"title": prop}, "required": ["title"]}
+    expect = {"type": "object", "properties": {"title": {"type": "string", "description": "d"}}, "required": ["title"]}
+    assert json.dumps(untitled(schema)) == json.dumps(expect)  # the keys in this order (the model reads the text)
+
+
+def test_every_row_is_what_the_endpoint_served_and_its_logprobs_are_the_trainers(harness, base) -> None:
+    """Episodes run by verifiers against the endpoint: each row's ids are the served prompt ids + sampled ids +
+    observation ids (the tool's result between turns, mask 0), each sampled token's log-prob is the one recorded
+    (and the trainer's, fp32), and the reward is the environment's."""
+    model, tok = base
+    server = EndpointServer(HFEngine(model, tok, precision="fp32"), tok, model_name=MODEL).start()
+    served: dict[str, list[tuple[list[int], list[Any]]]] = {}
+    commit = server.store.commit
+
+    def record(pending, choices):  # what the endpoint served for each call: its prompt ids and sampled choices
+        served.setdefault(pending.episode, []).append((list(pending.prompt_ids), list(choices)))
+        return commit(pending, choices)
+
+    server.store.commit = record
+    try:
+        problems, _ = harness.problems(None, 256)
+        problems = problems[:4]
+        prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+        by_prompt = {tuple(ids): p for ids, p in zip(prompts, problems)}
+        engine = HarnessEngine(server, harness, by_prompt, timeout_s=60.0, pad_id=int(tok.pad_token_id or 0))
+        r = engine.generate(prompts, 2)
+    finally:
+        server.stop()
+    assert engine.faults == dict.fromkeys(engine.faults, 0) and len(r) == 8
+    assert r.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and r.extras["turns"].sum() >= 8
+    assert r.extras["tool_calls"].sum() > 0  # the model called the MCP calculator through verifiers
+    calls = {tuple(c[-1][0] + c[-1][1][0].ids): c for c in served.values()}
+    for i in range(len(r)):
+        full = r.prompt_ids[i][r.prompt_mask[i]].tolist() + r.response_ids[i][r.attn[i]].tolist()
+        c = calls[tuple(full)]  # the row is one episode's served ids, exactly
+        assert r.prompt_ids[i][r.prompt_mask[i]].tolist() == c[0][0]
+        mask = r.mask[i][r.attn[i]].tolist()
+        expect, at = [], len(c[0][0])
+        for prompt, choices in c:  # per call: observation ids since the last call (mask 0), then the sampled ids
+            expect += [False] * (len(prompt) - at) + [True] * len(choices[0].ids)
+            at = len(prompt) + len(choices[0].ids)
+        assert mask == expect
+        recorded = [lp for _, choices in c for lp in choices[0].logprobs]
+        assert r.rollout_logp[i][r.mask[i]].tolist() == pytest.approx(recorded, abs=1e-6)
+        last_turn = tok.decode(r.response_ids[i][r.attn[i]].tolist()).split("<|im_start|>assistant")[-1]
+        found = re.findall(r"####\s*(-?\d+)", last_turn)  # the environment's reward, on its last reply
+        assert r.rewards[i].item() == float(bool(found) and found[-1] == problems[int(r.group_ids[i])].answer)
+    with torch.no_grad():
+        trainer, _ = token_logprobs(model, r.prompt_ids, r.prompt_mask, r.response_ids, r.attn, loss_mask=r.mask)
+    assert (trainer[r.mask] - r.rollout_logp[r.mask]).abs().max() < 1e-4  # fp32 tolerance
+
+
+@pytest.mark.slow
+def test_the_example_environment_trains_end_to_end(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    argv = [
+        "--config", "agent-verifiers", "--steps", "2", "--rollout.prompts_per_step", "2", "--rollout.group_size", "2",
+        "--task.n_eval", "4", "--log.eval_every", "2", "--log.progress", "false", "--log.plot", "false",
+        "--log.tensorboard", "false", "--ckpt.every", "0", "--run_dir", str(run_dir),
+    ]  # fmt: skip
+    out = run(load_config(argv))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    assert last["episode/failed"] == 0.0 and last["episode/stop_done"] == 4.0, last
+    assert last["episode/turns"] >= 1.0 and "episode/vf_turns" in last and "eval_accuracy" in last
+    assert json.loads((out / "endpoint.json").read_text())["model"] == MODEL
+
+
+@pytest.mark.parametrize(
+    ("module", "says"),
+    [
+        ("p3o.no_such_env", "cannot import 'p3o.no_such_env'"),
+        ("p3o.examples.agent_openai", "is not a verifiers environment"),
+        ("", "must be an importable module path"),
+        ("bad name", "must be an importable module path"),
+    ],
+)
+def test_a_module_that_is_not_a_verifiers_environment_is_one_line(module, says) -> None:
+    with pytest.raises(ConfigError, match=r"agent\.harness") as info:
+        load_harness(f"verifiers:{module}")
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_chat_harness_is_a_verifiers_harness_verifiers_can_load(harness) -> None:
+    import verifiers.v1 as vf
+
+    assert isinstance(harness.env.config.agent.harness, vf.HarnessConfig)
+    assert harness.env.config.agent.harness.id == CHAT_HARNESS
+    assert harness.env.config.agent.runtime.type == "subprocess"  # local: nothing is provisioned remotely
