@@ -4,20 +4,23 @@ problems, with the run's own limits, drawn as the in-loop evaluation draws them.
     result = evaluate_harness(model, tokenizer, problems, sampling, agent=run_cfg.agent, model_name="tiny-chat")
     result.pass_at_k[1], result.extra["in_loop"]["eval_accuracy"], result.extra["faults"]
 
-The engine is what the training run builds for its held-out evaluation (`p3o.train.harness_source`): an
-`p3o.serve.EndpointServer` on the loaded policy — bound here to localhost on a free port, with a key generated for
-this evaluation and written nowhere — wrapped in a `p3o.envs.harness.HarnessEngine` that runs the run's harness
-under its limits (``agent.episode_timeout_s``, ``harness_concurrency``, ``tool_format``, ``serve_gather_s``). The
-episodes are drawn by `p3o.eval.runner.heldout_metrics`, the in-loop evaluation's sampler, in its batches of 64
-problems; its ``eval_accuracy`` / ``eval_score`` (per recorded row, as metrics.jsonl logs them) are kept in
-``extra["in_loop"]`` beside pass@k (per episode: its reward ≥ the threshold is a solve). The harness engine ignores
-batch seeds (each request carries its own sampling); the endpoint's engine samples from its generator, seeded by
-the engine settings' seed (the run's ``seed``, as in training).
+The engine is built as the training run builds its held-out evaluation's (`p3o.train.harness_source`, a floor
+above this one, which can call `serve_harness` and `harness_prompts`): an `p3o.serve.EndpointServer` on the loaded
+policy — bound here to localhost on a free port, with a key generated for this evaluation and written nowhere —
+wrapped in a `p3o.envs.harness.HarnessEngine` that runs the run's harness under its limits
+(``agent.episode_timeout_s``, ``harness_concurrency``, ``tool_format``, ``serve_gather_s``). The episodes are drawn
+by `p3o.eval.runner.heldout_metrics`, the in-loop evaluation's sampler, in its batches of 64 problems; its
+``eval_accuracy`` / ``eval_score`` (per recorded row, as metrics.jsonl logs them) are kept in ``extra["in_loop"]``
+beside pass@k (per episode: its reward ≥ the threshold is a solve). The harness engine ignores batch seeds (each
+request carries its own sampling); the endpoint's engine samples from its generator, seeded by the engine settings'
+seed (the run's ``seed``, as in training).
 
 Same numbers as the in-loop evaluation of the same checkpoint: with ``agent.harness_concurrency 1`` the episodes
-run one by one and every engine call is one request, so the draws are a function of the weights and the seed.
-With several episodes at once the endpoint batches the calls that arrive together, and which calls share an engine
-call depends on timing: the in-loop number itself then varies from one evaluation to the next.
+run one by one and every engine call is one request, so the draws are a function of the weights and the
+generator's state. The in-loop evaluator keeps one engine for the run, so only its first evaluation
+(``log.eval_every 0``: the last) starts from the seed as this one does. With several episodes at once the endpoint
+batches the calls that arrive together, and which calls share an engine call depends on timing: the in-loop number
+itself then varies from one evaluation to the next.
 """
 
 from __future__ import annotations
@@ -70,12 +73,13 @@ def serve_harness(
     port: int = 0,
     api_key: str | None = None,
     log: Callable[[str], None] | None = None,
+    harness: Callable[..., Any] | None = None,
 ) -> HarnessEngine:
     """A started `p3o.serve.EndpointServer` on a rollout engine of `model` (`settings`), wrapped in a
     `HarnessEngine` running ``agent.harness`` over the problems `by_prompt` names, under the run's limits (``agent``:
-    a run's `AgentConfig`); its batcher gathers the running episodes' next calls. `api_key` None: one generated.
-    ``engine.close()`` stops the endpoint."""
-    harness = load_harness(agent.harness)
+    a run's `AgentConfig`; `harness`: the loaded harness, default ``load_harness(agent.harness)``); its batcher
+    gathers the running episodes' next calls. `api_key` None: one generated. ``engine.close()`` stops the endpoint."""
+    harness = harness if harness is not None else load_harness(agent.harness)
     try:
         endpoint = serve.EndpointServer  # imported on first use: FastAPI and uvicorn (extra serve)
     except ImportError as err:
@@ -115,7 +119,8 @@ def evaluate_harness(
     model_name: str,
     counting: Counting = IN_LOOP,
 ) -> EvalResult:
-    """pass@k of `n_samples` full harness episodes per problem through p3o's endpoint (see the module docstring).
+    """pass@k of ``counting.n_samples`` full harness episodes per problem through p3o's endpoint (see the module
+    docstring).
 
     Args:
         agent: the run's ``agent`` section (its harness and limits); model_name: the served name (``model.name``).
