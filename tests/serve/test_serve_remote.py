@@ -7,8 +7,11 @@ and serves the next call at the engine's version."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import signal
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -155,6 +158,55 @@ def test_inflight_versions_are_published_and_taken_before_the_next_call(source, 
         assert set(r.choices[0].model_extra["p3o"]["versions"]) == {v}
     finally:
         server.stop()
+
+
+def _pause_for_a_newer_version(worker: Any, step: int) -> None:
+    """In the worker: at decode step `step`, wait (≤ 30 s) until a newer version is published, then take it (as
+    ``rollout.inflight_updates`` does between two decode steps); a negative step removes the hook."""
+    import time
+
+    def hook(t: int) -> None:
+        if t == step:
+            worker.paused_for_test = True
+            deadline = time.monotonic() + 30
+            while (
+                worker._latest is None or worker._latest[0] <= worker.engine.version
+            ) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        worker._take_newer(t)
+
+    worker.engine.on_decode_step = hook if step >= 0 else None
+    worker.paused_for_test = False
+
+
+def _paused(worker: Any) -> bool:
+    return bool(getattr(worker, "paused_for_test", False))
+
+
+def test_inflight_a_version_published_mid_response_stamps_the_later_tokens(source, base):
+    engine = RemoteEngine.from_source(source, worker=0, inflight=True)
+    actor, v = source.actors[0], engine.version + 1
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the hook runs in the worker
+    ray.get(actor.__ray_call__.remote(_pause_for_a_newer_version, 2))
+    try:
+        with EndpointServer(engine, base[1], model_name=MODEL) as server, cf.ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(
+                client(server, "remote-midway").chat.completions.create,
+                model=MODEL, messages=[{"role": "user", "content": "What is 12 * 7?"}], max_tokens=12, n=8,
+                temperature=2.0, seed=3,
+            )  # fmt: skip
+            deadline = time.monotonic() + 60
+            while not ray.get(actor.__ray_call__.remote(_paused)) and time.monotonic() < deadline:
+                time.sleep(0.05)  # until the call waits in the worker at decode step 2
+            server.load_weights(shifted(base[0]), v)  # published: the worker takes it at that step
+            choices = asked.result(timeout=60).choices
+    finally:
+        ray.get(actor.__ray_call__.remote(_pause_for_a_newer_version, -1))
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    versions = [c.model_extra["p3o"]["versions"] for c in choices]
+    assert any(len(vs) > 3 for vs in versions), versions  # a response longer than the pause holds both versions
+    for vs in versions:
+        assert vs[:3] == [v - 1] * len(vs[:3]) and set(vs[3:]) <= {v}, versions
 
 
 def test_a_worker_handle_and_a_channel_of_its_own_make_an_engine(source, base):
