@@ -237,7 +237,8 @@ def episode_result(episode: Any) -> dict[str, float]:
     episode (``not episode.ok``) raises P3OError naming verifiers' error."""
     if not episode.ok or not episode.traces:
         error = episode.last_error or next((t.last_error for t in episode.traces if t.last_error), None)
-        why = f"{error.type}: {' '.join(str(error.message).split())[:300]}" if error else "no finished trace"
+        status = f" {error.status_code}" if error is not None and error.status_code else ""
+        why = f"{error.type}{status}: {' '.join(str(error.message).split())[:300]}" if error else "no finished trace"
         raise P3OError(f"the verifiers episode failed ({why})")
     out: dict[str, float] = {"reward": sum(t.reward for t in episode.traces) / len(episode.traces)}
     for trace in episode.traces:
