@@ -88,7 +88,7 @@ def load_harness(spec: str) -> Harness:
         raise ConfigError(f"agent.harness: {spec!r} is not package.module:function (or verifiers:<module>)")
     module_name, _, attr = spec.partition(":")
     if module_name == "verifiers":
-        from p3o.envs.verifiers_harness import load_verifiers
+        from p3o.envs.verifiers_harness import load_verifiers  # optional: the verifiers extra
 
         return load_verifiers(attr)
     try:
