@@ -2,8 +2,9 @@
 (or the suite's, tests/cluster/conftest.py, when it is already up), one `p3o.cluster.RolloutWorker` built by
 `p3o.cluster.RaySource` with the shipped chat base on the fp32 HF engine. Concurrent requests become ONE worker call,
 every recorded log-prob is the trainer's, a weight load between two calls gives two versions, the call's sampling
-settings reach the worker's engine (and are restored there), and a worker killed between two calls is restarted by Ray
-and serves the next call at the engine's version."""
+settings reach the worker's engine (kept sets recorded, settings restored there), an in-flight version lands between
+two decode steps of a running call, and a worker killed between two calls is restarted by Ray and serves the next
+call at the engine's version."""
 
 from __future__ import annotations
 
