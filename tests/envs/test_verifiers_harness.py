@@ -159,3 +159,27 @@ def test_the_chat_harness_is_a_verifiers_harness_verifiers_can_load(harness) -> 
     assert isinstance(harness.env.config.agent.harness, vf.HarnessConfig)
     assert harness.env.config.agent.harness.id == CHAT_HARNESS
     assert harness.env.config.agent.runtime.type == "subprocess"  # local: nothing is provisioned remotely
+
+
+BROKEN_ENV = """
+import verifiers.v1 as vf
+
+__all__ = ["BrokenTaskset"]
+
+
+class BrokenTaskset(vf.Taskset[vf.Task, vf.TasksetConfig]):
+    def load(self):
+        raise RuntimeError("no data here")
+"""
+
+
+def test_an_environment_that_does_not_load_or_a_missing_extra_is_one_line(tmp_path, monkeypatch) -> None:
+    (tmp_path / "p3o_broken_vf_env.py").write_text(BROKEN_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"agent\.harness") as info:
+        load_harness("verifiers:p3o_broken_vf_env")
+    assert "does not load (RuntimeError: no data here)" in str(info.value) and "\n" not in str(info.value)
+    monkeypatch.setitem(__import__("sys").modules, "verifiers.v1", None)  # as if the extra were not installed
+    with pytest.raises(ConfigError, match=r"needs the verifiers extra") as info:
+        load_harness("verifiers:another_env")
+    assert "\n" not in str(info.value)
