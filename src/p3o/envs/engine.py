@@ -13,21 +13,21 @@ as one `Rollouts`.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from p3o.errors import P3OError
-from p3o.rollout.base import left_pad, right_pad
+from p3o.rollout.base import GenerateCall, left_pad, right_pad
 from p3o.tasks.base import Problem
 from p3o.types import Rollouts
 
 __all__ = ["ProblemEngine", "episode_rollouts"]
 
 
-class ProblemEngine(ABC):
+class ProblemEngine(GenerateCall):
     """A `RolloutEngine` whose ``generate`` runs `n` episodes of the problem each prompt names (its id list, as the
     rollout side encoded it) and returns their rows, rows of prompt i's problem together.
 
@@ -37,18 +37,13 @@ class ProblemEngine(ABC):
 
     problems: dict[Any, Problem]
 
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        n: int,
-        *,
-        seed: int | None = None,
-        answers: list[str] | None = None,
-        max_new_tokens: int | None = None,
+    def _generate(
+        self, prompt_ids: list[list[int]], n: int, seed: int | None, answers: list[str] | None, limit: int | None
     ) -> Rollouts:
-        """`n` episodes of the problem each prompt names (`_episodes`); ``max_new_tokens`` is ignored (an episode's
-        own limits bound its turns). A prompt (and answer) that names no problem: one-line P3OError."""
-        del max_new_tokens
+        """`n` episodes of the problem each prompt names (`_episodes`); ``limit`` (the call's `max_new_tokens`) is
+        ignored (an episode's own limits bound its turns). A prompt (and answer) that names no problem: one-line
+        P3OError."""
+        del limit
         return self._episodes(prompt_ids, self.problems_of(prompt_ids, answers), n, seed)
 
     def problems_of(self, prompt_ids: Sequence[Sequence[int]], answers: Sequence[str] | None) -> list[Problem]:

@@ -20,6 +20,7 @@ from p3o.types import Rollouts, SamplingMask
 __all__ = [
     "LOGPROB_MODES",
     "Draws",
+    "GenerateCall",
     "RolloutEngine",
     "SamplingEngine",
     "as_id_list",
@@ -190,7 +191,34 @@ class Draws:
     sampling_mask: SamplingMask | None = None
 
 
-class SamplingEngine(ABC):
+class GenerateCall(ABC):
+    """The `RolloutEngine.generate` call, declared once for the engines that implement it: `SamplingEngine` (HF,
+    vLLM), `p3o.envs.engine.ProblemEngine` (agent and harness episodes) and `p3o.serve.remote.RemoteEngine` (a Ray
+    worker behind the endpoint). ``generate`` takes the call as the protocol states it and hands it to the
+    subclass's `_generate` with every argument in place: ``_generate(prompt_ids, n, seed, answers,
+    max_new_tokens)``."""
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        *,
+        seed: int | None = None,
+        answers: list[str] | None = None,
+        max_new_tokens: int | None = None,
+    ) -> Rollouts:
+        """`RolloutEngine.generate`: `n` rows per prompt, prompt i in rows i·n … i·n+n−1 (see the subclass's
+        `_generate` for what a row is and what ``max_new_tokens`` means to it)."""
+        return self._generate(prompt_ids, n, seed, answers, max_new_tokens)
+
+    @abstractmethod
+    def _generate(
+        self, prompt_ids: list[list[int]], n: int, seed: int | None, answers: list[str] | None, limit: int | None
+    ) -> Rollouts:
+        """The engine's `generate`; ``limit`` is the call's ``max_new_tokens``."""
+
+
+class SamplingEngine(GenerateCall):
     """What every engine that samples token by token (`HFEngine`, `VLLMEngine`) does alike around its sampler:
     `generate` checks the call, left-pads the prompts, numbers the groups on across calls, and lays the `Draws` of
     the subclass's `_draw` out as `Rollouts` on the engine's device, with the decoded texts and the answers.
@@ -207,24 +235,19 @@ class SamplingEngine(ABC):
     _lock: Any  # held while drawing; `load_weights` takes it too, so one call's tokens share a version
     _group_offset: int
 
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        n: int,
-        *,
-        seed: int | None = None,
-        answers: list[str] | None = None,
-        max_new_tokens: int | None = None,
+    def _generate(
+        self, prompt_ids: list[list[int]], n: int, seed: int | None, answers: list[str] | None, limit: int | None
     ) -> Rollouts:
         """`RolloutEngine.generate`: `n` completions of every prompt, prompt i in rows i·n … i·n+n−1;
-        `max_new_tokens`, where given, replaces ``settings.max_new_tokens`` for this call (an agent turn's budget).
+        ``limit`` (the call's `max_new_tokens`), where given, replaces ``settings.max_new_tokens`` for this call (an
+        agent turn's budget).
 
         Returns:
             `Rollouts` on the engine's device: prompt_ids / prompt_mask (N, P) left-padded, response_ids / mask /
             rollout_logp / policy_version (N, T) (version −1 outside the mask), T ≤ the token limit.
         """
         b = check_generate(prompt_ids, n, answers)
-        t_max = int(max_new_tokens) if max_new_tokens else self.settings.max_new_tokens
+        t_max = int(limit) if limit else self.settings.max_new_tokens
         ids, pmask = left_pad(prompt_ids, self.pad_token_id)
         with self._lock:
             drawn = self._draw(prompt_ids, ids, pmask, n, seed, t_max)

@@ -30,13 +30,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from p3o.errors import ConfigError, P3OError
+from p3o.rollout.base import GenerateCall
 from p3o.rollout.settings import EngineSettings
 from p3o.types import Rollouts
 
@@ -46,7 +46,7 @@ __all__ = ["RemoteEngine"]
 CALL_FIELDS = ("temperature", "top_p", "top_k")
 
 
-class RemoteEngine:
+class RemoteEngine(GenerateCall):
     """The batcher's engine, forwarded to one Ray rollout worker (module docstring).
 
     Args:
@@ -140,14 +140,8 @@ class RemoteEngine:
                 rejoin()
             self._call(_load, self.version, self.channel.box(self.version))
 
-    def generate(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        n: int,
-        *,
-        seed: int | None = None,
-        answers: list[str] | None = None,
-        max_new_tokens: int | None = None,
+    def _generate(
+        self, prompt_ids: list[list[int]], n: int, seed: int | None, answers: list[str] | None, limit: int | None
     ) -> Rollouts:
         """`p3o.rollout.RolloutEngine.generate` in ONE worker call, with this engine's sampling fields of the moment
         (the batcher's settings for the call).
@@ -158,7 +152,7 @@ class RemoteEngine:
         """
         prompts = [[int(t) for t in p] for p in prompt_ids]
         sampling = {k: getattr(self.settings, k) for k in CALL_FIELDS}
-        ro = self._call_or_recover(_generate, prompts, int(n), seed, answers, max_new_tokens, sampling, self.inflight)
+        ro = self._call_or_recover(_generate, prompts, int(n), seed, answers, limit, sampling, self.inflight)
         self.calls += 1
         return ro
 
