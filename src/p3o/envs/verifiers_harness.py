@@ -299,10 +299,14 @@ async def chat_loop(
     rollout (``trace.stop_condition`` set) ends the loop, any other error raises (the episode fails)."""
     from contextlib import AsyncExitStack
 
+    import httpx
     import openai
     from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
 
-    client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
+    # no read limit (p3o's episode time limit bounds the episode); a connect limit that a loaded box's serving
+    # loop, accepting many episodes' connections at once, does not hit (openai's 5 s did: 1 held-out episode of 256)
+    timeout = httpx.Timeout(None, connect=60.0)
+    client = openai.AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0, timeout=timeout)
     servers_config = {"mcpServers": {n: {"url": u, "timeout": config.tool_timeout} for n, u in mcp_urls.items()}}
     async with AsyncExitStack() as stack:
         stack.push_async_callback(client.close)
