@@ -265,3 +265,30 @@ def test_a_rewritten_history_splits_the_row_and_the_producer_keeps_its_rows_in_t
     for g in set(groups):
         rows = [i for i, x in enumerate(groups) if x == g]
         assert len({batch.answers[i] for i in rows}) == 1 and len({float(batch.rewards[i]) for i in rows}) == 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_harness_trains_through_a_ray_rollout_worker(tmp_path: Path, monkeypatch, mode: str) -> None:
+    """rollout.workers 1: the harness's episodes and the endpoint in this process, every engine call in a Ray
+    rollout worker (p3o.serve.remote.RemoteEngine); the rows' recorded log-probs are the trainer's."""
+    ray = pytest.importorskip("ray", reason="the ray extra")
+    from p3o.cluster import RaySource
+
+    (tmp_path / "only_openai_agent.py").write_text(OPENAI_ONLY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = [
+        "--model.name", MODEL, "--task.name", "calc-small", "--agent.harness", "only_openai_agent:solve",
+        "--steps", "2", "--rollout.prompts_per_step", "2", "--rollout.group_size", "2", "--task.n_eval", "4",
+        "--log.eval_every", "2", "--log.progress", "false", "--log.plot", "false", "--log.tensorboard", "false",
+        "--ckpt.every", "0", "--loop.mode", mode, "--run_dir", str(tmp_path / "r"), "--rollout.workers", "1",
+        "--ray.num_cpus", "2",
+    ]  # fmt: skip
+    out = run(load_config(argv), remote_source=RaySource)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["step"]] == [1, 2]
+    for r in rows[1:]:
+        assert r["episode/failed"] == 0.0 and r["episode/stop_done"] == 4.0
+        assert r["offpolicy/dlogp_max"] < 1e-4  # a worker's recorded log-probs are the trainer's (fp32)
+    assert "eval_accuracy" in rows[-1]
+    (worker,) = json.loads((out / "rollout_workers.json").read_text())["workers"]
+    assert worker["engine"] == "hf" and not ray.is_initialized()  # the run's own Ray instance is shut down

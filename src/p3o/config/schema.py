@@ -431,8 +431,6 @@ class TrainConfig:
                     raise ConfigError(f"ray.{key}: a Ray setting; it needs rollout.workers > 0 (Ray rollout workers)")
         if self.agent.harness and self.agent.env:
             raise ConfigError("agent.harness: a harness drives its own episodes; unset agent.env (or agent.harness)")
-        if self.agent.harness and self.rollout.workers > 0:
-            raise ConfigError("agent.harness: harness episodes run in the trainer's process; set rollout.workers 0")
         if self.rollout.workers > 0 and self.loop.mode not in ("sync", "async"):
             raise ConfigError(
                 f"rollout.workers: Ray rollout workers run with loop.mode sync or async, not {self.loop.mode}"

@@ -74,11 +74,14 @@ def serve_harness(
     api_key: str | None = None,
     log: Callable[[str], None] | None = None,
     harness: Callable[..., Any] | None = None,
+    engine: Any = None,
 ) -> HarnessEngine:
     """A started `p3o.serve.EndpointServer` on a rollout engine of `model` (`settings`), wrapped in a
     `HarnessEngine` running ``agent.harness`` over the problems `by_prompt` names, under the run's limits (``agent``:
     a run's `AgentConfig`; `harness`: the loaded harness, default ``load_harness(agent.harness)``); its batcher
-    gathers the running episodes' next calls. `api_key` None: one generated. ``engine.close()`` stops the endpoint."""
+    gathers the running episodes' next calls. `api_key` None: one generated. `engine`: the rollout engine the
+    endpoint samples with, in place of one built from `model` (a `p3o.serve.remote.RemoteEngine` on a Ray worker).
+    The returned engine's ``close()`` stops the endpoint."""
     harness = harness if harness is not None else load_harness(agent.harness)
     try:
         endpoint = serve.EndpointServer  # imported on first use: FastAPI and uvicorn (extra serve)
@@ -87,7 +90,7 @@ def serve_harness(
             f"agent.harness: the endpoint needs the serve extra (pip install 'p3o[serve]'): {err}"
         ) from None
     server = endpoint(
-        make_engine(settings, model, tokenizer),
+        engine if engine is not None else make_engine(settings, model, tokenizer),
         tokenizer,
         model_name=model_name,
         api_key=api_key,

@@ -23,13 +23,15 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from p3o.config import from_dict
 from p3o.envs import env_splits
-from p3o.envs.harness import HarnessEngine, load_harness
-from p3o.rollout.factory import make_engine as _make
+from p3o.envs.harness import load_harness
+from p3o.eval.harness import harness_prompts, serve_harness
 from p3o.rollout.settings import EngineSettings
+from p3o.serve.remote import RemoteEngine
 from p3o.types import Rollouts
 
-__all__ = ["ENDPOINT_FILE", "harness_problems", "harness_side"]
+__all__ = ["ENDPOINT_FILE", "harness_problems", "harness_side", "worker_config"]
 
 ENDPOINT_FILE = "endpoint.json"
 """In the run directory: {url, base_url, api_key, model, max_model_len} of the run's endpoint (mode 0600)."""
@@ -58,45 +60,33 @@ def harness_side(
     harness = load_harness(a.harness)
     key = a.serve_api_key or f"p3o-{secrets.token_urlsafe(24)}"
     by_prompt: dict[Any, Any] = {}
-
-    def encode(probs: list[Any]) -> list[list[int]]:
-        out = []
-        for p in probs:
-            ids = [int(t) for t in tokenizer(p.prompt, add_special_tokens=False)["input_ids"]] or [pad]
-            by_prompt.setdefault(tuple(ids), p)
-            by_prompt[(tuple(ids), p.answer)] = p  # two problems with one text: the answer tells them apart
-            out.append(ids)
-        return out
-
-    prompts, eval_prompts = encode(problems), encode(eval_problems)
+    prompts = harness_prompts(problems, tokenizer, pad, by_prompt)
+    eval_prompts = harness_prompts(eval_problems, tokenizer, pad, by_prompt)
     started: list[Any] = []
+    workers: list[Any] = []  # rollout.workers > 0: the Ray workers' source (`serve_through`), handed by the loop
 
     def make_engine(model: nn.Module) -> Any:
-        from p3o.serve import EndpointServer  # optional: FastAPI and uvicorn (extra serve)
-
         first = not started
-        server = EndpointServer(
-            _make(settings, model, tokenizer),
-            tokenizer,
-            model_name=cfg.model.name,
-            api_key=key,
-            host=a.serve_host,
-            port=a.serve_port if first else 0,
-            tool_format=a.tool_format,
-            log=_stderr,
-        )
-        engine = HarnessEngine(
-            server, harness, by_prompt, timeout_s=a.episode_timeout_s, concurrency=a.harness_concurrency, pad_id=pad
-        )
-        server.batcher.gather(expect=lambda: engine.active, max_wait_s=a.serve_gather_s)  # episodes share calls
-        server.start()
-        started.append(server)
+        # engine k serves through worker k mod N: the episodes stay here, each engine call is a worker's
+        inner = RemoteEngine.from_source(workers[0], worker=len(started) % len(workers[0].actors)) if workers else None
+        engine = serve_harness(
+            model, tokenizer, settings, a, by_prompt, model_name=cfg.model.name, pad_id=pad, host=a.serve_host,
+            port=a.serve_port if first else 0, api_key=key, log=_stderr, harness=harness, engine=inner,
+        )  # fmt: skip
+        started.append(engine.server)
         if first:
-            server.write_info(Path(cfg.run_dir) / ENDPOINT_FILE)
+            engine.server.write_info(Path(cfg.run_dir) / ENDPOINT_FILE)
         return engine
 
     def episode_rewards(rollouts: Rollouts) -> Tensor:
         return rollouts.rewards.clone()  # the harness's rewards, filled in per episode (0 for a failed one)
+
+    def serve_through(source: Any) -> None:
+        """rollout.workers > 0: the engines built from now on serve through `source`'s Ray workers (a
+        `p3o.cluster.RaySource` over `worker_config(cfg)`, which the loop builds and closes)."""
+        workers[:] = [source]
+
+    make_engine.serve_through = serve_through  # type: ignore[attr-defined]
 
     return {
         "tokenizer": tokenizer,
@@ -108,6 +98,14 @@ def harness_side(
         "eval_prompts": eval_prompts,
         "eval_answers": [p.answer for p in eval_problems],
     }
+
+
+def worker_config(cfg: Any) -> Any:
+    """The config of a harness run's Ray rollout workers: the run's, without the harness (a worker hosts a bare
+    engine; the episodes and the endpoint stay in the trainer's process) and with a task of 8 arithmetic problems
+    (the worker's own batch producer is never asked for a batch here)."""
+    task = {"name": "arithmetic", "n_train": 8, "n_eval": 0, "eval_name": None, "mixture": None, "verifier": None}
+    return from_dict({"agent": {"harness": None}, "task": task}, base=cfg)
 
 
 def _stderr(line: str) -> None:

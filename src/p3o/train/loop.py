@@ -53,6 +53,7 @@ from p3o.metrics.monitor import OffPolicyMonitor
 from p3o.models.lora import AdaptersOff, apply_lora, is_lora
 from p3o.objectives import get_objective
 from p3o.train.evaluation import Evaluator
+from p3o.train.harness_source import worker_config
 from p3o.train.placement import EvaluationWeights, Placement, PlacementSettings, check_placement
 from p3o.train.run_dir import clear_run_outputs, earlier_run, run_outputs
 from p3o.train.sources import BatchSource, Producer, PromptStream, RemoteSource, make_source, stream_seed, token_lag
@@ -136,6 +137,7 @@ class Trainer:
         self.remote_source = remote_source
         self.run_dir = Path(cfg.run_dir)
         self.source: BatchSource | None = None
+        self.workers: Any = None  # a harness run with rollout.workers > 0: the Ray workers its endpoints serve through
         self.logger: Any = None
         self.bar: Any = None
         self._eval_view: EvaluationWeights | None = None  # the weights of the evaluation under way
@@ -232,12 +234,17 @@ class Trainer:
         assert comps is not None
         lp = cfg.loop
         placement = self.placement
-        if cfg.rollout.workers:
+        harness = bool(getattr(cfg.agent, "harness", None))
+        if cfg.rollout.workers and not harness:
             assert self.remote_source is not None
             source = self.remote_source(cfg, self.run_dir, self._push_weights(), start_step=start, state=state)
             self.evaluator: Any = source.evaluate
             return source
         side = comps.rollout_side()
+        if cfg.rollout.workers:  # a harness run: its episodes and endpoints here, every engine call in a Ray worker
+            assert self.remote_source is not None
+            self.workers = self.remote_source(worker_config(cfg), self.run_dir, self._push_weights(), start_step=start)
+            side.make_engine.serve_through(self.workers)  # type: ignore[attr-defined]
         stream = PromptStream(
             len(side.prompts), cfg.rollout.prompts_per_step, cfg.seed, dist.rank(), dist.world_size()
         )
@@ -263,7 +270,7 @@ class Trainer:
         """The held-out evaluation of the policy at `version`: (its row, seconds) on rank 0, None elsewhere. Every
         rank calls it: an in-process evaluation's weights come from `Placement.for_evaluation` (under FSDP gathered
         by every rank, a collective); Ray workers evaluate with the weights they were pushed."""
-        if not self.cfg.rollout.workers:
+        if not self.cfg.rollout.workers or self.workers is not None:  # in-process evaluator
             self._eval_view = self.placement.for_evaluation()
         try:
             if not dist.is_main():
@@ -360,7 +367,7 @@ class Trainer:
     # -- the end -------------------------------------------------------------------------------------
     def close(self) -> None:
         """Stop the batch source (threads, Ray workers) and close the logs; safe to call after a failure."""
-        for closer in (self.source, self.bar, self.logger):
+        for closer in (self.source, self.workers, self.bar, self.logger):
             if closer is not None:
                 closer.close()
 
