@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import types
+from contextlib import AsyncExitStack
 from typing import Any
 
 from p3o.errors import ConfigError, P3OError
@@ -73,7 +74,7 @@ def _spec(module: str) -> str:
 
 def _import_vf(module: str) -> Any:
     try:
-        import verifiers.v1 as vf
+        import verifiers.v1 as vf  # optional: the verifiers extra
     except ImportError as exc:
         raise ConfigError(
             f"{_spec(module)} needs the verifiers extra (pip install -e '.[verifiers]'): {exc}"
@@ -286,7 +287,7 @@ def _chat_harness_class(vf: Any) -> type:
 
 def vf_wire(message: Any) -> dict[str, Any]:
     """A verifiers message as an OpenAI chat message (verifiers' own ``message_to_wire``)."""
-    from verifiers.v1.dialects.chat import message_to_wire
+    from verifiers.v1.dialects.chat import message_to_wire  # optional: the verifiers extra
 
     return message_to_wire(message)
 
@@ -297,8 +298,7 @@ async def chat_loop(
     """Call the model at ``endpoint`` with the MCP servers' tools (verifiers' MCP client: `connect_mcp`,
     `call_mcp`) until a reply without tool calls; a call refused because a verifiers limit or ``@vf.stop`` ended the
     rollout (``trace.stop_condition`` set) ends the loop, any other error raises (the episode fails)."""
-    from contextlib import AsyncExitStack
-
+    # optional: httpx and openai (the serve extra), verifiers' MCP client (the verifiers extra)
     import httpx
     import openai
     from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
