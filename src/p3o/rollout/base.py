@@ -145,12 +145,12 @@ def right_pad(
     return ids, mask, attn, logp, version
 
 
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """Samples `n` completions per prompt, recording log π_b(y_t) and the weight version of every token."""
-
-    version: int
-    """Version of the weights currently loaded; stamped on every token generated until the next `load_weights`."""
+class GenerateCall(ABC):
+    """The `RolloutEngine.generate` call, declared once for the engines that implement it: `SamplingEngine` (HF,
+    vLLM), `p3o.envs.engine.ProblemEngine` (agent and harness episodes) and `p3o.serve.remote.RemoteEngine` (a Ray
+    worker behind the endpoint). ``generate`` takes the call as the protocol states it and hands it to the
+    subclass's `_generate` with every argument in place: ``_generate(prompt_ids, n, seed, answers,
+    max_new_tokens)``."""
 
     def generate(
         self,
@@ -167,9 +167,24 @@ class RolloutEngine(Protocol):
         `group_ids` (N,) gives the rows of one prompt the same id and different prompts different ids; the values
         themselves are the engine's (an engine may number them on across calls): callers that need batch-wide ids
         assign their own, as the training loop does. `seed` makes the call reproducible; `answers` (one per prompt)
-        are copied onto their rows.
-        """
-        ...
+        are copied onto their rows. A subclass's `_generate` says what its rows are."""
+        return self._generate(prompt_ids, n, seed, answers, max_new_tokens)
+
+    @abstractmethod
+    def _generate(
+        self, prompt_ids: list[list[int]], n: int, seed: int | None, answers: list[str] | None, limit: int | None
+    ) -> Rollouts:
+        """The engine's `generate`; ``limit`` is the call's ``max_new_tokens``."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples `n` completions per prompt, recording log π_b(y_t) and the weight version of every token."""
+
+    version: int
+    """Version of the weights currently loaded; stamped on every token generated until the next `load_weights`."""
+
+    generate = GenerateCall.generate  # the call as `GenerateCall` declares it (signature and contract)
 
     def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         """Copy new weights in (re-applying the engine's precision) and stamp later tokens with `version`."""
@@ -189,33 +204,6 @@ class Draws:
     policy_version: Tensor
     truncated: Tensor
     sampling_mask: SamplingMask | None = None
-
-
-class GenerateCall(ABC):
-    """The `RolloutEngine.generate` call, declared once for the engines that implement it: `SamplingEngine` (HF,
-    vLLM), `p3o.envs.engine.ProblemEngine` (agent and harness episodes) and `p3o.serve.remote.RemoteEngine` (a Ray
-    worker behind the endpoint). ``generate`` takes the call as the protocol states it and hands it to the
-    subclass's `_generate` with every argument in place: ``_generate(prompt_ids, n, seed, answers,
-    max_new_tokens)``."""
-
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        n: int,
-        *,
-        seed: int | None = None,
-        answers: list[str] | None = None,
-        max_new_tokens: int | None = None,
-    ) -> Rollouts:
-        """`RolloutEngine.generate`: `n` rows per prompt, prompt i in rows i·n … i·n+n−1 (see the subclass's
-        `_generate` for what a row is and what ``max_new_tokens`` means to it)."""
-        return self._generate(prompt_ids, n, seed, answers, max_new_tokens)
-
-    @abstractmethod
-    def _generate(
-        self, prompt_ids: list[list[int]], n: int, seed: int | None, answers: list[str] | None, limit: int | None
-    ) -> Rollouts:
-        """The engine's `generate`; ``limit`` is the call's ``max_new_tokens``."""
 
 
 class SamplingEngine(GenerateCall):
