@@ -2,7 +2,7 @@
 one run, on the same model and the same episodes; ratios printed.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/endpoint.py                       # 32 episodes × 3 turns, 50 ms tool
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/endpoint.py --episodes 64 --repeats 3 --trl-steps 2
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/endpoint.py --episodes 16 --repeats 6 --trl-steps 3 --trl-rounds 3
 
 Every episode runs `--turns` model turns of at most `--turn-tokens` tokens on the shipped agent base (``tiny-agent``:
 its turns end at its end-of-turn token, as a chat model's do; tokens/s and turns are printed beside episodes/s), one
@@ -10,22 +10,27 @@ HF engine (fp32, in process, temperature 1); after each turn but the last a tool
 answers ``"42"``; a turn cut at `--turn-tokens` ends its episode (the tick runner's rule, kept by the harness). Rows:
 
 * ``tick runner``: `p3o.envs.run_episodes` (``agent.env``): every waiting episode in one engine call per tick, the
-  tools of a tick in parallel threads;
+  tools of a tick in parallel threads; seeded by the repeat's index;
 * ``endpoint + harness``: `p3o.envs.harness.HarnessEngine` (``agent.harness``): each episode an ``openai`` SDK loop
   (``async def``; ``asyncio.sleep(latency)`` as its tool) against `p3o.serve.EndpointServer` on the same engine, all
-  episodes at once; the server batches concurrent requests into engine calls. Its rows come from the server's records.
+  episodes at once; the server gathers the running episodes' turns into engine calls (``agent.serve_gather_s``, as
+  ``p3o train`` does). Its rows come from the server's records.
   overhead = tick-runner episodes/s ÷ endpoint episodes/s − 1 (issue 52 asks ≤ 15 % at a 50 ms tool);
 * RL steps, with `--trl-steps` > 0, on `--chat-model` (``tiny-chat``: Qwen3-style tool calls) and calc-small,
-  `--episodes` / 4 problems × 4 episodes per step, the calculator tool (the example harness's, `--latency` s each):
-  ``p3o train --config agent-openai`` (sync, the endpoint + the example harness) against TRL 1.16's
-  ``GRPOTrainer(tools=[calculator])`` (its multi-turn tool loop on its own transformers generation: TRL's vLLM path
-  does not run on this CPU, see docs/benchmarks.md; the tokenizer gets TRL's Qwen3 response template, as TRL's docs
-  say for a template it does not recognise). Seconds per RL step (generation + update), episodes/s and tool calls
-  per episode side by side.
+  `--episodes` / 4 problems × 4 episodes per step, the example harness's calculator tool (instant, in both):
+  ``p3o train --config agent-openai`` (sync, the endpoint + the example harness: at most 3 model calls of 64 tokens)
+  against TRL 1.16's ``GRPOTrainer(tools=[calculator])`` (its multi-turn tool loop, at most 2 tool rounds and
+  3 × 64 completion tokens, on its own transformers generation: TRL's vLLM path does not run on this CPU, see
+  docs/benchmarks.md). Both render the same prompt: tiny-chat's own template (prefix-preserving, so TRL keeps it)
+  with the same tool schema (TRL's calculator has no return annotation, which would add ``"return"`` to the schema
+  it derives), and TRL parses calls with its Qwen3 response template. Seconds per RL step (the step's wall time:
+  generation, rewards, update, weight push; the median after the first step), episodes/s, tool calls and sampled
+  tokens per episode side by side; the two trainers alternate `--trl-rounds` times, each round's ratio printed.
 
 The tick runner and the endpoint run interleaved, one round of each per repeat after one warm-up round, so both see
-the same machine load: each repeat's episodes/s ratio is printed, with their median and range. Run it on a quiet
-machine; it prints the load average.
+the same machine load: each repeat's episodes/s ratio is printed, with their median and range, and each round's
+process CPU time (the endpoint's split per request into the harness's clients, the server's routes and the engine).
+On a loaded machine the wall-clock ratio follows the CPU ratio. It prints the load average.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -106,10 +112,10 @@ def bench_p3o(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     tick_engine = HFEngine(model, tok, precision="fp32", temperature=1.0)
     renderer = Renderer(tok, mode="chat", max_obs_tokens=16)
 
-    def tick() -> Any:
+    def tick(seed: int) -> Any:
         return run_episodes(
             tick_engine, lambda: SlowToolEnv(args.turns, args.latency), problems, 1,
-            renderer=renderer, limits=limits, seed=0, eos_ids=eos,
+            renderer=renderer, limits=limits, seed=seed, eos_ids=eos,
         )  # fmt: skip
 
     server = EndpointServer(HFEngine(model, tok, precision="fp32", temperature=1.0), tok, model_name=args.model)
@@ -121,43 +127,61 @@ def bench_p3o(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         server.batcher.gather(expect=lambda: engine.active, max_wait_s=args.gather_s)
     server.start()
     try:
-
-        def endpoint() -> Any:
-            return engine.generate(prompts, 1)
-
-        pipelines = {"tick runner": tick, "endpoint + harness": endpoint}
-        times: dict[str, list[float]] = {name: [] for name in pipelines}
-        tokens: dict[str, list[float]] = {name: [] for name in pipelines}
-        turns: dict[str, list[float]] = {name: [] for name in pipelines}
-        calls = 0
-        for rep in range(args.repeats + 1):  # interleaved: each repeat runs both, the first round is a warm-up
-            for name, fn in pipelines.items():
-                n0 = server.counters()["engine_calls"]
-                t0 = time.perf_counter()
-                r = fn()
-                t = time.perf_counter() - t0
-                if rep == 0:
-                    continue
-                calls += server.counters()["engine_calls"] - n0
-                times[name].append(t)
-                tokens[name].append(float(r.mask.sum()))
-                turns[name].append(float(r.extras["turns"].mean()))
+        pipelines = {"tick runner": tick, "endpoint + harness": lambda seed: engine.generate(prompts, 1)}
+        out = _interleave(pipelines, args.repeats, server, args.episodes)
         assert engine.faults == dict.fromkeys(engine.faults, 0), engine.faults
-        out: dict[str, Any] = {}
-        for name in pipelines:
-            t = statistics.median(times[name])
-            out[name] = {"episodes_s": args.episodes / t, "tokens_s": sum(tokens[name]) / sum(times[name]),
-                         "seconds": t, "turns": statistics.mean(turns[name]), "times": times[name]}  # fmt: skip
-        out["endpoint + harness"]["engine_calls"] = calls / args.repeats
-        # per repeat: endpoint episodes/s ÷ tick-runner episodes/s of the same round, and per sampled token
-        out["ratios"] = [a / b for a, b in zip(times["tick runner"], times["endpoint + harness"])]
-        out["token_ratios"] = [
-            (te / b) / (tt / a)
-            for a, b, tt, te in zip(times["tick runner"], times["endpoint + harness"], tokens["tick runner"],
-                                    tokens["endpoint + harness"])
-        ]  # fmt: skip
     finally:
         server.stop()
+    return out
+
+
+THREADS = {"MainThread": "harness clients", "p3o-serve-http": "server (HTTP, render, record)",
+           "p3o-serve-batcher": "engine"}  # fmt: skip
+"""The endpoint's threads whose CPU time is reported per request: the harness's event loop (its ``openai`` clients
+and the rows built from the records), uvicorn's (the routes' work), the batcher's (the engine calls)."""
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of each `THREADS` thread that is running."""
+    by_name = {t.name: t for t in threading.enumerate()}
+    return {n: time.clock_gettime(time.pthread_getcpuclockid(by_name[n].ident)) for n in THREADS if n in by_name}
+
+
+def _interleave(pipelines: dict[str, Any], repeats: int, server: Any, episodes: int) -> dict[str, Any]:
+    """Run the pipelines in turn, one round each per repeat after a warm-up round (so both see the same load):
+    per pipeline the median episodes/s, tokens/s, turns, engine calls and process CPU seconds per round, and per
+    repeat the endpoint's ÷ the tick runner's episodes/s; the endpoint's CPU per request by thread (`THREADS`)."""
+    keys = ("seconds", "tokens", "turns", "calls", "cpu")
+    runs: dict[str, dict[str, list[float]]] = {name: {k: [] for k in keys} for name in pipelines}
+    threads = dict.fromkeys(THREADS, 0.0)
+    requests = 0
+    for rep in range(repeats + 1):
+        for name, fn in pipelines.items():
+            n0, q0, th0 = server.counters()["engine_calls"], server.counters()["requests"], _thread_cpu()
+            c0, t0 = time.process_time(), time.perf_counter()
+            r = fn(rep)
+            t, cpu = time.perf_counter() - t0, time.process_time() - c0
+            if rep == 0:
+                continue
+            if name == "endpoint + harness":
+                th1 = _thread_cpu()
+                for n in th1:
+                    threads[n] += th1[n] - th0.get(n, 0.0)
+                requests += server.counters()["requests"] - q0
+            calls = server.counters()["engine_calls"] - n0 if name == "endpoint + harness" else r.extras["turns"].max()
+            for k, v in zip(keys, (t, float(r.mask.sum()), float(r.extras["turns"].mean()), float(calls), cpu)):
+                runs[name][k].append(v)
+    out: dict[str, Any] = {}
+    for name, v in runs.items():
+        t = statistics.median(v["seconds"])
+        out[name] = {"episodes_s": episodes / t, "tokens_s": sum(v["tokens"]) / sum(v["seconds"]), "seconds": t,
+                     "turns": statistics.mean(v["turns"]), "engine_calls": statistics.mean(v["calls"]),
+                     "cpu_s": statistics.median(v["cpu"]), "times": v["seconds"]}  # fmt: skip
+    tick, ep = runs["tick runner"], runs["endpoint + harness"]
+    out["ratios"] = [a / b for a, b in zip(tick["seconds"], ep["seconds"])]
+    out["cpu_ratios"] = [b / a for a, b in zip(tick["cpu"], ep["cpu"])]
+    out["requests"] = requests / repeats
+    out["cpu_per_request_ms"] = {n: 1e3 * v / max(requests, 1) for n, v in threads.items()}
     return out
 
 
@@ -175,10 +199,11 @@ def bench_p3o_step(args: argparse.Namespace) -> dict[str, float]:
     ]  # fmt: skip
     out = run(load_config(argv))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["time_step_s"] + r.get("time_gen_s", 0.0) for r in rows[1:]] or [rows[0]["time_s"]]
-    s = statistics.median(steps)
-    return {"s_per_step": s, "episodes_s": args.episodes / s, "tool_calls": rows[-1].get("episode/tool_calls", 0.0),
-            "model_tokens": rows[-1].get("episode/model_tokens", 0.0)}  # fmt: skip
+    rows = [r for r in rows if "time_step_s" in r][1:]  # training steps (not the step-0 evaluation), after the first
+    s = statistics.median(r["time_step_s"] for r in rows)  # the step's wall time: generation (sync) + update + push
+    return {"s_per_step": s, "episodes_s": args.episodes / s,
+            "tool_calls": statistics.mean(r.get("episode/tool_calls", 0.0) for r in rows),
+            "model_tokens": statistics.mean(r.get("episode/model_tokens", 0.0) for r in rows)}  # fmt: skip
 
 
 def bench_trl(args: argparse.Namespace) -> dict[str, float]:
@@ -230,10 +255,35 @@ def bench_trl(args: argparse.Namespace) -> dict[str, float]:
     trainer.train()
     steps = [b - a for a, b in zip([t0, *stamps[:-1]], stamps)][1:] or [stamps[0] - t0]
     s = statistics.median(steps)
-    logs = [h for h in trainer.state.log_history if "tools/call_frequency" in h]
+    logged = [h for h in trainer.state.log_history if "tools/call_frequency" in h]
+    logs = logged[1:] or logged  # the steps after the first, as for p3o
     calls = statistics.mean(float(h["tools/call_frequency"]) for h in logs) if logs else float("nan")
     length = statistics.mean(float(h["completions/mean_length"]) for h in logs) if logs else float("nan")
     return {"s_per_step": s, "episodes_s": per_step / s, "tool_call_frequency": calls, "mean_length": length}
+
+
+def rl_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The RL-step rows: p3o and TRL alternated `--trl-rounds` times (each a fresh run of 1 + `--trl-steps` steps),
+    so both see the same load; per round each trainer's median s/step and the ratio printed, then their medians."""
+    print(f"RL step of {args.episodes} episodes on {args.chat_model} (calc-small, calculator tool):")
+    print(
+        f"{'round':<7}{'pipeline':<28}{'s/step':>10}{'episodes/s':>12}{'tool calls/episode':>20}{'sampled tokens':>16}"
+    )
+    rounds = []
+    for k in range(args.trl_rounds):
+        p3o, trl = bench_p3o_step(args), bench_trl(args)
+        for name, r, calls, tokens in (
+            ("p3o train --agent.harness", p3o, "tool_calls", "model_tokens"),
+            ("TRL GRPOTrainer (tools=)", trl, "tool_call_frequency", "mean_length"),
+        ):
+            print(f"{k + 1:<7}{name:<28}{r['s_per_step']:>10.2f}{r['episodes_s']:>12.2f}{r[calls]:>20.2f}"
+                  f"{r[tokens]:>16.1f}")  # fmt: skip
+        rounds.append({"p3o": p3o, "trl": trl, "ratio": trl["s_per_step"] / p3o["s_per_step"]})
+    ratios = [r["ratio"] for r in rounds]
+    print(f"TRL s/step ÷ p3o s/step per round: {' '.join(f'{x:.2f}' for x in ratios)}; median "
+          f"{statistics.median(ratios):.2f} (p3o {statistics.median(r['p3o']['s_per_step'] for r in rounds):.2f} s, "
+          f"TRL {statistics.median(r['trl']['s_per_step'] for r in rounds):.2f} s)")  # fmt: skip
+    return rounds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gather-s", type=float, default=0.25, help="agent.serve_gather_s (0: the plain 5 ms window)")
     ap.add_argument("--trl-steps", type=int, default=0, help="RL steps of each trainer (0: skip the RL-step rows)")
+    ap.add_argument("--trl-rounds", type=int, default=2, help="p3o / TRL runs alternated for the RL-step rows")
     ap.add_argument(
         "--chat-model", default="tiny-chat", help="the model of the RL-step rows (a tool-calling chat base)"
     )
@@ -254,34 +305,26 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     print(f"# load average at start: {os.getloadavg()}; torch threads {torch.get_num_threads()}")
     rows = bench_p3o(args)
-    ep = rows["endpoint + harness"]
-    print(f"{'pipeline':<28}{'episodes/s':>12}{'tokens/s':>12}{'turns':>8}")
+    print(f"{'pipeline':<28}{'episodes/s':>12}{'tokens/s':>12}{'turns':>8}{'engine calls':>14}{'CPU s/round':>13}")
     for name in ("tick runner", "endpoint + harness"):
         r = rows[name]
-        print(f"{name:<28}{r['episodes_s']:>12.2f}{r['tokens_s']:>12.1f}{r['turns']:>8.2f}")
-    print(f"endpoint engine calls per round of {args.episodes} episodes: {ep['engine_calls']:.1f}")
-    ratios, token_ratios = rows["ratios"], rows["token_ratios"]
+        print(f"{name:<28}{r['episodes_s']:>12.2f}{r['tokens_s']:>12.1f}{r['turns']:>8.2f}{r['engine_calls']:>14.1f}"
+              f"{r['cpu_s']:>13.3f}")  # fmt: skip
+    ratios, cpu_ratios = rows["ratios"], rows["cpu_ratios"]
     ratio = statistics.median(ratios)
     overhead = 1 / ratio - 1
-    print(
-        f"endpoint episodes/s ÷ tick-runner episodes/s, per interleaved repeat: "
-        f"{' '.join(f'{x:.3f}' for x in ratios)}; median {ratio:.3f} (range {min(ratios):.3f}-{max(ratios):.3f})"
-    )
-    print(f"the same per sampled token: {' '.join(f'{x:.3f}' for x in token_ratios)}; "
-          f"median {statistics.median(token_ratios):.3f}")  # fmt: skip
+    each = " ".join(f"{x:.2f}" for x in ratios)
+    print(f"endpoint episodes/s ÷ tick-runner episodes/s, per interleaved repeat: {each}; median {ratio:.3f} "
+          f"(range {min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
+    print(f"endpoint CPU ÷ tick-runner CPU per round: {' '.join(f'{x:.2f}' for x in cpu_ratios)}; "
+          f"median {statistics.median(cpu_ratios):.3f}")  # fmt: skip
+    per = rows["cpu_per_request_ms"]
+    print(f"endpoint CPU per request ({rows['requests']:.1f} requests a round): "
+          + ", ".join(f"{THREADS[n]} {v:.2f} ms" for n, v in per.items()))  # fmt: skip
     print(f"endpoint overhead vs the tick runner (median ratio): {overhead:+.1%}")
     result: dict[str, Any] = {"rows": rows, "overhead": overhead, "args": vars(args)}
     if args.trl_steps > 0:
-        p3o_step = bench_p3o_step(args)
-        trl = bench_trl(args)
-        print(f"RL step of {args.episodes} episodes on {args.chat_model} (calc-small, calculator tool):")
-        print(f"{'pipeline':<28}{'s/step':>10}{'episodes/s':>12}{'tool calls/episode':>20}")
-        print(f"{'p3o train --agent.harness':<28}{p3o_step['s_per_step']:>10.2f}{p3o_step['episodes_s']:>12.2f}"
-              f"{p3o_step['tool_calls']:>20.2f}")  # fmt: skip
-        print(f"{'TRL GRPOTrainer (tools=)':<28}{trl['s_per_step']:>10.2f}{trl['episodes_s']:>12.2f}"
-              f"{trl['tool_call_frequency']:>20.2f}")  # fmt: skip
-        print(f"TRL s/step ÷ p3o s/step: {trl['s_per_step'] / p3o_step['s_per_step']:.2f}")
-        result["p3o_s_per_step"], result["trl"] = p3o_step, trl
+        result["rl_steps"] = rl_rows(args)
     print(f"# load average at end: {os.getloadavg()}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
