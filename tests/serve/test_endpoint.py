@@ -324,3 +324,20 @@ def test_the_render_cache_tells_apart_everything_a_template_reads(served):
     assert served._render("k", False, [tool], render([4])) == [4]
     assert served._render("other tools", True, [tool], render([5])) == [5]
     assert served._render("k", "prompt", [tool], render([6])) == [6] and len(renders) == 5
+
+
+def test_the_render_cache_keeps_the_key_order_a_template_prints(served):
+    """A chat template prints a tool schema and a tool call's arguments in the order they were sent, so two
+    requests that differ only in key order are two renders (a sorted key would serve one the other's ids)."""
+    import json
+
+    renders = []
+
+    def render(ids):
+        return lambda: renders.append(ids) or list(ids)
+
+    fn = {"name": "f", "arguments": {"a": 1, "b": 2}}
+    call = {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": fn}]}
+    swapped = json.loads(json.dumps(call).replace('"a": 1, "b": 2', '"b": 2, "a": 1'))
+    assert served._render("k", "prompt", [call], render([1])) == [1]
+    assert served._render("k", "prompt", [swapped], render([2])) == [2] and len(renders) == 2

@@ -123,7 +123,9 @@ class EndpointServer:
         sock = sock if sock is not None else bind(self.host, self.port)
         self.port = sock.getsockname()[1]
         self.batcher.start()
-        config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(  # keep-alive past 5 s: a client pool idling 5 s (verifiers') must not race a close
+            build_app(self), log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30
+        )
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [sock]}, daemon=True,
                                         name="p3o-serve-http")  # fmt: skip
@@ -222,7 +224,7 @@ class EndpointServer:
             raise BadRequest("'tools': this model's tokenizer speaks no known tool-call format (qwen3 '<tool_call>' "
                              "markers as single tokens, or llama3); see --tool_format", code="unknown_tool_format",
                              param="tools")  # fmt: skip
-        key = json.dumps(req.tools, sort_keys=True) if req.tools else None
+        key = json.dumps(req.tools) if req.tools else None  # key order as sent: a template prints it so
         renderer = self._renderer(req.tools, key)
         canon = [canonical(m) for m in body["messages"]]
         pending = self.store.prepare_chat(  # on the event loop: a render takes well under a millisecond
@@ -352,7 +354,7 @@ class EndpointServer:
         `kind`), from a cache keyed by the tool set, `kind` and the messages' exact JSON: what a chat template reads
         of them, so a different message (a rewritten history, another tool-call id) is a different key. The n
         episodes of one problem share their first prompt; a harness's tool answers repeat."""
-        key = (tools_key, kind, json.dumps(msgs, sort_keys=True, ensure_ascii=False))
+        key = (tools_key, kind, json.dumps(msgs, ensure_ascii=False))  # key order as sent (templates print it)
         with self._lock:
             hit = self._renders.get(key)
             if hit is not None:
