@@ -483,15 +483,16 @@ def front_page(
     instruments: dict[str, str],
     caveats: dict[str, dict[str, str]] | None = None,
 ) -> list[str]:
-    """The README's results block: one line defining the instruments, then three short lists — the claims decided on
+    """The README's results block: one sentence defining the instruments (it ends the block's paragraph,
+    :func:`p3o.experiments.summary.pages.render_block`), then three short lists — the claims decided on
     the LM testbed (supported or contradicted in the pooled family, with the effect), those decided only in the
     simulator, and those tested nowhere here (with the measured reason) — each claim named by its ``short`` and
     linking its row of the claims page. A row marked ``decisive: false`` (its verdicts test another comparison)
     decides nothing here; ≠ marks a regime that is not the claim's (how: docs/paper-claims.md). The count line
     follows it (:func:`p3o.experiments.summary.pages.render_block`)."""
     link = os.path.relpath(page, readme.parent)
-    lines = [  # one item defines both instruments: the block stays within 25 lines
-        "- "
+    lines = [  # one sentence defines both instruments, ending the block's paragraph: the block stays within 25 lines
+        "Testbeds — "
         + " ".join(
             f"**{INSTRUMENT_NAMES.get(k, k)}**: {testbed_exceptions(studies, v) if k == 'lm' else v}"
             for k, v in instruments.items()

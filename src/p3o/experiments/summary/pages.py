@@ -563,4 +563,7 @@ def render_block(
     head = (f"{lead} " if lead else "") + (
         f"{count_line(studies, in_rows)} Every verdict, with `p3o compare --check FILE` to recompute it{where}."
     )
-    return "\n".join([START, head, *(lines_in or []), END])
+    rest = list(lines_in or [])
+    if rest and rest[0] and not rest[0].startswith(("- ", "**")):  # a sentence (the testbeds): the paragraph's end
+        head, rest = f"{head} {rest[0]}", rest[1:]
+    return "\n".join([START, head, *rest, END])
