@@ -128,7 +128,10 @@ def test_train_summary_gives_held_out_pass1_and_repeats_the_findings(tmp_path):
         (["convert-smollm2", "--forc"], "p3o convert-smollm2: error: unknown key 'forc' (did you mean 'force'?)"),
         (["probe", "--objective", "p3o"], "p3o probe: error: unknown key 'objective' (did you mean 'objectives'?)"),
         (["doctor", "RUN", "--window", "0"], "p3o doctor: error: window: must be >= 1, got 0"),
-        (["eval", "--model", "tiny", "--n_samples", "x"], "p3o eval: error: n_samples: expected an int or null, got 'x'"),
+        (
+            ["eval", "--model", "tiny", "--n_samples", "x"],
+            "p3o eval: error: n_samples: expected an int or null, got 'x'",
+        ),
         (["mismatch", "--engine", "trt"], "p3o mismatch: error: engine: expected one of hf, vllm, got 'trt'"),
         (["plot", "A", "B"], "p3o plot: error: unexpected argument 'B' (the command takes 1 argument; options look"),
         (["doctor"], "p3o doctor: error: expected a run directory or metrics file (p3o doctor PATH)"),

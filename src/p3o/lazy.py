@@ -1,6 +1,6 @@
 """Names a package exports but imports on first use (PEP 562), so that its light commands never load torch.
 
-    __getattr__ = lazy_exports(__name__, {"p3o.eval.passk": ("pass_at_k",), "p3o.eval.runner": ("evaluate",)})
+__getattr__ = lazy_exports(__name__, {"p3o.eval.passk": ("pass_at_k",), "p3o.eval.runner": ("evaluate",)})
 """
 
 from __future__ import annotations
