@@ -219,7 +219,7 @@ def test_episode_result_reads_numbers_and_reward_dicts_only() -> None:
         ("p3o.examples.agent_openai", "package.module:function"),
         ("p3o.no_such_module:solve", "cannot import"),
         ("p3o.examples.agent_openai:nothing", "no function 'nothing'"),
-        ("verifiers:my_env", "cannot import 'my_env'"),
+        ("verifiers:p3o_no_such_env", "cannot import 'p3o_no_such_env'"),
     ],
 )
 def test_a_wrong_harness_spec_is_one_line_naming_the_option(spec, says) -> None:
