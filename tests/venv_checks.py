@@ -46,6 +46,11 @@ def parse_checks(stdout: str) -> dict[str, str]:
     return results
 
 
+def declared_checks(script: Path) -> list[str]:
+    """The names of the checks a venv script declares (each ``@check`` function), in file order."""
+    return [line.split("(")[0][4:] for line in script.read_text().split("@check\n")[1:]]
+
+
 def assert_check(results: dict[str, str], name: str) -> None:
     """The body of a test standing for one check: pass on PASS, skip with the reason on SKIP, fail otherwise."""
     import pytest

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from venv_checks import assert_check, checks_or_skip
+from venv_checks import assert_check, checks_or_skip, declared_checks
 
 from p3o.errors import ConfigError
 
@@ -140,7 +140,6 @@ def test_in_vllm_env_on_avx2_kernels(vllm_avx2_results, name):
 
 
 def test_every_vllm_check_is_listed(vllm_check_results):
-    source = CHECKS_FILE.read_text()
-    declared = [line.split("(")[0][4:] for line in source.split("@check\n")[1:]]
+    declared = declared_checks(CHECKS_FILE)
     assert sorted(declared) == sorted(VLLM_CHECKS)
     assert sorted(vllm_check_results) == sorted(VLLM_CHECKS)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from venv_checks import assert_check, checks_or_skip
+from venv_checks import assert_check, checks_or_skip, declared_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -46,6 +46,5 @@ def test_endpoint_on_vllm(results, name):
 
 
 def test_every_check_is_listed(results):
-    source = CHECKS_FILE.read_text()
-    declared = [line.split("(")[0][4:] for line in source.split("@check\n")[1:]]
+    declared = declared_checks(CHECKS_FILE)
     assert sorted(declared) == sorted(CHECKS) == sorted(results)
