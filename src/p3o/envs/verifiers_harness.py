@@ -180,7 +180,7 @@ class VerifiersHarness:
         loop = self._start()
         future = asyncio.run_coroutine_threadsafe(self._episode(self.tasks[index], ctx), loop)
         episode = await asyncio.wrap_future(future)
-        return episode_result(episode)
+        return vf_episode_result(episode)
 
     async def _episode(self, task: Any, ctx: Any) -> Any:
         assert self._serving is not None
@@ -232,7 +232,7 @@ class VerifiersHarness:
         loop.call_soon_threadsafe(loop.stop)
 
 
-def episode_result(episode: Any) -> dict[str, float]:
+def vf_episode_result(episode: Any) -> dict[str, float]:
     """A finished verifiers ``Episode`` as a p3o harness result: ``reward`` (its trace's reward; the mean over
     traces for a multi-agent episode), each finite numeric metric, and ``vf_turns`` (sampled turns). A failed
     episode (``not episode.ok``) raises P3OError naming verifiers' error."""
