@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -152,3 +153,22 @@ def test_parse_or_help_prints_the_help_or_parses(capsys):
     assert capsys.readouterr().out == ""
     with pytest.raises(ConfigError, match="unknown key 'windoww'"):
         options.parse_or_help(["--windoww", "3"], Command, usage, about)
+
+
+def test_run_command_imports_the_run_function_only_for_valid_options(tmp_path, monkeypatch, capsys):
+    """--help exits 0 and a bad option raises, both before the "module:function" target is imported; valid options
+    are passed to it and its status is the command's, with argv None read from sys.argv."""
+    (tmp_path / "heavy_target.py").write_text("CALLS = []\n\n\ndef run(args):\n    CALLS.append(args)\n    return 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "heavy_target", raising=False)
+    usage, about, target = "usage: cmd [--window W]", "what it does", "heavy_target:run"
+    assert options.run_command(["--help"], Command, usage, about, target) == 0
+    assert capsys.readouterr().out == options.command_help(Command, usage, about) + "\n"
+    with pytest.raises(ConfigError, match="window: must be >= 1, got 0"):
+        options.run_command(["--window", "0"], Command, usage, about, target)
+    assert "heavy_target" not in sys.modules
+    assert options.run_command(["--window", "3"], Command, usage, about, target) == 3
+    monkeypatch.setattr(sys, "argv", ["cmd", "--no_plot"])
+    assert options.run_command(None, Command, usage, about, target) == 3
+    calls = sys.modules["heavy_target"].CALLS
+    assert calls == [Command(window=3), Command(no_plot=True)]

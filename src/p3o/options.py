@@ -19,8 +19,10 @@ import copy
 import dataclasses
 import difflib
 import functools
+import importlib
 import math
 import operator
+import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -545,6 +547,17 @@ def parse_or_help(
         print(command_help(cls, usage, about, arguments))
         return None
     return parse_command(argv, cls, positional=positional)
+
+
+def run_command(argv: Sequence[str] | None, cls: type, usage: str, about: str, run: str) -> int:
+    """The whole ``main`` of a command whose work loads heavy libraries: ``argv`` (None: ``sys.argv[1:]``) parsed by
+    :func:`parse_or_help` into ``cls`` (``--help``: exit 0; bad options raise ConfigError before anything heavy
+    loads), then ``run`` (``"module:function"``, imported only now) called with the options; its exit status."""
+    args = parse_or_help(sys.argv[1:] if argv is None else list(argv), cls, usage, about)
+    if args is None:
+        return 0
+    module, _, function = run.partition(":")
+    return int(getattr(importlib.import_module(module), function)(args))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from p3o.options import config_field as _f
-from p3o.options import parse_or_help
+from p3o.options import run_command
 
 __all__ = ["ABOUT", "USAGE", "MismatchOptions", "main"]
 
@@ -54,13 +54,8 @@ USAGE = "usage: p3o mismatch [--model M] [--engine hf|vllm] [--precision bf16,fp
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``p3o mismatch --model M [...]``; exit 0 when no finding fired, 1 when one did, 2 on bad options."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_or_help(argv, MismatchOptions, USAGE, ABOUT)
-    if args is None:
-        return 0
-    from p3o.eval.mismatch import run  # heavy: torch and the model libraries, once the options are valid
-
-    return run(args)
+    # p3o.eval.mismatch is heavy (torch and the model libraries): run_command imports it once the options are valid
+    return run_command(argv, MismatchOptions, USAGE, ABOUT, "p3o.eval.mismatch:run")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from p3o.options import config_field as _f
-from p3o.options import parse_or_help
+from p3o.options import run_command
 
 __all__ = ["ABOUT", "USAGE", "ServeOptions", "main"]
 
@@ -44,13 +44,8 @@ class ServeOptions:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``p3o serve``; serves until interrupted (exit 0), 2 on bad options or a port in use."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_or_help(argv, ServeOptions, USAGE, ABOUT)
-    if args is None:
-        return 0
-    from p3o.serve.command import run  # heavy: torch, the model libraries and the ASGI stack, once options are valid
-
-    return run(args)
+    # p3o.serve.command is heavy (torch, the model libraries, the ASGI stack): imported once the options are valid
+    return run_command(argv, ServeOptions, USAGE, ABOUT, "p3o.serve.command:run")
 
 
 if __name__ == "__main__":
