@@ -54,14 +54,11 @@ from typing import Any
 import yaml
 
 from p3o.errors import ConfigError
+from p3o.metrics import rules
 from p3o.metrics.rules import (  # not monitor: it imports torch, the doctor needs none
     CAUSE_TEXT,
     N_POSITION_BUCKETS,
-    PATIENT_RULES,
     RULES,
-    RUN_RULES,
-    SIGNAL_RULES,
-    WINDOW_RULES,
     Finding,
     cause_text,
     find,
@@ -265,12 +262,12 @@ def diagnose(path: str | Path, *, window: int = 20) -> Diagnosis:
     w = min(window, len(rows))
     findings: list[tuple[Finding, str, int]] = []
     whole = f"{_step(rows[0].get('step'), 0)}–{_step(rows[-1].get('step'), len(rows) - 1)}"
-    for f in find(rows, source=trainer, only=RUN_RULES, config=fit):
+    for f in find(rows, source=trainer, only=rules.RUN_RULES, config=fit):
         findings.append((f, ", ".join(f.steps) if f.steps else whole, 0))
     findings += _signal_findings(rows, trainer, fit)
     windowed = _window_findings(rows, w, trainer, fit)
     too_early = len(rows) < min(window, int(RULES["min_steps"]))
-    early = [x for x in windowed if too_early and x[0].name in PATIENT_RULES]
+    early = [x for x in windowed if too_early and x[0].name in rules.PATIENT_RULES]
     findings += [x for x in windowed if x not in early]
     return Diagnosis(source, rows, findings, len(rows) - w + 1, config, trainer, w, window, early)
 
@@ -286,7 +283,7 @@ def _signal_findings(
         return []
     fired = []
     for s in range(len(have) - n + 1):
-        got = find(have[s : s + n], source=trainer, only=SIGNAL_RULES, config=config)
+        got = find(have[s : s + n], source=trainer, only=rules.SIGNAL_RULES, config=config)
         fired.append((s, got[0]) if got else None)
     hits = [x for x in fired if x is not None]
     if not hits or not (fired[-1] is not None or len(hits) > len(fired) / 2):
@@ -306,7 +303,7 @@ def _window_findings(
     starts = range(len(rows) - w + 1)
     for s in starts:
         chunk = rows[s : s + w]
-        for f in find(chunk, source=trainer, only=WINDOW_RULES, config=config):
+        for f in find(chunk, source=trainer, only=rules.WINDOW_RULES, config=config):
             count[f.name] = count.get(f.name, 0) + 1
             causes.setdefault(f.name, Counter())[f.cause] += 1
             if f.name not in first:
