@@ -396,15 +396,14 @@ def make_policy_loss(objective: str, **objective_kwargs: Any) -> PolicyLossFn:
         hyper = dict(obj.hyper)
         info = dict(_cfg_get(config, "global_batch_info", {}) or {})
         agg, num_tokens, num_seqs, scale = _aggregation(loss_agg_mode, mask, info)
-        old = old_log_prob.detach()
-        old_logp = old
+        old = old_log_prob.detach()  # π_θold: the rollout correction's anchor, and the proximal snapshot
         rollout_logp, folded_frac, loss_weight = _fold_weights(old, mask, rollout_is_weights)
         inputs = ObjectiveInputs(
-            logp=log_prob,
-            rollout_logp=rollout_logp,
-            mask=mask,
-            advantages=advantages,
-            old_logp=old_logp,
+            log_prob,
+            rollout_logp,
+            mask,
+            advantages,
+            old_logp=old,
             prox_logp=old,
             num_tokens=num_tokens,
             num_seqs=num_seqs,
