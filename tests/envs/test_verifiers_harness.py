@@ -21,7 +21,7 @@ pytest.importorskip("fastapi", reason="the serve extra (pip install -e '.[serve]
 
 from p3o.config import load_config
 from p3o.envs.harness import HarnessEngine, load_harness
-from p3o.envs.verifiers_harness import CHAT_HARNESS, VerifiersHarness, load_verifiers, untitled
+from p3o.envs.verifiers_harness import CHAT_HARNESS, VerifiersHarness, described, load_verifiers, untitled
 from p3o.errors import ConfigError
 from p3o.logprobs import token_logprobs
 from p3o.models import load_policy
@@ -31,6 +31,21 @@ from p3o.train.loop import run
 
 EXAMPLE = "p3o.examples.verifiers_calc"
 MODEL = "tiny-chat"
+CALC_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "description": "e.g. 47 * 6"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+"""The example's tool as tiny-chat sees it (its chat template renders this list): the openai-SDK example's schema."""
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +58,9 @@ def harness() -> VerifiersHarness:
     return load_verifiers(EXAMPLE)
 
 
-def test_the_example_imports_only_verifiers_and_its_model_layer() -> None:
-    """The example is a verifiers environment as verifiers' scaffold writes it: no p3o import (pydantic's Field
-    describes the tool's argument, as MCP reads it; pydantic is verifiers' own model layer)."""
+def test_the_example_imports_only_verifiers() -> None:
+    """The example is a verifiers environment as verifiers' scaffold writes it: verifiers and the standard library
+    (its tool's argument is described in the docstring's ``Args:``, no pydantic ``Field``)."""
     path = Path(__file__).resolve().parents[2] / "src" / "p3o" / "examples" / "verifiers_calc.py"
     tops = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -53,7 +68,56 @@ def test_the_example_imports_only_verifiers_and_its_model_layer() -> None:
             tops |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             tops.add((node.module or "").split(".")[0])
-    assert tops == {"verifiers", "pydantic", "random", "re", "typing"}
+    assert tops == {"verifiers", "random", "re"}
+
+
+def test_the_tools_the_seat_sends_for_the_example_are_the_schema_tiny_chat_was_shown() -> None:
+    """The example's MCP tool, listed by MCP as verifiers serves it and made an OpenAI tool as verifiers'
+    ``connect_mcp`` does, is sent by p3o's seat (`described`, `untitled`) as exactly `CALC_TOOLS`."""
+    import asyncio
+
+    import verifiers.v1 as vf
+    from mcp.server.mcpserver import MCPServer
+
+    from p3o.examples.verifiers_calc import CalcToolset
+
+    server = MCPServer("calc")
+    CalcToolset(vf.SharedToolsetConfig()).register(server)
+    listed = asyncio.run(server.list_tools())
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema},
+        }
+        for t in listed
+    ]  # verifiers.v1.harnesses.utils.mcp.connect_mcp's shape
+    assert "Args:" in tools[0]["function"]["description"]  # MCP passes the whole docstring on
+    assert json.dumps([untitled(described(t)) for t in tools]) == json.dumps(CALC_TOOLS)
+
+
+def test_a_docstrings_args_section_describes_the_parameters_that_have_no_description() -> None:
+    doc = """Add two numbers.
+
+    Args:
+        a (int): the first,
+            on two lines
+        b: kept
+        c: no parameter
+
+    Returns:
+        the sum"""
+    props = {"a": {"type": "integer"}, "b": {"type": "integer", "description": "from Field"}}
+    tool = {"type": "function", "function": {"name": "add", "description": doc, "parameters": {"properties": props}}}
+    before = json.dumps(tool)
+    out = described(tool)
+    assert out["function"]["description"] == "Add two numbers."
+    assert out["function"]["parameters"]["properties"] == {
+        "a": {"type": "integer", "description": "the first, on two lines"},
+        "b": {"type": "integer", "description": "from Field"},  # MCP's (pydantic's) description wins
+    }
+    assert json.dumps(tool) == before  # the input is not modified
+    plain = {"type": "function", "function": {"name": "f", "description": "No sections.", "parameters": {}}}
+    assert described(plain) is plain  # no Args: section, nothing to fill
 
 
 def test_the_taskset_rows_are_the_problems_held_out_at_the_end(harness) -> None:
@@ -75,11 +139,14 @@ def test_tool_schemas_lose_mcps_titles_and_put_type_first() -> None:
     assert json.dumps(untitled(schema)) == json.dumps(expect)  # the keys in this order (the model reads the text)
 
 
-def test_every_row_is_what_the_endpoint_served_and_its_logprobs_are_the_trainers(harness, base) -> None:
+def test_every_row_is_what_the_endpoint_served_and_its_logprobs_are_the_trainers(harness, base, monkeypatch) -> None:
     """Episodes run by verifiers against the endpoint: each row's ids are the served prompt ids + sampled ids +
     observation ids (the tool's result between turns, mask 0), each sampled token's log-prob is the one recorded
-    (and the trainer's, fp32), and the reward is the environment's."""
+    (and the trainer's, fp32), and the reward is the environment's. Every call carries a seed (the harness's
+    ``sampling``), so each draw depends on its prompt only: the run is the same every time (its episodes call the
+    tool), and a problem's two episodes are one."""
     model, tok = base
+    monkeypatch.setattr(harness, "sampling", {**harness.sampling, "seed": 0})
     server = EndpointServer(HFEngine(model, tok, precision="fp32"), tok, model_name=MODEL).start()
     served: dict[str, list[tuple[list[int], list[Any]]]] = {}
     commit = server.store.commit
@@ -101,6 +168,16 @@ def test_every_row_is_what_the_endpoint_served_and_its_logprobs_are_the_trainers
     assert engine.faults == dict.fromkeys(engine.faults, 0) and len(r) == 8
     assert r.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and r.extras["turns"].sum() >= 8
     assert r.extras["tool_calls"].sum() > 0  # the model called the MCP calculator through verifiers
+    for g in range(4):  # seeded: a problem's two episodes drew the same tokens
+        assert torch.equal(r.response_ids[2 * g], r.response_ids[2 * g + 1])
+    rendered = [  # each episode's first prompt: its user turn under the tools block of exactly CALC_TOOLS
+        tok.apply_chat_template(
+            [{"role": "user", "content": p.prompt}], tools=CALC_TOOLS, add_generation_prompt=True, tokenize=False
+        )
+        for p in problems
+    ]
+    firsts = sorted(tok.decode(c[0][0]) for c in served.values())
+    assert firsts == sorted(rendered * 2)
     calls = {tuple(c[-1][0] + c[-1][1][0].ids): c for c in served.values()}
     for i in range(len(r)):
         full = r.prompt_ids[i][r.prompt_mask[i]].tolist() + r.response_ids[i][r.attn[i]].tolist()

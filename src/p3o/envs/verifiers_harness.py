@@ -18,6 +18,19 @@ runs it through verifiers' own API, in this process:
   verifiers' own MCP client (`verifiers.v1.harnesses.utils.mcp`). Verifiers' default seat (``bash``, a PEP 723
   script that ``uv`` installs from PyPI, in a remote Prime sandbox) would download at run time; a taskset that
   bundles its own harness keeps it, on the local subprocess runtime.
+- the tools the seat sends are the MCP servers' tools as OpenAI function tools (verifiers' ``connect_mcp``), each
+  with its parameters' descriptions taken from its docstring's Google-style ``Args:`` section where MCP gives none
+  (`described`, as `transformers`' ``get_json_schema`` reads a docstring; the tool's description is then the text
+  before the section), then without MCP's ``title`` keys (`untitled`). MCP reads a parameter's description only from
+  pydantic (``Annotated[str, Field(description=...)]``), so an environment that imports only verifiers writes::
+
+      @vf.tool
+      def calculator(self, expression: str) -> str:
+          '''Evaluate an arithmetic expression.
+
+          Args:
+              expression: e.g. 47 * 6
+          '''
 
 The harness returns the episode's reward (``Trace.reward``: the weighted sum of the task's ``@vf.reward``\\ s) and its
 numeric ``@vf.metric``\\ s plus ``vf_turns``; an episode verifiers marks failed (an error, a timeout) raises, so p3o
@@ -38,6 +51,8 @@ import threading
 import types
 from contextlib import AsyncExitStack
 from typing import Any
+
+from transformers.utils.chat_template_utils import parse_google_format_docstring
 
 from p3o.errors import ConfigError, P3OError
 from p3o.tasks.base import Problem
@@ -144,6 +159,9 @@ class VerifiersHarness:
             raise ConfigError(f"{_spec(module)}: the environment does not load ({_one_line(exc)})") from None
         if not self.tasks:
             raise ConfigError(f"{_spec(module)}: its taskset has no rows")
+        self.sampling: dict[str, Any] = {"max_tokens": MAX_TOKENS}
+        """The sampling fields every model call of an episode carries (verifiers' ``SamplingConfig``, which passes
+        other keys through to p3o's endpoint: ``seed`` makes each call's draws depend on its prompt and seed only)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._serving: asyncio.Future[None] | None = None
         self._holder: asyncio.Task[None] | None = None
@@ -175,7 +193,7 @@ class VerifiersHarness:
         ctx = self.vf.ModelContext(
             model=model,
             client=self.vf.EvalClientConfig(base_url=str(client.base_url).rstrip("/"), api_key_var=KEY_VAR),
-            sampling=self.vf.SamplingConfig(max_tokens=MAX_TOKENS),
+            sampling=self.vf.SamplingConfig(**self.sampling),
         )
         loop = self._start()
         future = asyncio.run_coroutine_threadsafe(self._episode(self.tasks[index], ctx), loop)
@@ -311,7 +329,7 @@ async def chat_loop(
     async with AsyncExitStack() as stack:
         stack.push_async_callback(client.close)
         tools, dispatch, servers = await connect_mcp(servers_config, stack) if mcp_urls else ([], {}, {})
-        tools = [untitled(tool) for tool in tools]
+        tools = [untitled(described(tool)) for tool in tools]
         while True:
             try:
                 kwargs = {"tools": tools} if tools else {}
@@ -327,6 +345,31 @@ async def chat_loop(
             for call in message.tool_calls:
                 content = await _tool_result(call, dispatch, servers, call_mcp)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+
+
+def described(tool: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI function tool (``{"type": "function", "function": {"name", "description", "parameters"}}``) whose
+    description is a Google-style docstring with an ``Args:`` section (``name: text`` lines, ``name (type): text``
+    too): the section's text becomes the description of each parameter that has none, and the tool's description
+    the text before the section, as `transformers`' ``get_json_schema`` writes a function's schema. A parameter
+    described already (pydantic's ``Field``) keeps its description; a name that is no parameter is ignored; a tool
+    without the section is returned as it is. The input is not modified."""
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("description"), str):
+        return tool
+    parameters = function.get("parameters")
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    head, args, _ = parse_google_format_docstring(function["description"])
+    if not args or not isinstance(properties, dict):
+        return tool
+    filled = {
+        name: {**prop, "description": args[name]}
+        if isinstance(prop, dict) and "description" not in prop and args.get(name)
+        else prop
+        for name, prop in properties.items()
+    }
+    parameters = {**parameters, "properties": filled}
+    return {**tool, "function": {**function, "description": head or "", "parameters": parameters}}
 
 
 def untitled(schema: Any) -> Any:

@@ -7,15 +7,14 @@ p3o trains a model on it unchanged (``p3o docs harness``, 'verifiers environment
 
 Its taskset id is this module; verifiers finds the `vf.Taskset` subclass it exports in ``__all__``. The tool server is
 taskset-scoped (``Taskset.toolsets``: one server for the whole run, the tool is stateless); verifiers starts it as
-``python -m p3o.examples.verifiers_calc`` in a local subprocess.
+``python -m p3o.examples.verifiers_calc`` in a local subprocess. The tool's docstring is its description (verifiers'
+rule); its ``Args:`` section describes the argument (p3o's seat reads it, as ``transformers.get_json_schema`` does).
 """
 
 import random
 import re
-from typing import Annotated
 
 import verifiers.v1 as vf
-from pydantic import Field
 
 __all__ = ["CalcTaskset"]
 
@@ -26,8 +25,12 @@ class CalcToolset(vf.Toolset[vf.SharedToolsetConfig]):
     TOOL_PREFIX = None  # the tool is advertised bare, as `calculator`
 
     @vf.tool
-    def calculator(self, expression: Annotated[str, Field(description="e.g. 47 * 6")]) -> str:
-        """Evaluate an arithmetic expression."""
+    def calculator(self, expression: str) -> str:
+        """Evaluate an arithmetic expression.
+
+        Args:
+            expression: e.g. 47 * 6
+        """
         m = re.fullmatch(r"\s*(-?\d{1,9})\s*([-+*])\s*(-?\d{1,9})\s*", expression)
         return str(OPS[m[2]](int(m[1]), int(m[3]))) if m else "error: expected <int> <op> <int>"
 
