@@ -77,23 +77,25 @@ class SlowToolEnv:
         pass
 
 
-def make_harness(turns: int, turn_tokens: int, latency: float):
+HARNESS_ENV = "P3O_BENCH_HARNESS"
+"""``turns,turn_tokens,latency`` of `harness` (set by `bench_p3o`; how a harness process, which imports the harness
+by its spec ``endpoint:harness``, learns them)."""
+
+
+async def harness(client: Any, model: str, problem: Any) -> float:
     """The endpoint's side of the same episode: an openai-SDK loop (the tool: an asyncio sleep, then ``"42"``)."""
-
-    async def harness(client: Any, model: str, problem: Any) -> float:
-        messages: list[dict[str, Any]] = [{"role": "user", "content": problem.prompt}]
-        for t in range(turns):
-            out = await client.chat.completions.create(
-                model=model, messages=messages, max_tokens=turn_tokens, temperature=1.0
-            )
-            if t == turns - 1 or out.choices[0].finish_reason == "length":
-                break  # the tick runner's rule: a turn cut at its token limit ends the episode
-            await asyncio.sleep(latency)
-            messages += [{"role": "assistant", "content": out.choices[0].message.content or ""}]
-            messages += [{"role": "user", "content": "42"}]
-        return 1.0
-
-    return harness
+    turns_s, tokens_s, latency_s = os.environ[HARNESS_ENV].split(",")
+    turns, turn_tokens, latency = int(turns_s), int(tokens_s), float(latency_s)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": problem.prompt}]
+    for t in range(turns):
+        out = await client.chat.completions.create(model=model, messages=messages, max_tokens=turn_tokens,
+                                                   temperature=1.0)  # fmt: skip
+        if t == turns - 1 or out.choices[0].finish_reason == "length":
+            break  # the tick runner's rule: a turn cut at its token limit ends the episode
+        await asyncio.sleep(latency)
+        messages += [{"role": "assistant", "content": out.choices[0].message.content or ""}]
+        messages += [{"role": "user", "content": "42"}]
+    return 1.0
 
 
 def bench_p3o(args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -118,27 +120,52 @@ def bench_p3o(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             renderer=renderer, limits=limits, seed=seed, eos_ids=eos,
         )  # fmt: skip
 
+    os.environ[HARNESS_ENV] = f"{args.turns},{args.turn_tokens},{args.latency}"
+    here = [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]  # harness processes import `endpoint:harness`
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, here))
     server = EndpointServer(HFEngine(model, tok, precision="fp32", temperature=1.0), tok, model_name=args.model)
     prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
     by_prompt = {tuple(ids): p for ids, p in zip(prompts, problems)}
-    harness = make_harness(args.turns, args.turn_tokens, args.latency)
-    engine = HarnessEngine(server, harness, by_prompt, timeout_s=600, concurrency=args.episodes)
+    engines = {
+        _endpoint_row(k): HarnessEngine(server, harness, by_prompt, timeout_s=600, concurrency=args.episodes,
+                                        processes=k, spec="endpoint:harness")
+        for k in args.processes
+    }  # fmt: skip
+    current: list[Any] = [None]  # the engine whose episodes run now: the batcher gathers its running episodes' calls
     if args.gather_s > 0:  # what p3o train does (agent.serve_gather_s)
-        server.batcher.gather(expect=lambda: engine.active, max_wait_s=args.gather_s)
+        expect = lambda: current[0].active if current[0] is not None else 0  # noqa: E731
+        server.batcher.gather(expect=expect, max_wait_s=args.gather_s)
     server.start()
+
+    def through(engine: Any) -> Any:
+        def generate(seed: int) -> Any:
+            current[0] = engine
+            return engine.generate(prompts, 1)
+
+        return generate
+
     try:
-        pipelines = {"tick runner": tick, "endpoint + harness": lambda seed: engine.generate(prompts, 1)}
+        pipelines = {"tick runner": (tick, None), **{name: (through(e), e) for name, e in engines.items()}}
         out = _interleave(pipelines, args.repeats, server, args.episodes)
-        assert engine.faults == dict.fromkeys(engine.faults, 0), engine.faults
+        for engine in engines.values():
+            assert engine.faults == dict.fromkeys(engine.faults, 0), engine.faults
     finally:
+        for engine in engines.values():
+            engine.clients.close()
         server.stop()
     return out
 
 
-THREADS = {"MainThread": "harness clients", "p3o-serve-http": "server (HTTP, render, record)",
+def _endpoint_row(processes: int) -> str:
+    """The row name of the endpoint with the harness in `processes` processes (0: in the trainer's process)."""
+    return "endpoint + harness" if processes == 0 else f"endpoint + {processes} harness proc"
+
+
+THREADS = {"p3o-harness-loop": "harness clients", "p3o-serve-http": "server (HTTP, render, record)",
            "p3o-serve-batcher": "engine"}  # fmt: skip
-"""The endpoint's threads whose CPU time is reported per request: the harness's event loop (its ``openai`` clients
-and the rows built from the records), uvicorn's (the routes' work), the batcher's (the engine calls)."""
+"""The endpoint's threads whose CPU time is reported per request: the harness's event loop (its ``openai`` clients,
+when the harness runs in the trainer's process), uvicorn's (the routes' work), the batcher's (the engine calls). With
+harness processes, their CPU (``/proc/<pid>/stat``) is the harness clients' figure and counts in the round's CPU."""
 
 
 def _thread_cpu() -> dict[str, float]:
@@ -147,41 +174,66 @@ def _thread_cpu() -> dict[str, float]:
     return {n: time.clock_gettime(time.pthread_getcpuclockid(by_name[n].ident)) for n in THREADS if n in by_name}
 
 
+def _procs_cpu(engine: Any) -> float:
+    """CPU seconds so far (user + system) of `engine`'s harness processes (0 for a harness in process)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for child in getattr(engine.clients, "children", []):
+        fields = Path(f"/proc/{child.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15 of stat)
+    return total
+
+
 def _interleave(pipelines: dict[str, Any], repeats: int, server: Any, episodes: int) -> dict[str, Any]:
-    """Run the pipelines in turn, one round each per repeat after a warm-up round (so both see the same load):
-    per pipeline the median episodes/s, tokens/s, turns, engine calls and process CPU seconds per round, and per
-    repeat the endpoint's ÷ the tick runner's episodes/s; the endpoint's CPU per request by thread (`THREADS`)."""
+    """Run the pipelines in turn, one round each per repeat after a warm-up round (so all see the same load): per
+    pipeline the median episodes/s, tokens/s, turns, engine calls and CPU seconds per round (the process's and its
+    harness processes'); per endpoint row and repeat its episodes/s ÷ the tick runner's and CPU ÷ the tick runner's,
+    and its CPU per request by thread (`THREADS`). `pipelines`: name -> (round(seed) -> Rollouts, its engine or
+    None for the tick runner)."""
     keys = ("seconds", "tokens", "turns", "calls", "cpu")
     runs: dict[str, dict[str, list[float]]] = {name: {k: [] for k in keys} for name in pipelines}
-    threads = dict.fromkeys(THREADS, 0.0)
-    requests = 0
+    threads = {name: dict.fromkeys((*THREADS, "procs"), 0.0) for name in pipelines}
+    requests = dict.fromkeys(pipelines, 0)
     for rep in range(repeats + 1):
-        for name, fn in pipelines.items():
+        for name, (fn, engine) in pipelines.items():
             n0, q0, th0 = server.counters()["engine_calls"], server.counters()["requests"], _thread_cpu()
+            p0 = _procs_cpu(engine) if engine is not None else 0.0
             c0, t0 = time.process_time(), time.perf_counter()
             r = fn(rep)
             t, cpu = time.perf_counter() - t0, time.process_time() - c0
             if rep == 0:
                 continue
-            if name == "endpoint + harness":
-                th1 = _thread_cpu()
+            if engine is not None:
+                th1, procs = _thread_cpu(), _procs_cpu(engine) - p0
                 for n in th1:
-                    threads[n] += th1[n] - th0.get(n, 0.0)
-                requests += server.counters()["requests"] - q0
-            calls = server.counters()["engine_calls"] - n0 if name == "endpoint + harness" else r.extras["turns"].max()
+                    threads[name][n] += th1[n] - th0.get(n, 0.0)
+                threads[name]["procs"] += procs
+                cpu += procs
+                requests[name] += server.counters()["requests"] - q0
+            calls = server.counters()["engine_calls"] - n0 if engine is not None else r.extras["turns"].max()
             for k, v in zip(keys, (t, float(r.mask.sum()), float(r.extras["turns"].mean()), float(calls), cpu)):
                 runs[name][k].append(v)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"rows": {}, "endpoints": {}}
     for name, v in runs.items():
         t = statistics.median(v["seconds"])
-        out[name] = {"episodes_s": episodes / t, "tokens_s": sum(v["tokens"]) / sum(v["seconds"]), "seconds": t,
-                     "turns": statistics.mean(v["turns"]), "engine_calls": statistics.mean(v["calls"]),
-                     "cpu_s": statistics.median(v["cpu"]), "times": v["seconds"]}  # fmt: skip
-    tick, ep = runs["tick runner"], runs["endpoint + harness"]
-    out["ratios"] = [a / b for a, b in zip(tick["seconds"], ep["seconds"])]
-    out["cpu_ratios"] = [b / a for a, b in zip(tick["cpu"], ep["cpu"])]
-    out["requests"] = requests / repeats
-    out["cpu_per_request_ms"] = {n: 1e3 * v / max(requests, 1) for n, v in threads.items()}
+        out["rows"][name] = {"episodes_s": episodes / t, "tokens_s": sum(v["tokens"]) / sum(v["seconds"]),
+                             "seconds": t, "turns": statistics.mean(v["turns"]),
+                             "engine_calls": statistics.mean(v["calls"]), "cpu_s": statistics.median(v["cpu"]),
+                             "times": v["seconds"]}  # fmt: skip
+    tick = runs["tick runner"]
+    for name, (_, engine) in pipelines.items():
+        if engine is None:
+            continue
+        ep, n = runs[name], max(requests[name], 1)
+        per = {THREADS[k]: 1e3 * v / n for k, v in threads[name].items() if k in THREADS and v > 0}
+        if threads[name]["procs"] > 0:
+            per["harness clients"] = 1e3 * threads[name]["procs"] / n
+        out["endpoints"][name] = {
+            "ratios": [a / b for a, b in zip(tick["seconds"], ep["seconds"])],
+            "cpu_ratios": [b / a for a, b in zip(tick["cpu"], ep["cpu"])],
+            "requests": requests[name] / repeats,
+            "cpu_per_request_ms": per,
+        }
     return out
 
 
@@ -294,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turn-tokens", type=int, default=24)
     ap.add_argument("--latency", type=float, default=0.05)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--processes", type=lambda v: [int(x) for x in v.split(",")], default=[0, 1, 2],
+        help="endpoint rows: harness processes of each (agent.harness_processes; 0: in the trainer's process)",
+    )  # fmt: skip
     ap.add_argument("--gather-s", type=float, default=0.25, help="agent.serve_gather_s (0: the plain 5 ms window)")
     ap.add_argument("--trl-steps", type=int, default=0, help="RL steps of each trainer (0: skip the RL-step rows)")
     ap.add_argument("--trl-rounds", type=int, default=2, help="p3o / TRL runs alternated for the RL-step rows")
@@ -306,23 +362,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# load average at start: {os.getloadavg()}; torch threads {torch.get_num_threads()}")
     rows = bench_p3o(args)
     print(f"{'pipeline':<28}{'episodes/s':>12}{'tokens/s':>12}{'turns':>8}{'engine calls':>14}{'CPU s/round':>13}")
-    for name in ("tick runner", "endpoint + harness"):
-        r = rows[name]
+    for name, r in rows["rows"].items():
         print(f"{name:<28}{r['episodes_s']:>12.2f}{r['tokens_s']:>12.1f}{r['turns']:>8.2f}{r['engine_calls']:>14.1f}"
               f"{r['cpu_s']:>13.3f}")  # fmt: skip
-    ratios, cpu_ratios = rows["ratios"], rows["cpu_ratios"]
-    ratio = statistics.median(ratios)
-    overhead = 1 / ratio - 1
-    each = " ".join(f"{x:.2f}" for x in ratios)
-    print(f"endpoint episodes/s ÷ tick-runner episodes/s, per interleaved repeat: {each}; median {ratio:.3f} "
-          f"(range {min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
-    print(f"endpoint CPU ÷ tick-runner CPU per round: {' '.join(f'{x:.2f}' for x in cpu_ratios)}; "
-          f"median {statistics.median(cpu_ratios):.3f}")  # fmt: skip
-    per = rows["cpu_per_request_ms"]
-    print(f"endpoint CPU per request ({rows['requests']:.1f} requests a round): "
-          + ", ".join(f"{THREADS[n]} {v:.2f} ms" for n, v in per.items()))  # fmt: skip
-    print(f"endpoint overhead vs the tick runner (median ratio): {overhead:+.1%}")
-    result: dict[str, Any] = {"rows": rows, "overhead": overhead, "args": vars(args)}
+    overheads = {}
+    for name, e in rows["endpoints"].items():
+        ratios, cpu_ratios = e["ratios"], e["cpu_ratios"]
+        ratio = statistics.median(ratios)
+        overheads[name] = 1 / ratio - 1
+        print(f"{name}: episodes/s ÷ tick runner's, per interleaved repeat: {' '.join(f'{x:.2f}' for x in ratios)}; "
+              f"median {ratio:.3f} (range {min(ratios):.2f}-{max(ratios):.2f})")  # fmt: skip
+        print(f"  CPU ÷ tick runner's per round: {' '.join(f'{x:.2f}' for x in cpu_ratios)}; "
+              f"median {statistics.median(cpu_ratios):.3f}")  # fmt: skip
+        print(f"  CPU per request ({e['requests']:.1f} requests a round): "
+              + ", ".join(f"{k} {v:.2f} ms" for k, v in e["cpu_per_request_ms"].items()))  # fmt: skip
+        print(f"  overhead vs the tick runner (median ratio): {overheads[name]:+.1%}")
+    result: dict[str, Any] = {"rows": rows, "overhead": overheads, "args": vars(args)}
     if args.trl_steps > 0:
         result["rl_steps"] = rl_rows(args)
     print(f"# load average at end: {os.getloadavg()}")

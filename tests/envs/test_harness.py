@@ -8,16 +8,19 @@ then ``#### <value>``); the real endpoint's rows are tested in tests/train/test_
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("openai", reason="the serve extra (openai) is not installed")
 
 from p3o.envs.harness import FAULTS, episode_result, load_harness, run_harness
+from p3o.envs.harness_client import HarnessProcesses, new_episodes
 from p3o.errors import ConfigError
 from p3o.examples.agent_openai import calculator, solve
 from p3o.tasks.calc import calc_problem
@@ -230,3 +233,81 @@ def test_a_wrong_harness_spec_is_one_line_naming_the_option(spec, says) -> None:
 
 def test_load_harness_finds_the_example() -> None:
     assert load_harness("p3o.examples.agent_openai:solve") is solve
+
+
+# -- harness processes (agent.harness_processes) -------------------------------------------------------------------
+
+
+@pytest.fixture
+def importable(monkeypatch):
+    """Harness processes import their harness by spec from this process's sys.path: tests/envs (proc_harnesses)
+    put on it here, not in the environment."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+
+
+def _procs(spec: str, processes: int = 2, timeout_s: float = 5.0, concurrency: int = 64) -> HarnessProcesses:
+    return HarnessProcesses(spec, processes, api_key=KEY, model="m", timeout_s=timeout_s, concurrency=concurrency)
+
+
+def _template(endpoint) -> str:
+    return endpoint.url("{episode}")
+
+
+def test_harness_processes_run_the_episodes_in_order_across_processes(endpoint, importable) -> None:
+    procs = _procs("proc_harnesses:pid")
+    try:
+        eps = procs.run(new_episodes(_problems(3), 2), _template(endpoint))
+        pids = {child.proc.pid for child in procs.children}
+        assert [ep.group for ep in eps] == [0, 0, 1, 1, 2, 2]
+        assert all(ep.fault is None and ep.calls == 1 for ep in eps)
+        assert {int(ep.reward) for ep in eps} == pids and os.getpid() not in pids  # dealt to both, none here
+        assert [int(ep.reward) for ep in eps[::2]] == [int(ep.reward) for ep in eps[::2][:1]] * 3  # round-robin
+        assert sorted(endpoint.calls) == sorted(ep.episode_id for ep in eps) and procs.active == 0
+        again = procs.run(new_episodes(_problems(2), 1), _template(endpoint))  # the same processes, batch after batch
+        assert {int(ep.reward) for ep in again} == pids
+        children = list(procs.children)
+    finally:
+        procs.close()
+    assert procs.children == [] and all(child.proc.poll() is not None for child in children)  # closed: exited
+
+
+def test_harness_processes_bound_the_episodes_in_flight(endpoint, importable) -> None:
+    procs = _procs("proc_harnesses:solve", processes=2, concurrency=1)
+    try:
+        eps = procs.run(new_episodes(_problems(4), 2), _template(endpoint))
+    finally:
+        procs.close()
+    assert [ep.reward for ep in eps] == [1.0] * 8 and endpoint.peak <= 2
+
+
+@pytest.mark.parametrize(("spec", "fault"), [("proc_harnesses:raises", "error"), ("proc_harnesses:hangs", "timeout")])
+def test_a_fault_in_a_harness_process_is_counted_like_one_in_process(endpoint, importable, spec, fault) -> None:
+    procs = _procs(spec, timeout_s=0.5)
+    try:
+        t0 = time.perf_counter()
+        eps = procs.run(new_episodes(_problems(2), 2), _template(endpoint))
+        assert time.perf_counter() - t0 < 15
+    finally:
+        procs.close()
+    assert [ep.fault for ep in eps] == [fault] * 4 and all(ep.reward == 0.0 and ep.error for ep in eps)
+
+
+def test_a_harness_process_that_dies_fails_its_episodes_and_is_replaced(endpoint, importable) -> None:
+    procs = _procs("proc_harnesses:dies_on_first")
+    try:
+        eps = procs.run(new_episodes(_problems(4), 1), _template(endpoint))  # problem 0 kills process 0
+        assert [ep.fault for ep in eps] == ["error", None, "error", None]  # process 0 held problems 0 and 2
+        assert "died (exit code 3)" in eps[0].error and [ep.reward for ep in eps[1::2]] == [1.0, 1.0]
+        assert procs.restarts == 1 and procs.active == 0
+        again = procs.run(new_episodes(_problems(4)[1:], 1), _template(endpoint))  # the fresh process serves
+        assert [ep.fault for ep in again] == [None] * 3
+    finally:
+        procs.close()
+
+
+def test_a_harness_process_that_cannot_import_its_harness_is_one_line(importable) -> None:
+    with pytest.raises(ConfigError, match=r"^agent.harness: the harness process did not start .*no_such_module"):
+        _procs("no_such_module:solve", processes=1)
+    with pytest.raises(ConfigError, match=r"agent.harness_processes: .* not 'verifiers:x'"):
+        _procs("verifiers:x", processes=1)

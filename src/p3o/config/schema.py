@@ -371,7 +371,13 @@ class AgentConfig:
         "(async def f(client, model, problem) -> reward or dict) or verifiers:<module> (None: no harness)",
     )
     episode_timeout_s: float = _f(120.0, "wall-clock limit of one harness episode (past it: a counted fault)", gt=0)
-    harness_concurrency: int = _f(64, "harness episodes running at once", ge=1)
+    harness_concurrency: int = _f(64, "harness episodes running at once (over all harness processes)", ge=1)
+    harness_processes: int = _f(
+        2,
+        "processes a package.module:function harness runs in, its episodes dealt among them (0: the trainer's "
+        "process; a verifiers environment always runs there)",
+        ge=0,
+    )
     serve_host: str = _f("127.0.0.1", "address the harness endpoint binds (localhost: only this machine sends data)")
     serve_port: int = _f(0, "port of the harness endpoint (0: a free one; URL and key in run_dir/endpoint.json)", ge=0)
     serve_api_key: str | None = _f(None, "bearer key of the harness endpoint (None: generated per run, never logged)")

@@ -1,44 +1,33 @@
-"""Harnesses: agents people already have, run against p3o's endpoint, many episodes at once.
+"""Harness episodes as training rows: `HarnessEngine`, the rollout engine of a run with ``agent.harness``.
 
-A harness is ``agent.harness: package.module:function``:
-
-    async def solve(client: openai.AsyncOpenAI, model: str, problem: p3o.tasks.Problem) -> float | dict
-
-(a plain ``def`` gets an ``openai.OpenAI`` and runs in a thread). ``client`` is bound to its episode's base URL on
-the endpoint (``/episodes/<id>/v1``) and the run's key; it returns the episode's reward, or a dict with ``reward``
-and extra numeric metrics (averaged per step into ``episode/<name>``).
-
-`run_harness` runs n episodes of every problem concurrently (asyncio, at most ``concurrency`` at once, each under
-``timeout_s``) and hands back one `HarnessEpisode` per episode, in order (rows b·n … b·n + n − 1 are problem b's).
-What an episode trains on is never the harness's text: it is what the endpoint recorded for that episode's key
-(``server.store.pop(id)``), popped by the caller (`p3o.train.harness_source`).
-
-Faults, each counted and never a crash, a hang or a row (`FAULTS`): the harness raised (``error``), ran past its
-time limit (``timeout``: the task is cancelled; a plain ``def`` keeps its thread, and whatever it still sends under
-its key is dropped), returned something that is no reward (``bad_reward``), never called the model (``no_calls``),
-or asked for another model than the one served (``wrong_model``, seen on the requests of the client it was given).
-``no_calls`` (nothing recorded under its key) is decided by the caller from the endpoint's records (`fail`).
+A harness is an agent people already have (``agent.harness: package.module:function``, an ``openai``-SDK loop, or
+``verifiers:<module>``), run against p3o's endpoint; the client side (loading a harness, running its episodes on a
+loop of their own or in harness processes, the faults) is `p3o.envs.harness_client`, whose names this module
+re-exports. What an episode trains on is never the harness's text: it is what the endpoint recorded for that
+episode's key (``server.store.pop(id)``), turned into rows here (`harness_rows`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures as cf
-import functools
-import importlib
-import inspect
-import json
-import math
-import ssl
 import sys
-import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from p3o.envs.engine import ProblemEngine, episode_rollouts
-from p3o.errors import ConfigError
+from p3o.envs.harness_client import (
+    FAULTS,
+    EpisodeLoop,
+    Harness,
+    HarnessEpisode,
+    HarnessProcesses,
+    episode_result,
+    fail,
+    is_async,
+    load_harness,
+    new_episodes,
+    run_harness,
+)
 from p3o.tasks.base import Problem
 from p3o.types import Rollouts
 
@@ -54,209 +43,6 @@ __all__ = [
     "load_harness",
     "run_harness",
 ]
-
-FAULTS = ("error", "timeout", "bad_reward", "no_calls", "wrong_model")
-"""Why an episode failed: the harness raised; it ran past ``agent.episode_timeout_s``; it returned no number (or a
-dict without a numeric ``reward``); the endpoint recorded no call under its key; it named another model."""
-
-Harness = Callable[..., Any]
-
-
-@dataclass
-class HarnessEpisode:
-    """One harness episode: its problem and group (problem index), its endpoint key, and how it ended.
-
-    ``reward`` is the harness's return (0 when ``fault`` is set); ``metrics`` its extra numbers; ``calls`` the
-    model requests it sent under its key; ``wrong_model`` the requests naming another model; ``seconds`` wall time.
-    """
-
-    problem: Problem
-    group: int
-    episode_id: str
-    reward: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
-    fault: str | None = None
-    error: str = ""
-    calls: int = 0
-    wrong_model: int = 0
-    seconds: float = 0.0
-
-
-def load_harness(spec: str) -> Harness:
-    """The harness ``spec`` names: ``package.module:function`` (async or plain), or ``verifiers:<module>``, a
-    `verifiers` environment run as a harness (`p3o.envs.verifiers_harness.load_verifiers`). A wrong spec: one-line
-    ConfigError."""
-    if not isinstance(spec, str) or ":" not in spec:
-        raise ConfigError(f"agent.harness: {spec!r} is not package.module:function (or verifiers:<module>)")
-    module_name, _, attr = spec.partition(":")
-    if module_name == "verifiers":
-        from p3o.envs.verifiers_harness import load_verifiers  # optional: the verifiers extra
-
-        return load_verifiers(attr)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a user module's import error, named in one line
-        raise ConfigError(f"agent.harness: cannot import {module_name!r} ({type(exc).__name__}: {exc})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"agent.harness: {module_name!r} has no function {attr!r}")
-    return fn
-
-
-def is_async(harness: Harness) -> bool:
-    """Whether the harness is a coroutine function (or an object whose ``__call__`` is one)."""
-    call = type(harness).__call__ if not inspect.isfunction(harness) else None
-    return inspect.iscoroutinefunction(harness) or (call is not None and inspect.iscoroutinefunction(call))
-
-
-def episode_result(value: Any) -> tuple[float, dict[str, float]] | None:
-    """(reward, extra metrics) of a harness's return: a finite number, or a dict with a finite numeric ``reward``
-    (its other finite numeric values are metrics, anything else ignored); None when it is neither."""
-    if isinstance(value, dict):
-        reward = value.get("reward")
-        extra = {
-            str(k): float(v)
-            for k, v in value.items()
-            if k != "reward" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        }
-    else:
-        reward, extra = value, {}
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        return None
-    return float(reward), extra
-
-
-def run_harness(
-    harness: Harness,
-    problems: Sequence[Problem],
-    n: int,
-    *,
-    base_url: Callable[[str], str],
-    api_key: str,
-    model: str,
-    timeout_s: float,
-    concurrency: int = 64,
-    run_id: str = "",
-    on_episode: Callable[[int], None] | None = None,
-) -> list[HarnessEpisode]:
-    """Run `n` episodes of every problem through the endpoint; one `HarnessEpisode` each, problem-major.
-
-    Args:
-        harness: `load_harness`'s result.
-        base_url: ``base_url(episode_id)`` -> the episode's OpenAI base URL (``EndpointServer.episode_url``).
-        api_key: the run's bearer key (given to each episode's client, never logged).
-        model: the served model name; a request naming another is counted (``wrong_model``).
-        timeout_s: wall-clock limit of one episode; concurrency: episodes at once.
-        run_id: prefix of the episode ids (ids are ``<run_id><uuid4 hex>``: unique, never reused).
-        on_episode: called with +1 when an episode starts and −1 when it ends (the endpoint's batcher waits for the
-            running episodes' next calls: `p3o.serve.batcher.Batcher.gather`).
-    """
-    episodes = [
-        HarnessEpisode(problem=p, group=b, episode_id=f"{run_id}{uuid.uuid4().hex}")
-        for b, p in enumerate(problems)
-        for _ in range(n)
-    ]
-    if episodes:
-        asyncio.run(_run_all(harness, episodes, base_url, api_key, model, timeout_s, max(1, concurrency), on_episode))
-    return episodes
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """The default TLS context, made once per process and shared by every batch's clients."""
-    return ssl.create_default_context()
-
-
-async def _run_all(harness, episodes, base_url, api_key, model, timeout_s, concurrency, on_episode) -> None:
-    # optional: httpx and openai (extra serve), the clients a harness is handed
-    import httpx
-    import openai
-
-    by_id = {ep.episode_id: ep for ep in episodes}
-
-    def watch(request: httpx.Request) -> None:
-        """Count each episode's model calls and the ones naming another model (the request's JSON ``model``)."""
-        ep = next((by_id[part] for part in request.url.path.split("/") if part in by_id), None)
-        if ep is None or request.method != "POST":
-            return
-        ep.calls += 1
-        try:
-            named = json.loads(request.content or b"{}").get("model")
-        except (ValueError, AttributeError):
-            named = None
-        if named is not None and named != model:
-            ep.wrong_model += 1
-
-    async def watch_async(request: httpx.Request) -> None:
-        watch(request)
-
-    # a pooled connection is dropped after 2 s idle, before the server's keep-alive (uvicorn's 5 s) closes it under a
-    # request (an APIConnectionError; requests are never retried: a retried call the server did serve would split)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=2.0)
-    gate = asyncio.Semaphore(concurrency)
-    timeout = httpx.Timeout(timeout_s + 5.0)
-    tls = _tls_context()  # built once per process: each client would load the CA store again (30-45 ms apiece)
-    hooks = {"request": [watch_async]}
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, event_hooks=hooks, verify=tls) as http:
-        sync_http = httpx.Client(timeout=timeout, limits=limits, event_hooks={"request": [watch]}, verify=tls)
-        # plain-def harnesses run on threads of their own: a thread past its limit is abandoned, never waited for
-        threads = cf.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="p3o-harness")
-        loop = asyncio.get_running_loop()
-        async_harness = is_async(harness)
-        try:
-
-            async def one(ep: HarnessEpisode) -> None:
-                async with gate:
-                    if on_episode is not None:
-                        on_episode(1)
-                    try:
-                        await one_episode(ep)
-                    finally:
-                        if on_episode is not None:
-                            on_episode(-1)
-
-            async def one_episode(ep: HarnessEpisode) -> None:
-                url = base_url(ep.episode_id)
-                if async_harness:
-                    client = openai.AsyncOpenAI(base_url=url, api_key=api_key, http_client=http, max_retries=0)
-                    call = harness(client, model, ep.problem)
-                else:
-                    client = openai.OpenAI(base_url=url, api_key=api_key, http_client=sync_http, max_retries=0)
-                    call = loop.run_in_executor(threads, harness, client, model, ep.problem)
-                await _episode(ep, call, timeout_s)
-
-            await asyncio.gather(*(one(ep) for ep in episodes))
-        finally:
-            threads.shutdown(wait=False, cancel_futures=True)
-            sync_http.close()
-
-
-async def _episode(ep: HarnessEpisode, call: Any, timeout_s: float) -> None:
-    """Await one harness call under its time limit and classify how it ended (`FAULTS`)."""
-    t0 = time.perf_counter()
-    try:
-        value = await asyncio.wait_for(call, timeout_s)
-    except TimeoutError:
-        ep.fault, ep.error = "timeout", f"past {timeout_s:g} s"
-    except Exception as exc:  # the harness's own bug or an endpoint error it did not catch: counted, never raised
-        ep.fault, ep.error = "error", f"{type(exc).__name__}: {exc}"[:300]
-    else:
-        result = episode_result(value)
-        if result is None:
-            ep.fault, ep.error = "bad_reward", f"returned {type(value).__name__}, not a reward"
-        else:
-            ep.reward, ep.metrics = result
-    ep.seconds = time.perf_counter() - t0
-    if ep.wrong_model:  # the endpoint refused it (404), whatever the harness then did
-        ep.fault, ep.error = "wrong_model", f"{ep.wrong_model} request(s) named another model"
-    if ep.fault is not None:
-        ep.reward, ep.metrics = 0.0, {}
-
-
-def fail(ep: HarnessEpisode, fault: str, error: str) -> None:
-    """Mark a finished episode failed after the fact (e.g. ``no_calls``: the endpoint recorded nothing under its
-    key, which the caller learns from the endpoint, not from the harness's client)."""
-    ep.fault, ep.error, ep.reward, ep.metrics = fault, error, 0.0, {}
 
 
 # -- episodes as training rows ---------------------------------------------------------------------------------------
@@ -291,6 +77,11 @@ class HarnessEngine(ProblemEngine):
         engine = HarnessEngine(server, load_harness("p3o.examples.agent_openai:solve"), problems_by_prompt,
                                timeout_s=60, concurrency=64)
         rollouts = engine.generate(prompt_ids, n=4)        # episodes through the endpoint, rewards filled in
+
+    Where the episodes run: ``processes`` 0, an `p3o.envs.harness_client.EpisodeLoop` in this process (the given
+    ``harness``); P > 0, `p3o.envs.harness_client.HarnessProcesses`, P processes importing the harness by its
+    ``spec``, each running at most ⌈concurrency / P⌉ episodes at once. ``active`` counts the running episodes either
+    way (the endpoint's batcher gathers their next calls).
     """
 
     relative_group_ids = True
@@ -304,6 +95,8 @@ class HarnessEngine(ProblemEngine):
         timeout_s: float,
         concurrency: int = 64,
         pad_id: int = 0,
+        processes: int = 0,
+        spec: str | None = None,
     ) -> None:
         self.server, self.harness, self.problems = server, harness, problems
         self.timeout_s, self.concurrency, self.pad_token_id = float(timeout_s), int(concurrency), int(pad_id)
@@ -312,7 +105,25 @@ class HarnessEngine(ProblemEngine):
         self.late_rows = 0
         self.said: set[str] = set()
         self.episodes_run = 0
-        self.active = 0  # episodes running now (read by the endpoint's batcher to gather their next calls)
+        self._active = 0
+        settings = {"api_key": server.api_key, "model": server.model_name, "timeout_s": self.timeout_s,
+                    "concurrency": self.concurrency}  # fmt: skip
+        self.clients: EpisodeLoop | HarnessProcesses
+        if processes > 0:
+            if spec is None:
+                raise ValueError("HarnessEngine: harness processes import the harness by its spec; none given")
+            per_process = -(-self.concurrency // processes)  # ``concurrency`` bounds the episodes over all of them
+            self.clients = HarnessProcesses(spec, processes, **{**settings, "concurrency": per_process})
+        else:
+            self.clients = EpisodeLoop(harness, **settings)
+
+    @property
+    def active(self) -> int:
+        """Episodes running now, in this process or in the harness processes (read by the endpoint's batcher to
+        gather their next calls)."""
+        if isinstance(self.clients, HarnessProcesses):
+            return self.clients.active
+        return self._active
 
     @property
     def version(self) -> int:
@@ -338,18 +149,12 @@ class HarnessEngine(ProblemEngine):
         """`n` harness episodes of every problem; their recorded rows (see the class docstring). ``seed`` is the
         harness's business (its requests carry it), ignored here."""
         del seed
-        episodes = run_harness(
-            self.harness,
-            problems,
-            n,
-            base_url=self.server.episode_url,
-            api_key=self.server.api_key,
-            model=self.server.model_name,
-            timeout_s=self.timeout_s,
-            concurrency=self.concurrency,
-            run_id=self.run_id,
-            on_episode=self._count,
-        )
+        episodes = new_episodes(problems, n, self.run_id)
+        self.clients.timeout_s = self.timeout_s  # the limit as it stands now (a caller may have changed it)
+        if isinstance(self.clients, HarnessProcesses):
+            episodes = self.clients.run(episodes, self.server.episode_url_template)
+        else:
+            self.clients.run(episodes, self.server.episode_url, self._count)
         recorded = [self.server.store.pop(ep.episode_id) for ep in episodes]  # popped for failed episodes too
         self._drop_late(episodes)
         for ep, rows in zip(episodes, recorded):
@@ -364,7 +169,7 @@ class HarnessEngine(ProblemEngine):
         return harness_rows(episodes, recorded, [list(p) for p in prompt_ids], n, self.pad_token_id)
 
     def _count(self, delta: int) -> None:
-        self.active += delta
+        self._active += delta
 
     def _drop_late(self, episodes: list[HarnessEpisode]) -> None:
         """Pop and drop what abandoned episodes (a thread past its limit) recorded since their batch ended."""
@@ -374,7 +179,8 @@ class HarnessEngine(ProblemEngine):
                 self.late_rows += len(self.server.store.pop(episode))
 
     def close(self) -> None:
-        """Stop the endpoint."""
+        """Stop the harness's clients (its processes) and the endpoint."""
+        self.clients.close()
         self.server.stop()
 
 

@@ -99,14 +99,21 @@ def serve_harness(
         tool_format=agent.tool_format,
         log=log,
     )
-    engine = HarnessEngine(
-        server,
-        harness,
-        by_prompt,
-        timeout_s=agent.episode_timeout_s,
-        concurrency=agent.harness_concurrency,
-        pad_id=pad_id,
-    )
+    spec = agent.harness if isinstance(agent.harness, str) and not agent.harness.startswith("verifiers:") else None
+    try:
+        engine = HarnessEngine(
+            server,
+            harness,
+            by_prompt,
+            timeout_s=agent.episode_timeout_s,
+            concurrency=agent.harness_concurrency,
+            pad_id=pad_id,
+            processes=min(agent.harness_processes, agent.harness_concurrency) if spec is not None else 0,
+            spec=spec,
+        )
+    except BaseException:
+        server.stop()
+        raise
     server.batcher.gather(expect=lambda: engine.active, max_wait_s=agent.serve_gather_s)  # episodes share calls
     server.start()
     return engine

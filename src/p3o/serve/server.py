@@ -117,6 +117,11 @@ class EndpointServer:
         """The OpenAI base URL of one episode: ``<url>/episodes/<id>/v1``."""
         return f"{self.url}/episodes/{check_episode(episode_id)}/v1"
 
+    @property
+    def episode_url_template(self) -> str:
+        """`episode_url` as a template, ``<url>/episodes/{episode}/v1`` (what a harness process is sent)."""
+        return f"{self.url}/episodes/{{episode}}/v1"
+
     def start(self, sock: socket.socket | None = None) -> EndpointServer:
         """Bind (P3OError, one line, when the port is taken; or serve on `sock`, a socket `bind` made), start the
         batcher and uvicorn in a daemon thread."""
