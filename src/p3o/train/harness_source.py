@@ -86,8 +86,6 @@ def harness_side(
         `p3o.cluster.RaySource` over `worker_config(cfg)`, which the loop builds and closes)."""
         workers[:] = [source]
 
-    make_engine.serve_through = serve_through  # type: ignore[attr-defined]
-
     return {
         "tokenizer": tokenizer,
         "prompts": prompts,
@@ -97,6 +95,7 @@ def harness_side(
         "pad_id": pad,
         "eval_prompts": eval_prompts,
         "eval_answers": [p.answer for p in eval_problems],
+        "serve_through": serve_through,
     }
 
 

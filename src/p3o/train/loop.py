@@ -242,9 +242,9 @@ class Trainer:
             return source
         side = comps.rollout_side()
         if cfg.rollout.workers:  # a harness run: its episodes and endpoints here, every engine call in a Ray worker
-            assert self.remote_source is not None
+            assert self.remote_source is not None and side.serve_through is not None
             self.workers = self.remote_source(worker_config(cfg), self.run_dir, self._push_weights(), start_step=start)
-            side.make_engine.serve_through(self.workers)  # type: ignore[attr-defined]
+            side.serve_through(self.workers)
         stream = PromptStream(
             len(side.prompts), cfg.rollout.prompts_per_step, cfg.seed, dist.rank(), dist.world_size()
         )

@@ -59,6 +59,9 @@ class RolloutSide:
         eval_prompts, eval_answers: held-out prompts for `eval_accuracy` (empty: no evaluation).
         mixture: the tasks of a ``task.mixture`` run (`p3o.tasks.mixture.Mixture`: prompt i is its slot i, eval prompt
             j its task ``mixture.eval_task[j]``), else None.
+        serve_through: a harness run's (`p3o.train.harness_source.harness_side`): ``serve_through(source)`` makes the
+            engines built from then on serve through `source`'s Ray rollout workers (``rollout.workers`` > 0: the
+            episodes and endpoints stay in the trainer, every engine call goes to a worker); None elsewhere.
     """
 
     tokenizer: Any
@@ -70,6 +73,7 @@ class RolloutSide:
     eval_prompts: list[list[int]] = field(default_factory=list)
     eval_answers: list[str] = field(default_factory=list)
     mixture: Mixture | None = None
+    serve_through: Callable[[Any], None] | None = None
 
 
 @dataclass
@@ -80,7 +84,8 @@ class Components:
     Attributes:
         policy: the trainer's causal LM (updated in place).
         tokenizer: saved with checkpoints (None allowed).
-        prompts, answers, reward_fn, make_engine, pad_id, eval_prompts, eval_answers, mixture: see `RolloutSide`.
+        prompts, answers, reward_fn, make_engine, pad_id, eval_prompts, eval_answers, mixture, serve_through: see
+            `RolloutSide`.
         ref_model: frozen reference policy (for ref_kl_coef), or None.
     """
 
@@ -95,6 +100,7 @@ class Components:
     eval_prompts: list[list[int]] = field(default_factory=list)
     eval_answers: list[str] = field(default_factory=list)
     mixture: Mixture | None = None
+    serve_through: Callable[[Any], None] | None = None
 
     def rollout_side(self) -> RolloutSide:
         """The rollout half of these components (shares their objects)."""
@@ -108,6 +114,7 @@ class Components:
             self.eval_prompts,
             self.eval_answers,
             self.mixture,
+            self.serve_through,
         )
 
 
@@ -334,6 +341,7 @@ def build_components(cfg: Any) -> Components:
         eval_prompts=ro.eval_prompts,
         eval_answers=ro.eval_answers,
         mixture=ro.mixture,
+        serve_through=ro.serve_through,
     )
 
 
