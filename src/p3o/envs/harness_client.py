@@ -270,8 +270,16 @@ class EpisodeLoop:
             ep.wrong_model += 1
 
     def _clients(self) -> None:
-        """The ``httpx`` clients, made on the loop's first batch."""
+        """The ``httpx`` clients, made on the loop's first batch. The async one runs on aiohttp's transport where
+        ``httpx-aiohttp`` is installed (``openai[aiohttp]``, in the serve extra: the SDK's own
+        ``DefaultAioHttpClient``), else on httpx's own: with 32 episodes at once, httpx's connection pool costs
+        about twice the CPU per request (docs/benchmarks.md)."""
         import httpx  # optional: the serve extra
+
+        try:
+            from httpx_aiohttp import HttpxAiohttpClient as AsyncClient  # optional: openai[aiohttp], the faster pool
+        except ImportError:
+            AsyncClient = httpx.AsyncClient
 
         async def watch_async(request: httpx.Request) -> None:
             self._watch(request)
@@ -283,9 +291,7 @@ class EpisodeLoop:
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=2.0)
         timeout = httpx.Timeout(self.timeout_s + 5.0)
         tls = _tls_context()
-        self._http = httpx.AsyncClient(
-            limits=limits, timeout=timeout, event_hooks={"request": [watch_async]}, verify=tls
-        )
+        self._http = AsyncClient(limits=limits, timeout=timeout, event_hooks={"request": [watch_async]}, verify=tls)
         self._sync_http = httpx.Client(
             limits=limits, timeout=timeout, event_hooks={"request": [self._watch]}, verify=tls
         )
