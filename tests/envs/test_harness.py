@@ -2,7 +2,7 @@
 every fault of issue 52 item 5 counted (never raised, never a hang).
 
 The stand-in is a stdlib HTTP server speaking the two replies the example harness needs (a ``calculator`` tool call,
-then ``#### <value>``); the real endpoint's rows are tested in tests/train/test_harness_source.py.
+then ``#### <value>``); the real endpoint's rows are tested in tests/train/test_wiring_harness.py.
 """
 
 from __future__ import annotations

@@ -226,8 +226,7 @@ class EpisodeLoop:
         self.harness, self.api_key, self.model = harness, api_key, model
         self.timeout_s, self.concurrency = float(timeout_s), max(1, int(concurrency))
         self._live: dict[str, HarnessEpisode] = {}  # the running batch's episodes by id (the request hook's view)
-        self._http: Any = None
-        self._sync_http: Any = None
+        self._openai, self._http, self._sync_http = self._clients()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p3o-harness-loop", daemon=True)
         self._thread.start()
@@ -250,11 +249,8 @@ class EpisodeLoop:
             self._loop.close()
 
     async def _close_clients(self) -> None:
-        if self._http is not None:
-            await self._http.aclose()
-        if self._sync_http is not None:
-            self._sync_http.close()
-        self._http = self._sync_http = None
+        await self._http.aclose()
+        self._sync_http.close()
 
     def _watch(self, request: Any) -> None:
         """Count each episode's model calls and the ones naming another model (the request's JSON ``model``)."""
@@ -269,12 +265,15 @@ class EpisodeLoop:
         if named is not None and named != self.model:
             ep.wrong_model += 1
 
-    def _clients(self) -> None:
-        """The ``httpx`` clients, made on the loop's first batch. The async one runs on aiohttp's transport where
-        ``httpx-aiohttp`` is installed (``openai[aiohttp]``, in the serve extra: the SDK's own
+    def _clients(self) -> tuple[Any, Any, Any]:
+        """The ``openai`` module and the ``httpx`` clients (async, sync) every batch's episodes share, made with the
+        loop (a harness process imports them before it says it is ready). The async one runs on aiohttp's transport
+        where ``httpx-aiohttp`` is installed (``openai[aiohttp]``, in the serve extra: the SDK's own
         ``DefaultAioHttpClient``), else on httpx's own: with 32 episodes at once, httpx's connection pool costs
         about twice the CPU per request (docs/benchmarks.md)."""
-        import httpx  # optional: the serve extra
+        # optional: the serve extra (the harness's clients)
+        import httpx
+        import openai
 
         try:
             from httpx_aiohttp import HttpxAiohttpClient as AsyncClient  # optional: openai[aiohttp], the faster pool
@@ -291,16 +290,12 @@ class EpisodeLoop:
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=2.0)
         timeout = httpx.Timeout(self.timeout_s + 5.0)
         tls = _tls_context()
-        self._http = AsyncClient(limits=limits, timeout=timeout, event_hooks={"request": [watch_async]}, verify=tls)
-        self._sync_http = httpx.Client(
-            limits=limits, timeout=timeout, event_hooks={"request": [self._watch]}, verify=tls
-        )
+        aio = AsyncClient(limits=limits, timeout=timeout, event_hooks={"request": [watch_async]}, verify=tls)
+        sync = httpx.Client(limits=limits, timeout=timeout, event_hooks={"request": [self._watch]}, verify=tls)
+        return openai, aio, sync
 
     async def _run(self, episodes: list[HarnessEpisode], base_url: BaseURL, on_episode: Any) -> None:
-        import openai  # optional: the serve extra
-
-        if self._http is None:
-            self._clients()
+        openai = self._openai
         self._live.update((ep.episode_id, ep) for ep in episodes)
         gate = asyncio.Semaphore(self.concurrency)
         # plain-def harnesses run on threads of their own, per batch: a thread past its limit is abandoned, never
@@ -524,9 +519,6 @@ def _serve(fd: int) -> int:
         settings = conn.recv()
         sys.path[:0] = [p for p in settings.pop("path") if p not in sys.path]
         harness = load_harness(settings.pop("spec"))
-        # optional (the serve extra): the clients' imports, before "ready", so the first batch does not wait for them
-        import httpx  # noqa: F401
-        import openai  # noqa: F401
     except ConfigError as err:
         send(("error", str(err)))
         return 1

@@ -4,7 +4,7 @@ problems, with the run's own limits, drawn as the in-loop evaluation draws them.
     result = evaluate_harness(model, tokenizer, problems, sampling, agent=run_cfg.agent, model_name="tiny-chat")
     result.pass_at_k[1], result.extra["in_loop"]["eval_accuracy"], result.extra["faults"]
 
-The engine is built as the training run builds its held-out evaluation's (`p3o.train.harness_source`, a floor
+The engine is built as the training run builds its held-out evaluation's (`p3o.train.wiring.harness_side`, a floor
 above this one, which can call `serve_harness` and `harness_prompts`): an `p3o.serve.EndpointServer` on the loaded
 policy — bound here to localhost on a free port, with a key generated for this evaluation and written nowhere —
 wrapped in a `p3o.envs.harness.HarnessEngine` that runs the run's harness under its limits
@@ -61,9 +61,8 @@ def harness_prompts(problems: Sequence[Problem], tokenizer: Any, pad_id: int, by
 
 
 def serve_harness(
-    model: Any,
+    engine: Any,
     tokenizer: Any,
-    settings: EngineSettings,
     agent: Any,
     by_prompt: dict[Any, Problem],
     *,
@@ -74,14 +73,12 @@ def serve_harness(
     api_key: str | None = None,
     log: Callable[[str], None] | None = None,
     harness: Callable[..., Any] | None = None,
-    engine: Any = None,
 ) -> HarnessEngine:
-    """A started `p3o.serve.EndpointServer` on a rollout engine of `model` (`settings`), wrapped in a
-    `HarnessEngine` running ``agent.harness`` over the problems `by_prompt` names, under the run's limits (``agent``:
-    a run's `AgentConfig`; `harness`: the loaded harness, default ``load_harness(agent.harness)``); its batcher
-    gathers the running episodes' next calls. `api_key` None: one generated. `engine`: the rollout engine the
-    endpoint samples with, in place of one built from `model` (a `p3o.serve.remote.RemoteEngine` on a Ray worker).
-    The returned engine's ``close()`` stops the endpoint."""
+    """A started `p3o.serve.EndpointServer` on the rollout engine `engine` (an HF or vLLM engine of the policy, or a
+    `p3o.serve.remote.RemoteEngine` on a Ray worker), wrapped in a `HarnessEngine` running ``agent.harness`` over the
+    problems `by_prompt` names, under the run's limits (``agent``: a run's `AgentConfig`; `harness`: the loaded
+    harness, default ``load_harness(agent.harness)``); its batcher gathers the running episodes' next calls.
+    `api_key` None: one generated. The returned engine's ``close()`` stops the endpoint."""
     harness = harness if harness is not None else load_harness(agent.harness)
     try:
         endpoint = serve.EndpointServer  # imported on first use: FastAPI and uvicorn (extra serve)
@@ -90,7 +87,7 @@ def serve_harness(
             f"agent.harness: the endpoint needs the serve extra (pip install 'p3o[serve]'): {err}"
         ) from None
     server = endpoint(
-        engine if engine is not None else make_engine(settings, model, tokenizer),
+        engine,
         tokenizer,
         model_name=model_name,
         api_key=api_key,
@@ -151,8 +148,9 @@ def evaluate_harness(
     by_prompt: dict[Any, Problem] = {}
     prompts = harness_prompts(problems, tokenizer, pad, by_prompt)
     engine = serve_harness(
-        model, tokenizer, sampling, agent, by_prompt, model_name=model_name, pad_id=pad, log=_stderr
-    )
+        make_engine(sampling, model, tokenizer), tokenizer, agent, by_prompt, model_name=model_name, pad_id=pad,
+        log=_stderr,
+    )  # fmt: skip
     split_rows = 0
 
     def on_batch(lo: int, rows: Rollouts, scores: torch.Tensor) -> None:

@@ -53,12 +53,18 @@ from p3o.metrics.monitor import OffPolicyMonitor
 from p3o.models.lora import AdaptersOff, apply_lora, is_lora
 from p3o.objectives import get_objective
 from p3o.train.evaluation import Evaluator
-from p3o.train.harness_source import worker_config
 from p3o.train.placement import EvaluationWeights, Placement, PlacementSettings, check_placement
 from p3o.train.run_dir import clear_run_outputs, earlier_run, run_outputs
 from p3o.train.sources import BatchSource, Producer, PromptStream, RemoteSource, make_source, stream_seed, token_lag
 from p3o.train.step import ObjectiveCall, UpdateSettings, UpdateStep
-from p3o.train.wiring import Components, build_components, build_optimizer, check_run_dir, resolve_device
+from p3o.train.wiring import (
+    Components,
+    build_components,
+    build_optimizer,
+    check_run_dir,
+    resolve_device,
+    worker_config,
+)
 from p3o.types import Rollouts
 
 

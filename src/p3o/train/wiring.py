@@ -3,6 +3,7 @@
     comps = build_components(cfg)                          # model, tokenizer, prompts, reward_fn, make_engine, ...
     policy, tokenizer, ref = build_trainer_side(cfg)       # the trainer's half: the model it updates
     side = build_rollout_side(cfg)                         # the rollout half, from the config alone (Ray workers)
+    fields = harness_side(cfg, problems, eval_problems, tokenizer, pad, plain)  # agent.harness: RolloutSide's fields
     optimizer, scheduler = build_optimizer(comps.policy, cfg.optim, cfg.update, cfg.steps)
     check_run_dir(cfg.run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import secrets
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,16 +27,19 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
 from p3o import dist, models  # models.load_policy looked up at call time: tests replace it
+from p3o.config import from_dict
 from p3o.dist import resolve_device
 from p3o.envs import EnvLimits, EpisodeEngine, Renderer, default_mode, env_splits, make_env, stop_ids
+from p3o.envs.harness import load_harness
 from p3o.errors import ConfigError
+from p3o.eval.harness import harness_prompts, serve_harness
 from p3o.models.lora import is_lora, merged_copy, merged_weights
 from p3o.rewards import make_reward_fn
 from p3o.rollout.factory import make_engine as _make
 from p3o.rollout.settings import EngineSettings
+from p3o.serve.remote import RemoteEngine
 from p3o.tasks import Mixture, format_prompt, load_eval_problems, load_mixture, load_train_problems, task_verifier
 from p3o.train import checkpoint  # called through the module: tests patch its functions
-from p3o.train.harness_source import harness_problems, harness_side
 from p3o.train.placement import FROM_RANK0
 from p3o.train.run_dir import earlier_run, run_outputs
 from p3o.train.step import make_optimizer, make_scheduler
@@ -59,7 +65,7 @@ class RolloutSide:
         eval_prompts, eval_answers: held-out prompts for `eval_accuracy` (empty: no evaluation).
         mixture: the tasks of a ``task.mixture`` run (`p3o.tasks.mixture.Mixture`: prompt i is its slot i, eval prompt
             j its task ``mixture.eval_task[j]``), else None.
-        serve_through: a harness run's (`p3o.train.harness_source.harness_side`): ``serve_through(source)`` makes the
+        serve_through: a harness run's (`harness_side`): ``serve_through(source)`` makes the
             engines built from then on serve through `source`'s Ray rollout workers (``rollout.workers`` > 0: the
             episodes and endpoints stay in the trainer, every engine call goes to a worker); None elsewhere.
     """
@@ -204,15 +210,16 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
     pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else 0
     if getattr(cfg, "agent", None) is not None and cfg.agent.env:
         return _agent_rollout_side(cfg, problems, eval_problems, settings, tokenizer, int(pad))
+
+    def make_engine(model: nn.Module) -> Any:
+        return _make(settings, model, tokenizer)
+
     if getattr(cfg, "agent", None) is not None and getattr(cfg.agent, "harness", None):
-        return RolloutSide(**harness_side(cfg, problems, eval_problems, settings, tokenizer, int(pad)))
+        return RolloutSide(**harness_side(cfg, problems, eval_problems, tokenizer, int(pad), make_engine))
 
     def encode(probs: list[Any]) -> list[list[int]]:
         texts = [format_prompt(p, tokenizer, task.template, system=task.system_prompt) for p in probs]
         return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-    def make_engine(model: nn.Module) -> Any:
-        return _make(settings, model, tokenizer)
 
     prompts, answers = encode(problems), [p.answer for p in problems]
     if mix is not None:  # prompt i = pool slot i: (task k, its problem j), each task's problems encoded once
@@ -316,6 +323,105 @@ def _agent_rollout_side(
         eval_prompts=eval_prompts,
         eval_answers=[p.answer for p in eval_problems],
     )
+
+
+# -- a harness run's rollout side (``agent.harness``) ---------------------------------------------------------------
+# p3o's endpoint inside ``p3o train``, the harness's episodes through it, the training rows from the endpoint's
+# records (never from the harness's text). Every engine the run builds (the rollout engine, the held-out
+# evaluator's) is an `p3o.serve.EndpointServer` on ``agent.serve_host`` (localhost by default) with the run's one key
+# (``agent.serve_api_key``, else generated per run): the first binds ``agent.serve_port`` and writes its URL, model
+# and key to ``<run_dir>/endpoint.json`` (readable by its owner only; the key is never logged in full), later ones a
+# free port. A prompt's ids (the problem's text, tokenized) name its problem for the engine, as for
+# `p3o.envs.EpisodeEngine`; the rows the engine returns are what the endpoint rendered and sampled. Sync, stale and
+# async sources take these rows as they take tick-loop episodes: each sampled token keeps its own recorded version,
+# admission is by the oldest one.
+
+ENDPOINT_FILE = "endpoint.json"
+"""In the run directory: {url, base_url, api_key, model, max_model_len} of the run's endpoint (mode 0600)."""
+
+
+def harness_problems(cfg: Any) -> tuple[list[Any], list[Any]] | None:
+    """The problems of a harness run: a `verifiers` environment's own rows (``agent.harness: verifiers:<module>``:
+    `p3o.envs.verifiers_harness.VerifiersHarness.problems`, the last ``task.n_eval`` held out), else a built-in
+    environment's own problems when ``task.name`` names one (``calc-small``: disjoint train / test splits,
+    `p3o.envs.env_problems`), else None (the task's problems); None outside a harness run."""
+    spec = getattr(cfg.agent, "harness", None)
+    if not spec:
+        return None
+    if isinstance(spec, str) and spec.startswith("verifiers:"):
+        return load_harness(spec).problems(cfg.task.n_train, cfg.task.n_eval)
+    return env_splits(cfg.task.name, seed=cfg.seed, n_train=cfg.task.n_train, n_eval=cfg.task.n_eval)
+
+
+def harness_side(
+    cfg: Any,
+    problems: list[Any],
+    eval_problems: list[Any],
+    tokenizer: Any,
+    pad: int,
+    plain_engine: Callable[[nn.Module], Any],
+) -> dict[str, Any]:
+    """`p3o.train.wiring.RolloutSide`'s fields for a harness run: prompts that name the problems, the episodes'
+    rewards as the reward function, and an engine factory that starts an endpoint per engine, on the engine
+    ``plain_engine(model)`` builds (the run's rollout engine, as a run without a harness samples with) or on a Ray
+    worker's. The harness is imported here, before any model loads, so a wrong ``agent.harness`` fails in one line
+    at once."""
+    a = cfg.agent
+    harness = load_harness(a.harness)
+    key = a.serve_api_key or f"p3o-{secrets.token_urlsafe(24)}"
+    by_prompt: dict[Any, Any] = {}
+    prompts = harness_prompts(problems, tokenizer, pad, by_prompt)
+    eval_prompts = harness_prompts(eval_problems, tokenizer, pad, by_prompt)
+    started: list[Any] = []
+    workers: list[Any] = []  # rollout.workers > 0: the Ray workers' source (`serve_through`), handed by the loop
+
+    def make_engine(model: nn.Module) -> Any:
+        first = not started
+        # engine k serves through worker k mod N: the episodes stay here, each engine call is a worker's
+        if workers:
+            inner = RemoteEngine.from_source(workers[0], worker=len(started) % len(workers[0].actors))
+        else:
+            inner = plain_engine(model)
+        engine = serve_harness(
+            inner, tokenizer, a, by_prompt, model_name=cfg.model.name, pad_id=pad, host=a.serve_host,
+            port=a.serve_port if first else 0, api_key=key, log=_say, harness=harness,
+        )  # fmt: skip
+        started.append(engine.server)
+        if first:
+            engine.server.write_info(Path(cfg.run_dir) / ENDPOINT_FILE)
+        return engine
+
+    def episode_rewards(rollouts: Rollouts) -> Tensor:
+        return rollouts.rewards.clone()  # the harness's rewards, filled in per episode (0 for a failed one)
+
+    def serve_through(source: Any) -> None:
+        """rollout.workers > 0: the engines built from now on serve through `source`'s Ray workers (a
+        `p3o.cluster.RaySource` over `worker_config(cfg)`, which the loop builds and closes)."""
+        workers[:] = [source]
+
+    return {
+        "tokenizer": tokenizer,
+        "prompts": prompts,
+        "answers": [p.answer for p in problems],
+        "reward_fn": episode_rewards,
+        "make_engine": make_engine,
+        "pad_id": pad,
+        "eval_prompts": eval_prompts,
+        "eval_answers": [p.answer for p in eval_problems],
+        "serve_through": serve_through,
+    }
+
+
+def worker_config(cfg: Any) -> Any:
+    """The config of a harness run's Ray rollout workers: the run's, without the harness (a worker hosts a bare
+    engine; the episodes and the endpoint stay in the trainer's process) and with a task of 8 arithmetic problems
+    (the worker's own batch producer is never asked for a batch here)."""
+    task = {"name": "arithmetic", "n_train": 8, "n_eval": 0, "eval_name": None, "mixture": None, "verifier": None}
+    return from_dict({"agent": {"harness": None}, "task": task}, base=cfg)
+
+
+def _say(line: str) -> None:
+    print(f"p3o train: {line}", file=sys.stderr)
 
 
 def build_components(cfg: Any) -> Components:
@@ -434,16 +540,20 @@ def resume_problem(run_dir: str | Path) -> str | None:
 
 __all__ = [
     "Components",
+    "ENDPOINT_FILE",
     "RolloutSide",
     "build_components",
+    "build_optimizer",
     "build_rollout_side",
     "build_trainer_side",
-    "read_on_rank0",
-    "load_tokenizer",
-    "build_optimizer",
     "check_run_dir",
     "engine_model",
-    "resume_problem",
+    "harness_problems",
+    "harness_side",
+    "load_tokenizer",
+    "read_on_rank0",
     "resolve_device",
+    "resume_problem",
     "sync_weights",
+    "worker_config",
 ]

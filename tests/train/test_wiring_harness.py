@@ -1,5 +1,5 @@
 """Harness episodes through p3o's endpoint into training rows (`p3o.envs.harness.HarnessEngine`,
-`p3o.train.harness_source`), on the shipped agent base served by an fp32 HF engine.
+`p3o.train.wiring.harness_side`), on the shipped agent base served by an fp32 HF engine.
 
 For every row built through the endpoint: the trainer's input ids are the served prompt ids + sampled ids +
 observation ids, and each sampled token's recorded log-prob is the trainer's; a weight push between two calls of one
