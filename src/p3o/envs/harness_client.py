@@ -38,6 +38,7 @@ This module imports neither torch nor the endpoint, so a harness process starts 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures as cf
 import contextlib
 import functools
@@ -230,6 +231,7 @@ class EpisodeLoop:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p3o-harness-loop", daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # an engine nobody closed: its clients' sessions closed before the process ends
 
     def run(self, episodes: list[HarnessEpisode], base_url: BaseURL, on_episode: Callable[[int], None] | None) -> None:
         """Run the episodes (at most ``concurrency`` at once); each ends with its reward or its fault."""
@@ -238,6 +240,7 @@ class EpisodeLoop:
 
     def close(self) -> None:
         """Close the clients and stop the loop (a plain-def harness thread past its limit is abandoned)."""
+        atexit.unregister(self.close)
         if self._loop.is_closed():
             return
         if self._thread.is_alive():
