@@ -233,6 +233,21 @@ def test_a_harness_importing_only_openai_trains_end_to_end(tmp_path: Path, monke
     key = json.loads(info.read_text())["api_key"]
     leaked = [p for p in out.rglob("*") if p.is_file() and p != info and key.encode() in p.read_bytes()]
     assert not leaked  # the key is written once, for the harness, and nowhere else
+    assert not _harness_processes()  # the run's harness processes (agent.harness_processes 2) ended with it
+
+
+def _harness_processes() -> list[int]:
+    """The pids of this process's children that are harness processes (``python -m p3o.envs.harness_client``)."""
+    mine = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if ppid == os.getpid() and b"p3o.envs.harness_client" in cmd:
+            mine.append(int(proc.name))
+    return mine
 
 
 def test_a_rewritten_history_splits_the_row_and_the_producer_keeps_its_rows_in_the_problems_group(server) -> None:

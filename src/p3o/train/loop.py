@@ -144,6 +144,7 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.source: BatchSource | None = None
         self.workers: Any = None  # a harness run with rollout.workers > 0: the Ray workers its endpoints serve through
+        self.engines: list[Any] = []  # the in-process engines built here (rollout, evaluation): closed with the run
         self.logger: Any = None
         self.bar: Any = None
         self._eval_view: EvaluationWeights | None = None  # the weights of the evaluation under way
@@ -259,6 +260,7 @@ class Trainer:
         if start > 0:
             engine.load_weights(placement.weights(), start)  # type: ignore[arg-type]
         evaluator = Evaluator(side, cfg.seed)
+        self.engines = [engine, evaluator]
 
         def in_process(version: int) -> dict[str, float]:
             view = self._eval_view  # set by `_evaluate` (under FSDP rank 0's gathered weights)
@@ -372,8 +374,16 @@ class Trainer:
 
     # -- the end -------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the batch source (threads, Ray workers) and close the logs; safe to call after a failure."""
-        for closer in (self.source, self.workers, self.bar, self.logger):
+        """Stop the batch source (threads, Ray workers), then the engines (a harness run's endpoints and harness
+        processes; a vLLM engine's instance released), and close the logs; safe to call after a failure."""
+        for closer in (self.source, self.workers):
+            if closer is not None:
+                closer.close()
+        for held in self.engines:  # the evaluator holds its engine once it has evaluated
+            engine = getattr(held, "engine", None) if isinstance(held, Evaluator) else held
+            if callable(getattr(engine, "close", None)):
+                engine.close()
+        for closer in (self.bar, self.logger):
             if closer is not None:
                 closer.close()
 
