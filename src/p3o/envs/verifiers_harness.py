@@ -77,7 +77,8 @@ _LOADED: dict[str, VerifiersHarness] = {}
 
 def load_verifiers(module: str) -> VerifiersHarness:
     """The harness that runs the `verifiers` environment ``module`` against p3o's endpoint (one per module and
-    process: `p3o.train.wiring.harness_problems` reads its problems and runs its episodes). Bad input: one-line ConfigError."""
+    process: `p3o.train.wiring.harness_problems` reads its problems and runs its episodes). Bad input: one-line
+    ConfigError."""
     if module not in _LOADED:
         _LOADED[module] = VerifiersHarness(module)
     return _LOADED[module]
