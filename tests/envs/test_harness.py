@@ -311,3 +311,19 @@ def test_a_harness_process_that_cannot_import_its_harness_is_one_line(importable
         _procs("no_such_module:solve", processes=1)
     with pytest.raises(ConfigError, match=r"agent.harness_processes: .* not 'verifiers:x'"):
         _procs("verifiers:x", processes=1)
+
+
+def test_a_harness_process_killed_between_batches_fails_only_its_share_of_the_next(endpoint, importable) -> None:
+    procs = _procs("proc_harnesses:solve")
+    try:
+        procs.run(new_episodes(_problems(2), 1), _template(endpoint))
+        victim = procs.children[1].proc
+        victim.kill()
+        victim.wait(5)
+        eps = procs.run(new_episodes(_problems(4), 1), _template(endpoint))  # process 1 held problems 1 and 3
+        assert [ep.fault for ep in eps] == [None, "error", None, "error"] and "died" in eps[1].error
+        assert procs.restarts == 1 and procs.children[1].proc.pid != victim.pid
+        again = procs.run(new_episodes(_problems(4), 1), _template(endpoint))
+        assert [ep.reward for ep in again] == [1.0] * 4
+    finally:
+        procs.close()

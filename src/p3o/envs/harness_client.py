@@ -469,16 +469,19 @@ class HarnessProcesses:
         shares = [episodes[k :: len(self.children)] for k in range(len(self.children))]
         sent = []
         for child, share in zip(self.children, shares):
-            if share:
-                child.conn.send(("run", share, base_url, self.timeout_s))
-            sent.append(bool(share))
+            try:
+                if share:
+                    child.conn.send(("run", share, base_url, self.timeout_s))
+                sent.append(True)
+            except (OSError, ValueError):  # it died since the last batch: its share fails below, a fresh one starts
+                sent.append(False)
         done: list[list[HarnessEpisode]] = []
         for k, (share, was_sent) in enumerate(zip(shares, sent)):
-            if not was_sent:
+            if not share:
                 done.append([])
                 continue
             waves = -(-len(share) // self.concurrency)
-            said = self.children[k].take(self.timeout_s * waves + 30.0)
+            said = self.children[k].take(self.timeout_s * waves + 30.0) if was_sent else ("gone",)
             if said is not None and said[0] == "done":
                 done.append(said[1])
             else:
