@@ -134,21 +134,20 @@ def is_async(harness: Harness) -> bool:
     return inspect.iscoroutinefunction(harness) or (call is not None and inspect.iscoroutinefunction(call))
 
 
+def _finite_number(value: Any) -> bool:
+    """Whether `value` is a finite int or float (not a bool): what a harness may report as a reward or a metric."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def episode_result(value: Any) -> tuple[float, dict[str, float]] | None:
     """(reward, extra metrics) of a harness's return: a finite number, or a dict with a finite numeric ``reward``
     (its other finite numeric values are metrics, anything else ignored); None when it is neither."""
     if isinstance(value, dict):
         reward = value.get("reward")
-        extra = {
-            str(k): float(v)
-            for k, v in value.items()
-            if k != "reward" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        }
+        extra = {str(k): float(v) for k, v in value.items() if k != "reward" and _finite_number(v)}
     else:
         reward, extra = value, {}
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        return None
-    return float(reward), extra
+    return (float(reward), extra) if _finite_number(reward) else None
 
 
 def fail(ep: HarnessEpisode, fault: str, error: str) -> None:
