@@ -25,26 +25,14 @@ from p3o.envs.verifiers_harness import CHAT_HARNESS, VerifiersHarness, described
 from p3o.errors import ConfigError
 from p3o.logprobs import token_logprobs
 from p3o.models import load_policy
+from p3o.models.chat import CALCULATOR_TOOL
 from p3o.rollout import HFEngine
 from p3o.serve import EndpointServer
 from p3o.train.loop import run
 
 EXAMPLE = "p3o.examples.verifiers_calc"
 MODEL = "tiny-chat"
-CALC_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string", "description": "e.g. 47 * 6"}},
-                "required": ["expression"],
-            },
-        },
-    }
-]
+CALC_TOOLS = [CALCULATOR_TOOL]
 """The example's tool as tiny-chat sees it (its chat template renders this list): the openai-SDK example's schema."""
 
 

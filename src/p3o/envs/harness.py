@@ -99,14 +99,13 @@ class HarnessEngine(ProblemEngine):
         spec: str | None = None,
     ) -> None:
         self.server, self.harness, self.problems = server, harness, problems
-        self.timeout_s, self.concurrency, self.pad_token_id = float(timeout_s), int(concurrency), int(pad_id)
+        self.concurrency, self.pad_token_id = int(concurrency), int(pad_id)
         self.run_id = f"h{uuid.uuid4().hex[:8]}-"
         self.faults: dict[str, int] = {k: 0 for k in FAULTS}
         self.late_rows = 0
         self.said: set[str] = set()
         self.episodes_run = 0
-        self._active = 0
-        settings = {"api_key": server.api_key, "model": server.model_name, "timeout_s": self.timeout_s,
+        settings = {"api_key": server.api_key, "model": server.model_name, "timeout_s": float(timeout_s),
                     "concurrency": self.concurrency}  # fmt: skip
         self.clients: EpisodeLoop | HarnessProcesses
         if processes > 0:
@@ -121,9 +120,17 @@ class HarnessEngine(ProblemEngine):
     def active(self) -> int:
         """Episodes running now, in this process or in the harness processes (read by the endpoint's batcher to
         gather their next calls)."""
-        if isinstance(self.clients, HarnessProcesses):
-            return self.clients.active
-        return self._active
+        return self.clients.active
+
+    @property
+    def timeout_s(self) -> float:
+        """The wall-clock limit of one episode (``agent.episode_timeout_s``): the clients', so a change holds from
+        the next batch on."""
+        return self.clients.timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        self.clients.timeout_s = float(value)
 
     @property
     def version(self) -> int:
@@ -149,12 +156,7 @@ class HarnessEngine(ProblemEngine):
         """`n` harness episodes of every problem; their recorded rows (see the class docstring). ``seed`` is the
         harness's business (its requests carry it), ignored here."""
         del seed
-        episodes = new_episodes(problems, n, self.run_id)
-        self.clients.timeout_s = self.timeout_s  # the limit as it stands now (a caller may have changed it)
-        if isinstance(self.clients, HarnessProcesses):
-            episodes = self.clients.run(episodes, self.server.episode_url_template)
-        else:
-            self.clients.run(episodes, self.server.episode_url, self._count)
+        episodes = self.clients.run(new_episodes(problems, n, self.run_id), self.server.episode_url_template)
         recorded = [self.server.store.pop(ep.episode_id) for ep in episodes]  # popped for failed episodes too
         self._drop_late(episodes)
         for ep, rows in zip(episodes, recorded):
@@ -167,9 +169,6 @@ class HarnessEngine(ProblemEngine):
                     print(f"p3o: a harness episode failed ({ep.fault}): {ep.error}", file=sys.stderr)
         self.episodes_run += len(episodes)
         return harness_rows(episodes, recorded, [list(p) for p in prompt_ids], n, self.pad_token_id)
-
-    def _count(self, delta: int) -> None:
-        self._active += delta
 
     def _drop_late(self, episodes: list[HarnessEpisode]) -> None:
         """Pop and drop what abandoned episodes (a thread past its limit) recorded since their batch ended."""

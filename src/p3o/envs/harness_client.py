@@ -215,16 +215,18 @@ def _url(base_url: BaseURL, episode_id: str) -> str:
 
 class EpisodeLoop:
     """Harness episodes on one asyncio loop (a daemon thread of its own) with the clients a harness is handed: one
-    ``httpx`` pool, kept from batch to batch, so a batch's requests reuse open connections.
+    ``httpx`` pool, kept from batch to batch, so a batch's requests reuse open connections. ``active`` is the
+    episodes running now (the endpoint's batcher reads it), as `HarnessProcesses`' is.
 
         loop = EpisodeLoop(harness, api_key=key, model="tiny-chat", timeout_s=60, concurrency=64)
-        loop.run(new_episodes(problems, 4), server.episode_url, on_episode=None)   # fills in each HarnessEpisode
+        episodes = loop.run(new_episodes(problems, 4), server.episode_url_template)   # each with its reward or fault
         loop.close()
     """
 
     def __init__(self, harness: Harness, *, api_key: str, model: str, timeout_s: float, concurrency: int = 64) -> None:
         self.harness, self.api_key, self.model = harness, api_key, model
         self.timeout_s, self.concurrency = float(timeout_s), max(1, int(concurrency))
+        self.active = 0
         self._live: dict[str, HarnessEpisode] = {}  # the running batch's episodes by id (the request hook's view)
         self._openai, self._http, self._sync_http = self._clients()
         self._loop = asyncio.new_event_loop()
@@ -232,10 +234,14 @@ class EpisodeLoop:
         self._thread.start()
         atexit.register(self.close)  # an engine nobody closed: its clients' sessions closed before the process ends
 
-    def run(self, episodes: list[HarnessEpisode], base_url: BaseURL, on_episode: Callable[[int], None] | None) -> None:
-        """Run the episodes (at most ``concurrency`` at once); each ends with its reward or its fault."""
+    def run(
+        self, episodes: list[HarnessEpisode], base_url: BaseURL, on_episode: Callable[[int], None] | None = None
+    ) -> list[HarnessEpisode]:
+        """Run the episodes (at most ``concurrency`` at once) and return them, each with its reward or its fault;
+        ``on_episode(±1)`` too as one starts and ends (a harness process tells the trainer)."""
         if episodes:
             asyncio.run_coroutine_threadsafe(self._run(episodes, base_url, on_episode), self._loop).result()
+        return episodes
 
     def close(self) -> None:
         """Close the clients and stop the loop (a plain-def harness thread past its limit is abandoned)."""
@@ -308,6 +314,7 @@ class EpisodeLoop:
 
         async def one(ep: HarnessEpisode) -> None:
             async with gate:
+                self.active += 1
                 if on_episode is not None:
                     on_episode(1)
                 try:
@@ -322,6 +329,7 @@ class EpisodeLoop:
                         call = loop.run_in_executor(threads, self.harness, client, self.model, ep.problem)
                     await _episode(ep, call, self.timeout_s)
                 finally:
+                    self.active -= 1
                     if on_episode is not None:
                         on_episode(-1)
 

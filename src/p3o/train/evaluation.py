@@ -86,5 +86,11 @@ class Evaluator:
             task_names=mix.names if mix is not None else (),
         )
 
+    def close(self) -> None:
+        """Close the engine once built, where it has anything to close (a harness run's endpoint and harness
+        processes; a vLLM instance)."""
+        if callable(getattr(self.engine, "close", None)):
+            self.engine.close()
+
 
 __all__ = ["Evaluator"]

@@ -379,8 +379,7 @@ class Trainer:
         for closer in (self.source, self.workers):
             if closer is not None:
                 closer.close()
-        for held in self.engines:  # the evaluator holds its engine once it has evaluated
-            engine = getattr(held, "engine", None) if isinstance(held, Evaluator) else held
+        for engine in self.engines:  # the evaluator closes the engine it built, if any
             if callable(getattr(engine, "close", None)):
                 engine.close()
         for closer in (self.bar, self.logger):

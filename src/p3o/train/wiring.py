@@ -3,7 +3,7 @@
     comps = build_components(cfg)                          # model, tokenizer, prompts, reward_fn, make_engine, ...
     policy, tokenizer, ref = build_trainer_side(cfg)       # the trainer's half: the model it updates
     side = build_rollout_side(cfg)                         # the rollout half, from the config alone (Ray workers)
-    fields = harness_side(cfg, problems, eval_problems, tokenizer, pad, plain)  # agent.harness: RolloutSide's fields
+    side = harness_side(cfg, problems, eval_problems, tokenizer, pad, plain)    # agent.harness: the endpoint's side
     optimizer, scheduler = build_optimizer(comps.policy, cfg.optim, cfg.update, cfg.steps)
     check_run_dir(cfg.run_dir, resume=cfg.ckpt.resume, overwrite=cfg.overwrite)
 
@@ -215,7 +215,7 @@ def build_rollout_side(cfg: Any, get_tokenizer: Callable[[], Any] | None = None)
         return _make(settings, model, tokenizer)
 
     if getattr(cfg, "agent", None) is not None and getattr(cfg.agent, "harness", None):
-        return RolloutSide(**harness_side(cfg, problems, eval_problems, tokenizer, int(pad), make_engine))
+        return harness_side(cfg, problems, eval_problems, tokenizer, int(pad), make_engine)
 
     def encode(probs: list[Any]) -> list[list[int]]:
         texts = [format_prompt(p, tokenizer, task.template, system=task.system_prompt) for p in probs]
@@ -310,9 +310,21 @@ def _agent_rollout_side(
             inner, new_env, by_prompt, renderer=renderer, limits=limits, eos_ids=eos, stop_ids=stops, overlap=a.overlap
         )
 
-    def episode_rewards(rollouts: Rollouts) -> Tensor:
-        return rollouts.rewards.clone()  # the environment's returns, filled in by the episodes
+    return _episode_side(tokenizer, problems, prompts, eval_problems, eval_prompts, make_engine, pad)
 
+
+def _episode_side(
+    tokenizer: Any,
+    problems: list[Any],
+    prompts: list[list[int]],
+    eval_problems: list[Any],
+    eval_prompts: list[list[int]],
+    make_engine: Callable[[nn.Module], Any],
+    pad: int,
+    serve_through: Callable[[Any], None] | None = None,
+) -> RolloutSide:
+    """The `RolloutSide` of a run whose rewards the episodes bring (an environment's returns, a harness's): the
+    reward function reads them off the rows (0 for a failed episode); answers are the problems'."""
     return RolloutSide(
         tokenizer,
         prompts,
@@ -320,9 +332,15 @@ def _agent_rollout_side(
         episode_rewards,
         make_engine,
         pad,
-        eval_prompts=eval_prompts,
-        eval_answers=[p.answer for p in eval_problems],
+        eval_prompts,
+        [p.answer for p in eval_problems],
+        serve_through=serve_through,
     )
+
+
+def episode_rewards(rollouts: Rollouts) -> Tensor:
+    """(N,) the rewards the episodes filled in (an environment's returns, a harness's; 0 for a failed episode)."""
+    return rollouts.rewards.clone()
 
 
 # -- a harness run's rollout side (``agent.harness``) ---------------------------------------------------------------
@@ -360,9 +378,9 @@ def harness_side(
     tokenizer: Any,
     pad: int,
     plain_engine: Callable[[nn.Module], Any],
-) -> dict[str, Any]:
-    """`p3o.train.wiring.RolloutSide`'s fields for a harness run: prompts that name the problems, the episodes'
-    rewards as the reward function, and an engine factory that starts an endpoint per engine, on the engine
+) -> RolloutSide:
+    """The `RolloutSide` of a harness run: prompts that name the problems, the episodes' rewards as the reward
+    function, and an engine factory that starts an endpoint per engine, on the engine
     ``plain_engine(model)`` builds (the run's rollout engine, as a run without a harness samples with) or on a Ray
     worker's. The harness is imported here, before any model loads, so a wrong ``agent.harness`` fails in one line
     at once."""
@@ -391,25 +409,12 @@ def harness_side(
             engine.server.write_info(Path(cfg.run_dir) / ENDPOINT_FILE)
         return engine
 
-    def episode_rewards(rollouts: Rollouts) -> Tensor:
-        return rollouts.rewards.clone()  # the harness's rewards, filled in per episode (0 for a failed one)
-
     def serve_through(source: Any) -> None:
         """rollout.workers > 0: the engines built from now on serve through `source`'s Ray workers (a
         `p3o.cluster.RaySource` over `worker_config(cfg)`, which the loop builds and closes)."""
         workers[:] = [source]
 
-    return {
-        "tokenizer": tokenizer,
-        "prompts": prompts,
-        "answers": [p.answer for p in problems],
-        "reward_fn": episode_rewards,
-        "make_engine": make_engine,
-        "pad_id": pad,
-        "eval_prompts": eval_prompts,
-        "eval_answers": [p.answer for p in eval_problems],
-        "serve_through": serve_through,
-    }
+    return _episode_side(tokenizer, problems, prompts, eval_problems, eval_prompts, make_engine, pad, serve_through)
 
 
 def worker_config(cfg: Any) -> Any:
